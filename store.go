@@ -1,0 +1,193 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// Status is the state of a stored key.
+type Status string
+
+// The statuses a key moves through: in_flight when claimed, then completed
+// (the response is recorded) or failed (the handler errored or panicked).
+const (
+	StatusInFlight  Status = "in_flight"
+	StatusCompleted Status = "completed"
+	StatusFailed    Status = "failed"
+)
+
+// BodyKind says how a recorded response body is stored.
+type BodyKind uint8
+
+const (
+	// BodyNone means no body was recorded: the response exceeded the
+	// route's response limit. A replay of such a key answers 409
+	// idempotency_response_not_stored.
+	BodyNone BodyKind = iota
+	// BodyJSON is a valid JSON document, stored as JSON (JSONB in Postgres)
+	// and replayed as the same JSON value.
+	BodyJSON
+	// BodyRaw is any other body (empty, text, binary), replayed byte for byte.
+	BodyRaw
+)
+
+// Fence identifies one ownership of a key: the row and the attempt that
+// claimed it. Every state change made by an owner is conditional on both, so
+// an owner whose key was taken over changes nothing.
+type Fence struct {
+	ID      int64
+	Attempt int32
+}
+
+// ClaimRequest is what the middleware asks a Store to claim.
+type ClaimRequest struct {
+	Key         string        // normalised lower-case UUID text
+	Scope       string        // user scope; "" means unscoped
+	Endpoint    string        // the route's scope_endpoint
+	RequestHash string        // 64 lower-case hex characters
+	TTL         time.Duration // how long the row lives: expires_at = now + TTL
+	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
+}
+
+// Response is a handler's answer as recorded for replay.
+type Response struct {
+	Status   int
+	Header   http.Header // replayable headers only
+	Body     []byte
+	BodyKind BodyKind
+}
+
+// Record is one stored key as the store read it. Expired and LeaseOver are
+// computed by the store against its own clock (the database's now() for
+// Postgres), never the caller's.
+type Record struct {
+	ID          int64
+	Key         string
+	Scope       string
+	Endpoint    string
+	RequestHash string
+	Status      Status
+	Attempt     int32
+	Response    Response // Status is 0 while no response is recorded
+	CreatedAt   time.Time
+	LockedAt    time.Time
+	LockedUntil time.Time
+	ExpiresAt   time.Time
+	Expired     bool // expires_at < now: the row may be taken over as a new key
+	LeaseOver   bool // locked_until < now: an in_flight owner's lease has run out
+}
+
+// Fence returns the fencing token of the ownership this record describes.
+func (r Record) Fence() Fence { return Fence{ID: r.ID, Attempt: r.Attempt} }
+
+// ClaimResult is the outcome of a claim, a takeover or a reclaim.
+type ClaimResult struct {
+	// Won reports that the caller now owns the key; Record.Fence() is its
+	// token. When false, Record is the existing row, or the zero Record when
+	// a takeover or reclaim lost its race (claim again to read the row).
+	Won    bool
+	Record Record
+}
+
+// ErasureResult reports what DeleteScope did.
+type ErasureResult struct {
+	Deleted int64    // rows removed
+	Skipped []Record // in_flight rows still inside their lease, left in place
+}
+
+// Store is where keys are claimed and responses recorded. Implementations
+// must be safe for concurrent use; every method must honour ctx's deadline.
+// Errors other than ErrNotOwner mean the store is unavailable: wrap them in
+// a *StoreError so the middleware can log and label the reason.
+type Store interface {
+	// Claim inserts an in_flight row for req and returns it with Won set, or,
+	// when the key already exists for (Key, Scope, Endpoint), returns that
+	// row unchanged with Won unset. It never takes over or modifies an
+	// existing row.
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+	// Takeover turns the expired row f into a fresh in_flight claim of req
+	// (new hash, TTL and lease; attempt+1; old response cleared), only if
+	// the row still has attempt f.Attempt and is expired. Losing that race
+	// returns Won unset and the zero Record.
+	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
+	// Reclaim takes over the in_flight row f whose lease is over (attempt+1,
+	// a new lease from now), only if it is still in_flight with attempt
+	// f.Attempt and its lease over. It is for transactional routes, where a
+	// stale owner's writes are known to have rolled back. Losing returns Won
+	// unset and the zero Record.
+	Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
+	// Complete records resp and marks the row completed, only if f still
+	// owns it in_flight; otherwise it returns ErrNotOwner.
+	Complete(ctx context.Context, f Fence, resp Response) error
+	// Fail marks the row failed, only if f still owns it in_flight;
+	// otherwise it returns ErrNotOwner.
+	Fail(ctx context.Context, f Fence) error
+	// Release deletes the row so the key can be claimed again, only if f
+	// still owns it in_flight; otherwise it returns ErrNotOwner.
+	Release(ctx context.Context, f Fence) error
+	// DeleteExpired deletes at most limit rows whose expires_at has passed,
+	// never an in_flight row whose lease is still running, and returns how
+	// many it deleted.
+	DeleteExpired(ctx context.Context, limit int) (int64, error)
+	// DeleteScope deletes every row of the user scope except in_flight rows
+	// still inside their lease, which it reports (GDPR erasure).
+	DeleteScope(ctx context.Context, scope string) (ErasureResult, error)
+	// ExportScope returns every row of the user scope, oldest first, with
+	// recorded responses (GDPR access and portability).
+	ExportScope(ctx context.Context, scope string) ([]Record, error)
+}
+
+// ErrNotOwner is returned by Complete, Fail and Release when the fence no
+// longer matches: the key was taken over, reclaimed, erased or already
+// finished. The caller no longer owns the key and must change nothing.
+var ErrNotOwner = errors.New("idempotency: claim no longer owns the key")
+
+// ErrStoreUnavailable matches (with errors.Is) every *StoreError: the store
+// could not answer, so the route's fail-closed or fail-open policy applies.
+var ErrStoreUnavailable = errors.New("idempotency: store unavailable")
+
+// Reasons a store was unavailable, used in logs and metric labels.
+const (
+	ReasonTimeout    = "timeout"    // the call's deadline passed (includes waiting for a pooled connection)
+	ReasonConnection = "connection" // the connection failed or was refused
+	ReasonClosed     = "closed"     // the store or its pool was closed
+	ReasonSchema     = "schema"     // the table or a column is missing: migrations not run
+	ReasonPermission = "permission" // the database role lacks a privilege
+	ReasonConflict   = "conflict"   // serialization failures persisted past the retries
+	ReasonOther      = "other"      // anything else
+)
+
+// StoreError is a store failure translated at the store boundary. It keeps
+// the operation and a short reason for logs and metrics; callers never see
+// driver types. errors.Is(err, ErrStoreUnavailable) holds for every
+// *StoreError.
+type StoreError struct {
+	Op     string // claim, takeover, reclaim, complete, fail, release, cleanup, erase, export
+	Reason string // one of the Reason constants
+	Err    error  // the underlying error
+}
+
+func (e *StoreError) Error() string {
+	return "idempotency: store " + e.Op + " (" + e.Reason + "): " + e.Err.Error()
+}
+
+// Unwrap returns the underlying error.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrStoreUnavailable.
+func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
+
+// storeReason returns the reason label of a store error.
+func storeReason(err error) string {
+	var se *StoreError
+	switch {
+	case errors.As(err, &se):
+		return se.Reason
+	case errors.Is(err, context.DeadlineExceeded):
+		return ReasonTimeout
+	default:
+		return ReasonOther
+	}
+}
