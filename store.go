@@ -109,8 +109,10 @@ type Store interface {
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
 	// (new hash, TTL and lease; attempt+1; old response cleared), only if
-	// the row still has attempt f.Attempt and is expired. Losing that race
-	// returns Won unset and the zero Record.
+	// the row still has attempt f.Attempt, is expired, and is not an
+	// in_flight row whose lease still runs (possible only when instances
+	// disagree on TTL and lease). Losing returns Won unset and the zero
+	// Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Reclaim takes over the in_flight row f whose lease is over (attempt+1,
 	// a new lease from now), only if it is still in_flight with attempt

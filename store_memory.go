@@ -84,8 +84,8 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 }
 
 // Takeover implements Store. Like the Postgres store it is fenced on the
-// row's id, its attempt and its expiry only; the key, scope and endpoint of
-// the row are kept.
+// row's id, its attempt and its expiry, and never takes an in_flight row
+// whose lease still runs; the key, scope and endpoint of the row are kept.
 func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	if err := memoryCtxError(ctx, "takeover"); err != nil {
 		return ClaimResult{}, err
@@ -94,7 +94,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) {
+	if !ok || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(row, now) {
 		s.mu.Unlock()
 		return ClaimResult{}, nil
 	}

@@ -505,10 +505,27 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			sameRecord(t, "row after the refused takeover", read(t, s, req), rec)
 		})
 
+		t.Run("NotWhileInFlightLeaseRuns", func(t *testing.T) {
+			// Instances that disagree on TTL and lease can leave an expired
+			// row whose owner's lease still runs: its owner keeps it.
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			req.TTL = tiny
+			mustClaim(t, s, req)
+			rec := waitFor(t, s, req, "expired", isExpired)
+			if rec.LeaseOver {
+				t.Fatal("lease over too early: the test needs a long lease")
+			}
+			next := req
+			next.RequestHash = hashOf("other")
+			lostTakeover(t, s, rec.Fence(), next, "of an in-flight row inside its lease")
+			sameRecord(t, "row after the refused takeover", read(t, s, req), rec)
+		})
+
 		t.Run("StaleAttemptLoses", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.TTL = tiny
+			req.TTL, req.Lease = tiny, tiny
 			first := mustClaim(t, s, req)
 			waitFor(t, s, req, "expired", isExpired)
 
@@ -537,7 +554,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		t.Run("GoneRowLoses", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.TTL = tiny
+			req.TTL, req.Lease = tiny, tiny
 			mustClaim(t, s, req)
 			rec := waitFor(t, s, req, "expired", isExpired)
 			if err := s.Release(ctx, rec.Fence()); err != nil {
@@ -553,7 +570,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.TTL = tiny
+			req.TTL, req.Lease = tiny, tiny
 			rec := mustClaim(t, s, req)
 			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
 				t.Fatalf("Complete: %v", err)

@@ -1,0 +1,227 @@
+// Package tcpproxy is a TCP proxy for outage tests: put it between a client
+// and a server, then cut the link (connections refused) or black-hole it
+// (connections accepted but nothing forwarded, so clients wait until their
+// deadline), and restore it.
+package tcpproxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// mode is what the proxy does with traffic.
+type mode int
+
+const (
+	forwarding  mode = iota // pass bytes both ways
+	refusing                // close every connection at once
+	blackholing             // accept, read and discard; never answer
+)
+
+// Proxy forwards TCP connections from a local address to a target.
+// Its methods are safe for concurrent use.
+type Proxy struct {
+	target string
+	ln     net.Listener
+	wg     sync.WaitGroup // the accept loop and every connection's goroutines
+
+	mu     sync.Mutex
+	mode   mode
+	closed bool
+	links  map[*link]struct{}
+}
+
+// link is one client connection and, when forwarding, its upstream one.
+type link struct {
+	client, upstream net.Conn // upstream is nil for a black-holed connection
+	discard          bool     // set once the link was black-holed: bytes are dropped
+}
+
+func (l *link) close() {
+	l.client.Close()
+	if l.upstream != nil {
+		l.upstream.Close()
+	}
+}
+
+// New starts a proxy to target (host:port) listening on 127.0.0.1 on a free
+// port, and closes it when the test ends.
+func New(tb testing.TB, target string) *Proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("tcpproxy: listen: %v", err)
+	}
+	p := &Proxy{target: target, ln: ln, links: make(map[*link]struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// Addr returns the address clients connect to, as host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Cut closes every live connection and, until Restore, closes each new one
+// as soon as it is accepted: clients see the connection refused or reset.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mode = refusing
+	for l := range p.links {
+		l.close()
+		delete(p.links, l)
+	}
+}
+
+// Blackhole stops forwarding: live connections stay open but what is sent
+// on them is dropped, and new connections are accepted but never reach the
+// target, so clients wait for answers until their own deadlines. Restore
+// closes the connections black-holed this way, whose streams are broken.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mode = blackholing
+	for l := range p.links {
+		l.discard = true
+	}
+}
+
+// Restore forwards new connections again, after closing those that Cut or
+// Blackhole broke.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mode = forwarding
+	for l := range p.links {
+		if l.discard {
+			l.close()
+			delete(p.links, l)
+		}
+	}
+}
+
+// Close stops the proxy: it closes the listener and every connection, and
+// returns once all of the proxy's goroutines have ended. It is idempotent.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		p.ln.Close()
+		for l := range p.links {
+			l.close()
+			delete(p.links, l)
+		}
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// accept serves the listener until it is closed.
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		p.mu.Lock()
+		m, closed := p.mode, p.closed
+		p.mu.Unlock()
+		switch {
+		case closed || m == refusing:
+			c.Close()
+		case m == blackholing:
+			l := &link{client: c, discard: true}
+			if p.track(l) {
+				p.wg.Add(1)
+				go p.drain(l)
+			}
+		default:
+			p.wg.Add(1)
+			go p.dial(c)
+		}
+	}
+}
+
+// dialTimeout bounds connecting to the target.
+const dialTimeout = 5 * time.Second
+
+// dial connects c to the target and starts forwarding.
+func (p *Proxy) dial(c net.Conn) {
+	defer p.wg.Done()
+	u, err := net.DialTimeout("tcp", p.target, dialTimeout)
+	if err != nil {
+		c.Close()
+		return
+	}
+	l := &link{client: c, upstream: u}
+	if !p.track(l) {
+		return
+	}
+	p.wg.Add(2)
+	go p.pipe(l, u, c)
+	go p.pipe(l, c, u)
+}
+
+// track registers l, unless the proxy closed or started refusing meanwhile,
+// in which case it closes l and reports false.
+func (p *Proxy) track(l *link) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.mode == refusing {
+		l.close()
+		return false
+	}
+	if p.mode == blackholing {
+		l.discard = true
+	}
+	p.links[l] = struct{}{}
+	return true
+}
+
+// untrack forgets l and closes it.
+func (p *Proxy) untrack(l *link) {
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+	l.close()
+}
+
+// pipe copies src to dst until either fails, dropping what it reads while
+// l is black-holed.
+func (p *Proxy) pipe(l *link, dst io.Writer, src io.Reader) {
+	defer p.wg.Done()
+	defer p.untrack(l)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			discard := l.discard
+			p.mu.Unlock()
+			if !discard {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// drain reads and drops what a black-holed client sends until it is closed.
+func (p *Proxy) drain(l *link) {
+	defer p.wg.Done()
+	defer p.untrack(l)
+	_, _ = io.Copy(io.Discard, l.client)
+}

@@ -1,0 +1,55 @@
+package idempotency
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency/internal/pgmigrate"
+)
+
+// Migrations holds the SQL migrations that create the idempotency_keys table,
+// as golang-migrate files under migrations/ (000001_name.up.sql and
+// .down.sql). It is for hosts that run their own migrator: point it at this
+// file system (for golang-migrate, iofs.New(Migrations, "migrations")) and
+// give it a history table of its own, or copy the files into the host's
+// migrations. Hosts without a migrator call Migrate instead.
+//
+//go:embed migrations/*.sql
+var Migrations embed.FS
+
+// Migrate applies every migration in Migrations that is not yet applied, to
+// the current schema of pool's connections (the first existing schema of
+// their search_path), with golang-migrate. It records applied versions in
+// its own history table, idempotency_schema_migrations, never the host's
+// schema_migrations. Nothing to apply is success, so it is safe to call at
+// every start-up, from several replicas at once: they serialise on
+// golang-migrate's advisory lock, which is per database, schema and history
+// table. The pool stays the caller's and is not closed; the connections
+// Migrate borrows are closed rather than returned, so no lock stays behind.
+//
+// ctx bounds the wait for another replica's lock; once ctx is done no
+// further migration starts, but one already running finishes (each runs in
+// one transaction).
+func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
+	src, err := fs.Sub(Migrations, "migrations")
+	if err != nil {
+		return fmt.Errorf("idempotency: migrate: %w", err)
+	}
+	m, err := pgmigrate.New(ctx, pool, src)
+	if err != nil {
+		return fmt.Errorf("idempotency: migrate: %w", err)
+	}
+	defer func() {
+		if cerr := m.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("idempotency: migrate: close: %w", cerr)
+		}
+	}()
+	if err := m.Up(ctx); err != nil {
+		return fmt.Errorf("idempotency: migrate: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,2 @@
+-- POSTGRES-ONLY
+DROP TABLE IF EXISTS idempotency_keys;

@@ -1,0 +1,36 @@
+-- POSTGRES-ONLY
+-- idempotency_keys: one row per claimed (idem_key, scope_user_id, scope_endpoint).
+-- Differences from ADR-0138, deliberate (see DESIGN.md "Storage"):
+--   scope_user_id is TEXT NOT NULL DEFAULT '' ('' = no user scope) with no foreign key,
+--   so unscoped keys conflict too and any user id type fits;
+--   response_body_raw and response_headers hold non-JSON bodies and replayable headers;
+--   attempt is the fencing token; locked_until is the owner's lease end;
+--   idx_idem_keys_expires has no status predicate so cleanup also finds expired in-flight orphans.
+-- Every time column is written from the database's now(), never an application clock.
+CREATE TABLE idempotency_keys (
+    id                 BIGSERIAL      PRIMARY KEY,
+    idem_key           TEXT           NOT NULL,
+    scope_user_id      TEXT           NOT NULL DEFAULT '',
+    scope_endpoint     TEXT           NOT NULL,
+    request_hash       TEXT           NOT NULL,
+    response_code      SMALLINT,
+    response_body      JSONB,
+    response_body_raw  BYTEA,
+    response_headers   JSONB,
+    status             TEXT           NOT NULL DEFAULT 'in_flight'
+                                      CHECK (status IN ('in_flight','completed','failed')),
+    attempt            INTEGER        NOT NULL DEFAULT 1,
+    created_at         TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
+    locked_at          TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
+    locked_until       TIMESTAMPTZ    NOT NULL,
+    expires_at         TIMESTAMPTZ    NOT NULL,
+    CONSTRAINT uq_idem_key_user_endpoint
+        UNIQUE (idem_key, scope_user_id, scope_endpoint)
+);
+
+CREATE INDEX idx_idem_keys_expires
+    ON idempotency_keys (expires_at);
+
+CREATE INDEX idx_idem_keys_user
+    ON idempotency_keys (scope_user_id)
+    WHERE scope_user_id <> '';

@@ -1,0 +1,1111 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/database"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/pgmigrate"
+	"github.com/idemkit/idempotency/internal/storetest"
+	"github.com/idemkit/idempotency/internal/tcpproxy"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+func TestPostgresStore(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) idempotency.Store {
+		return idempotency.NewPostgresStore(testdb.New(t))
+	})
+}
+
+// pgRequest returns a claim of a new random key.
+func pgRequest(scope string, ttl, lease time.Duration) idempotency.ClaimRequest {
+	key := uuid.NewString()
+	return idempotency.ClaimRequest{
+		Key:         key,
+		Scope:       scope,
+		Endpoint:    "POST /api/trading/orders",
+		RequestHash: strings.Repeat("ab", 32),
+		TTL:         ttl,
+		Lease:       lease,
+	}
+}
+
+// pgClaim claims req, which must be a new key.
+func pgClaim(t testing.TB, s idempotency.Store, req idempotency.ClaimRequest) idempotency.Record {
+	t.Helper()
+	res, err := s.Claim(t.Context(), req)
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if !res.Won {
+		t.Fatalf("Claim of a new key lost: %+v", res.Record)
+	}
+	return res.Record
+}
+
+// pgWaitFor claims req again until the returned row satisfies cond.
+func pgWaitFor(t testing.TB, s idempotency.Store, req idempotency.ClaimRequest, cond func(idempotency.Record) bool) idempotency.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := s.Claim(t.Context(), req)
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		if !res.Won && cond(res.Record) {
+			return res.Record
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("row never reached the awaited state: %+v", res.Record)
+		}
+		time.Sleep(time.Millisecond) // polling the database's clock, not synchronising
+	}
+}
+
+// pgReason returns the reason of a *StoreError, or fails.
+func pgReason(t testing.TB, what string, err error) string {
+	t.Helper()
+	var se *idempotency.StoreError
+	if !errors.As(err, &se) {
+		t.Fatalf("%s: %T %v, want a *StoreError", what, err, err)
+	}
+	if !errors.Is(err, idempotency.ErrStoreUnavailable) {
+		t.Errorf("%s: %v does not match ErrStoreUnavailable", what, err)
+	}
+	if se.Err == nil {
+		t.Errorf("%s: StoreError without its cause", what)
+	}
+	return se.Reason
+}
+
+func TestPostgresMigrations(t *testing.T) {
+	t.Parallel()
+
+	ctx := t.Context()
+	version := func(t *testing.T, pool *pgxpool.Pool) (int64, bool) {
+		t.Helper()
+		var v int64
+		var dirty bool
+		err := pool.QueryRow(ctx, `SELECT version, dirty FROM idempotency_schema_migrations`).Scan(&v, &dirty)
+		if err != nil {
+			t.Fatalf("read history: %v", err)
+		}
+		return v, dirty
+	}
+	tableExists := func(t *testing.T, pool *pgxpool.Pool, name string) bool {
+		t.Helper()
+		var ok bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`, name).Scan(&ok)
+		if err != nil {
+			t.Fatalf("look for table %s: %v", name, err)
+		}
+		return ok
+	}
+
+	t.Run("UpOnEmptySchemaThenNoOp", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.NewEmpty(t)
+		if tableExists(t, pool, "idempotency_keys") {
+			t.Fatal("the empty schema already has idempotency_keys")
+		}
+		if err := idempotency.Migrate(ctx, pool); err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+		if !tableExists(t, pool, "idempotency_keys") {
+			t.Fatal("no idempotency_keys after Migrate")
+		}
+		if v, dirty := version(t, pool); v != 1 || dirty {
+			t.Fatalf("history: version %d dirty %v, want 1 clean", v, dirty)
+		}
+		if err := idempotency.Migrate(ctx, pool); err != nil {
+			t.Fatalf("second Migrate: %v", err)
+		}
+		if v, dirty := version(t, pool); v != 1 || dirty {
+			t.Fatalf("history after the second Migrate: version %d dirty %v, want 1 clean", v, dirty)
+		}
+		if tableExists(t, pool, "schema_migrations") {
+			t.Fatal("Migrate created schema_migrations, the host's history table")
+		}
+	})
+
+	t.Run("HostSchemaMigrationsUntouched", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.NewEmpty(t)
+		_, err := pool.Exec(ctx, `CREATE TABLE schema_migrations (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+			INSERT INTO schema_migrations VALUES (20240101120000, false)`)
+		if err != nil {
+			t.Fatalf("create the host's history: %v", err)
+		}
+		if err := idempotency.Migrate(ctx, pool); err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+		rows, err := pool.Query(ctx, `SELECT version, dirty FROM schema_migrations`)
+		if err != nil {
+			t.Fatalf("read the host's history: %v", err)
+		}
+		type row struct {
+			Version int64
+			Dirty   bool
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+		if err != nil {
+			t.Fatalf("read the host's history: %v", err)
+		}
+		if len(got) != 1 || got[0] != (row{20240101120000, false}) {
+			t.Fatalf("host's schema_migrations = %+v, want only {20240101120000 false}", got)
+		}
+	})
+
+	t.Run("DownDropsEverything", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		src, err := fs.Sub(idempotency.Migrations, "migrations")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := pgmigrate.New(ctx, pool, src)
+		if err != nil {
+			t.Fatalf("pgmigrate.New: %v", err)
+		}
+		defer func() {
+			if err := m.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}()
+		var (
+			v     uint
+			dirty bool
+		)
+		if err := m.Run(ctx, func(m *migrate.Migrate) (err error) { v, dirty, err = m.Version(); return err }); err != nil || v != 1 || dirty {
+			t.Fatalf("Version = %d %v %v, want 1 clean", v, dirty, err)
+		}
+		if err := m.Run(ctx, func(m *migrate.Migrate) error { return m.Down() }); err != nil {
+			t.Fatalf("Down: %v", err)
+		}
+		var n int
+		err = pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
+			 WHERE ns.nspname = current_schema() AND c.relname <> 'idempotency_schema_migrations'
+			   AND c.relname NOT LIKE 'idempotency_schema_migrations_%')
+			+ (SELECT count(*) FROM pg_constraint WHERE connamespace = current_schema()::regnamespace AND conrelid <> 'idempotency_schema_migrations'::regclass)`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("after Down, %d relations or constraints remain besides the history table", n)
+		}
+		// Up again restores the table.
+		if err := m.Up(ctx); err != nil {
+			t.Fatalf("Up after Down: %v", err)
+		}
+		if !tableExists(t, pool, "idempotency_keys") {
+			t.Fatal("no idempotency_keys after Up")
+		}
+	})
+
+	t.Run("SentinelComment", func(t *testing.T) {
+		t.Parallel()
+		for _, name := range []string{
+			"migrations/000001_create_idempotency_keys.up.sql",
+			"migrations/000001_create_idempotency_keys.down.sql",
+		} {
+			b, err := fs.ReadFile(idempotency.Migrations, name)
+			if err != nil {
+				t.Fatalf("embedded %s: %v", name, err)
+			}
+			if !strings.HasPrefix(string(b), "-- POSTGRES-ONLY\n") {
+				t.Errorf("%s does not start with the -- POSTGRES-ONLY sentinel", name)
+			}
+		}
+	})
+
+	t.Run("SchemaDefinition", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+
+		var conDef string
+		err := pool.QueryRow(ctx, `SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+			JOIN pg_namespace ns ON ns.oid = c.connamespace
+			WHERE ns.nspname = current_schema() AND c.conname = 'uq_idem_key_user_endpoint' AND c.contype = 'u'`).Scan(&conDef)
+		if err != nil {
+			t.Fatalf("unique constraint uq_idem_key_user_endpoint: %v", err)
+		}
+		if want := "UNIQUE (idem_key, scope_user_id, scope_endpoint)"; conDef != want {
+			t.Errorf("uq_idem_key_user_endpoint = %q, want %q", conDef, want)
+		}
+
+		var check string
+		err = pool.QueryRow(ctx, `SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+			JOIN pg_namespace ns ON ns.oid = c.connamespace
+			WHERE ns.nspname = current_schema() AND c.conrelid = 'idempotency_keys'::regclass AND c.contype = 'c'`).Scan(&check)
+		if err != nil {
+			t.Fatalf("status check constraint: %v", err)
+		}
+		for _, s := range []string{"in_flight", "completed", "failed"} {
+			if !strings.Contains(check, "'"+s+"'") {
+				t.Errorf("status check %q does not allow %s", check, s)
+			}
+		}
+
+		indexes := map[string]string{
+			"idx_idem_keys_expires": "CREATE INDEX idx_idem_keys_expires ON %s.idempotency_keys USING btree (expires_at)",
+			"idx_idem_keys_user":    "CREATE INDEX idx_idem_keys_user ON %s.idempotency_keys USING btree (scope_user_id) WHERE (scope_user_id <> ''::text)",
+		}
+		for name, want := range indexes {
+			var schema, def string
+			err := pool.QueryRow(ctx, `SELECT schemaname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = $1`, name).Scan(&schema, &def)
+			if err != nil {
+				t.Errorf("index %s: %v", name, err)
+				continue
+			}
+			if want := strings.Replace(want, "%s", schema, 1); def != want {
+				t.Errorf("index %s:\n got  %s\n want %s", name, def, want)
+			}
+		}
+
+		type column struct {
+			Name, Type, Nullable string
+			Default              *string
+		}
+		rows, err := pool.Query(ctx, `SELECT column_name::text, data_type::text, is_nullable::text, column_default::text
+			FROM information_schema.columns
+			WHERE table_schema = current_schema() AND table_name = 'idempotency_keys' ORDER BY ordinal_position`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols, err := pgx.CollectRows(rows, pgx.RowToStructByPos[column])
+		if err != nil {
+			t.Fatal(err)
+		}
+		str := func(s string) *string { return &s }
+		want := []column{
+			{"id", "bigint", "NO", str("nextval('idempotency_keys_id_seq'::regclass)")},
+			{"idem_key", "text", "NO", nil},
+			{"scope_user_id", "text", "NO", str("''::text")},
+			{"scope_endpoint", "text", "NO", nil},
+			{"request_hash", "text", "NO", nil},
+			{"response_code", "smallint", "YES", nil},
+			{"response_body", "jsonb", "YES", nil},
+			{"response_body_raw", "bytea", "YES", nil},
+			{"response_headers", "jsonb", "YES", nil},
+			{"status", "text", "NO", str("'in_flight'::text")},
+			{"attempt", "integer", "NO", str("1")},
+			{"created_at", "timestamp with time zone", "NO", str("now()")},
+			{"locked_at", "timestamp with time zone", "NO", str("now()")},
+			{"locked_until", "timestamp with time zone", "NO", nil},
+			{"expires_at", "timestamp with time zone", "NO", nil},
+		}
+		if len(cols) != len(want) {
+			t.Fatalf("idempotency_keys has %d columns, want %d: %+v", len(cols), len(want), cols)
+		}
+		deref := func(p *string) string {
+			if p == nil {
+				return "<none>"
+			}
+			return *p
+		}
+		for i, w := range want {
+			g := cols[i]
+			if g.Name != w.Name || g.Type != w.Type || g.Nullable != w.Nullable || deref(g.Default) != deref(w.Default) {
+				t.Errorf("column %d = %s %s nullable=%s default=%s, want %s %s nullable=%s default=%s",
+					i+1, g.Name, g.Type, g.Nullable, deref(g.Default), w.Name, w.Type, w.Nullable, deref(w.Default))
+			}
+		}
+		var fks int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = 'idempotency_keys'::regclass AND contype = 'f'`).Scan(&fks); err != nil || fks != 0 {
+			t.Errorf("foreign keys on idempotency_keys: %d (err %v), want none", fks, err)
+		}
+	})
+
+	t.Run("ConcurrentSchemas", func(t *testing.T) {
+		t.Parallel()
+		// Separate schemas migrate at once without waiting for each other's
+		// advisory lock; callers sharing one schema apply it once.
+		var pools []*pgxpool.Pool
+		for range 4 {
+			pools = append(pools, testdb.NewEmpty(t, testdb.MaxConns(3)))
+		}
+		pools = append(pools, pools[0], pools[0], pools[1])
+		errs := make([]error, len(pools))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, p := range pools {
+			wg.Go(func() {
+				<-start
+				errs[i] = idempotency.Migrate(ctx, p)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("Migrate %d: %v", i, err)
+			}
+		}
+		for i, p := range pools[:4] {
+			if v, dirty := version(t, p); v != 1 || dirty {
+				t.Errorf("schema %d: version %d dirty %v, want 1 clean", i, v, dirty)
+			}
+		}
+	})
+
+	t.Run("LockWaitEndsWithContext", func(t *testing.T) {
+		t.Parallel()
+		for _, migrated := range []bool{false, true} {
+			pool := testdb.NewEmpty(t)
+			if migrated {
+				if err := idempotency.Migrate(ctx, pool); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Another migrator holds golang-migrate's lock for this schema.
+			var dbName, schema string
+			if err := pool.QueryRow(ctx, `SELECT current_database(), current_schema()`).Scan(&dbName, &schema); err != nil {
+				t.Fatal(err)
+			}
+			id, err := database.GenerateAdvisoryLockId(dbName, schema, pgmigrate.HistoryTable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1::text::bigint)`, id); err != nil {
+				t.Fatal(err)
+			}
+
+			const deadline = 300 * time.Millisecond
+			wait, cancel := context.WithTimeout(ctx, deadline)
+			start := time.Now()
+			err = idempotency.Migrate(wait, pool)
+			elapsed := time.Since(start)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Migrate (migrated %v) while the lock is held: %v, want context.DeadlineExceeded", migrated, err)
+			}
+			if elapsed > 5*deadline {
+				t.Errorf("Migrate (migrated %v) while the lock is held took %v, want at most %v", migrated, elapsed, 5*deadline)
+			}
+
+			if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1::text::bigint)`, id); err != nil {
+				t.Fatal(err)
+			}
+			holder.Release()
+			// The abandoned lock request left nothing behind: the lock is
+			// free (once the server has processed the cancel request), and
+			// Migrate now runs.
+			var free bool
+			for poll := time.Now(); !free; {
+				err = pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+					if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::text::bigint)`, id).Scan(&free); err != nil {
+						return err
+					}
+					_, err := c.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !free && time.Since(poll) > 5*time.Second {
+					t.Fatal("the abandoned lock request still holds the lock after 5s")
+				}
+			}
+			if err := idempotency.Migrate(ctx, pool); err != nil {
+				t.Fatalf("Migrate once the lock is free: %v", err)
+			}
+			if v, dirty := version(t, pool); v != 1 || dirty {
+				t.Fatalf("version %d dirty %v, want 1 clean", v, dirty)
+			}
+		}
+	})
+
+	t.Run("DoneContext", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.NewEmpty(t)
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := idempotency.Migrate(done, pool); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Migrate with a cancelled context: %v, want context.Canceled", err)
+		}
+		if tableExists(t, pool, "idempotency_keys") {
+			t.Fatal("Migrate with a cancelled context created the table")
+		}
+	})
+}
+
+func TestPostgresBodies(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	s := idempotency.NewPostgresStore(pool)
+
+	type columns struct {
+		JSON, Headers *string
+		Raw           []byte // nil for NULL
+	}
+	stored := func(t *testing.T, id int64) columns {
+		t.Helper()
+		var c columns
+		err := pool.QueryRow(ctx, `SELECT response_body::text, response_body_raw, response_headers::text
+			FROM idempotency_keys WHERE id = $1`, id).Scan(&c.JSON, &c.Raw, &c.Headers)
+		if err != nil {
+			t.Fatalf("read columns: %v", err)
+		}
+		return c
+	}
+	complete := func(t *testing.T, resp idempotency.Response) (idempotency.Record, idempotency.Record) {
+		t.Helper()
+		req := pgRequest("bodies", time.Hour, time.Minute)
+		rec := pgClaim(t, s, req)
+		if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		res, err := s.Claim(ctx, req)
+		if err != nil || res.Won {
+			t.Fatalf("Claim after Complete: won %v err %v", res.Won, err)
+		}
+		return rec, res.Record
+	}
+
+	t.Run("JSONGoesToJSONB", func(t *testing.T) {
+		body := `{"b": [1, 2.50, 1e2], "a": {"z": null, "y": "\u00e9\n"}, "big": 123456789012345678901234567890}`
+		rec, got := complete(t, idempotency.Response{Status: 201, Body: []byte(body), BodyKind: idempotency.BodyJSON,
+			Header: http.Header{"Content-Type": {"application/json"}, "Content-Language": {"en", "de"}}})
+		c := stored(t, rec.ID)
+		if c.JSON == nil || c.Raw != nil {
+			t.Fatalf("JSON body stored as json %v raw %q, want JSONB only", deref(c.JSON), c.Raw)
+		}
+		if got.Response.BodyKind != idempotency.BodyJSON {
+			t.Fatalf("BodyKind = %d, want BodyJSON", got.Response.BodyKind)
+		}
+		// Postgres's text form: keys ordered, white space normalised, the
+		// same JSON value with number literals kept.
+		want := `{"a": {"y": "é\n", "z": null}, "b": [1, 2.50, 100], "big": 123456789012345678901234567890}`
+		if string(got.Response.Body) != want {
+			t.Errorf("JSON body read back as %s, want %s", got.Response.Body, want)
+		}
+		if c.Headers == nil || *c.Headers != `{"Content-Type": ["application/json"], "Content-Language": ["en", "de"]}` {
+			t.Errorf("headers stored as %v, want a JSON object of string arrays", deref(c.Headers))
+		}
+		if got.Response.Header.Get("Content-Type") != "application/json" || len(got.Response.Header["Content-Language"]) != 2 {
+			t.Errorf("headers read back as %v", got.Response.Header)
+		}
+	})
+
+	t.Run("JSONWithNULEscapeGoesRaw", func(t *testing.T) {
+		body := `{"name": "a\u0000b"}`
+		rec, got := complete(t, idempotency.Response{Status: 200, Body: []byte(body), BodyKind: idempotency.BodyJSON})
+		c := stored(t, rec.ID)
+		if deref(c.JSON) != "null" || string(c.Raw) != body {
+			t.Fatalf("body with \\u0000 stored as json %v raw %v, want the marker null and the exact bytes", deref(c.JSON), c.Raw)
+		}
+		if got.Response.BodyKind != idempotency.BodyJSON || string(got.Response.Body) != body {
+			t.Fatalf("read back as kind %d %q, want BodyJSON %q byte for byte", got.Response.BodyKind, got.Response.Body, body)
+		}
+	})
+
+	t.Run("JSONThatJSONBRefusesGoesRaw", func(t *testing.T) {
+		// A lone surrogate escape: valid to some JSON parsers, refused by
+		// JSONB. Complete stores it raw after the refusal.
+		body := `{"s": "\ud800"}`
+		rec, got := complete(t, idempotency.Response{Status: 200, Body: []byte(body), BodyKind: idempotency.BodyJSON})
+		if c := stored(t, rec.ID); deref(c.JSON) != "null" || string(c.Raw) != body {
+			t.Fatalf("stored as json %v raw %v, want the marker null and the exact bytes", deref(c.JSON), c.Raw)
+		}
+		if got.Response.BodyKind != idempotency.BodyJSON || string(got.Response.Body) != body {
+			t.Fatalf("read back as kind %d %q, want BodyJSON %q byte for byte", got.Response.BodyKind, got.Response.Body, body)
+		}
+	})
+
+	t.Run("EmptyRawIsNotNULL", func(t *testing.T) {
+		rec, got := complete(t, idempotency.Response{Status: 200, BodyKind: idempotency.BodyRaw}) // nil Body
+		c := stored(t, rec.ID)
+		if c.Raw == nil || len(c.Raw) != 0 || c.JSON != nil {
+			t.Fatalf("empty raw body stored as raw %#v json %v, want an empty bytea, not NULL", c.Raw, deref(c.JSON))
+		}
+		if got.Response.BodyKind != idempotency.BodyRaw || len(got.Response.Body) != 0 {
+			t.Fatalf("read back as kind %d %q, want an empty BodyRaw", got.Response.BodyKind, got.Response.Body)
+		}
+	})
+
+	t.Run("NoneStoresNoBody", func(t *testing.T) {
+		rec, got := complete(t, idempotency.Response{Status: 201, Body: []byte("ignored"), BodyKind: idempotency.BodyNone})
+		c := stored(t, rec.ID)
+		if c.JSON != nil || c.Raw != nil || c.Headers != nil {
+			t.Fatalf("BodyNone stored json %v raw %q headers %v, want all NULL", deref(c.JSON), c.Raw, deref(c.Headers))
+		}
+		if got.Response.BodyKind != idempotency.BodyNone || got.Response.Body != nil || got.Response.Status != 201 {
+			t.Fatalf("read back as %+v, want status 201 and no body", got.Response)
+		}
+	})
+
+	t.Run("HeaderValueWithNULIsDropped", func(t *testing.T) {
+		_, got := complete(t, idempotency.Response{Status: 200, BodyKind: idempotency.BodyRaw, Body: []byte("x"),
+			Header: http.Header{"Content-Type": {"text/plain"}, "X-Bad": {"a\x00b", "ok"}}})
+		if got.Response.Header.Get("Content-Type") != "text/plain" || len(got.Response.Header["X-Bad"]) != 1 || got.Response.Header["X-Bad"][0] != "ok" {
+			t.Fatalf("headers read back as %v", got.Response.Header)
+		}
+	})
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return "NULL"
+	}
+	return *p
+}
+
+// pgCounter counts the statements pgx runs (a QueryTracer) and the writes
+// made on the network connection, each of which starts one round trip.
+type pgCounter struct {
+	statements atomic.Int64
+	writes     atomic.Int64
+}
+
+func (c *pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.statements.Add(1)
+	return ctx
+}
+
+func (c *pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *pgCounter) reset() { c.statements.Store(0); c.writes.Store(0) }
+
+// countingConn counts Write calls.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(b)
+}
+
+func TestPostgresRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var c pgCounter
+	pool := testdb.New(t, testdb.MaxConns(1), testdb.Tracer(&c), testdb.Configure(func(cfg *pgxpool.Config) {
+		var d net.Dialer
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{Conn: conn, n: &c.writes}, nil
+		}
+	}))
+	s := idempotency.NewPostgresStore(pool)
+	resp := idempotency.Response{Status: 201, Body: []byte(`{"id":1}`), BodyKind: idempotency.BodyJSON,
+		Header: http.Header{"Content-Type": {"application/json"}}}
+
+	measure := func(what string, f func() error) {
+		t.Helper()
+		c.reset()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		st, wr := c.statements.Load(), c.writes.Load()
+		t.Logf("%s: %d statement(s), %d round trip(s)", what, st, wr)
+		if st != 1 || wr != 1 {
+			t.Errorf("%s: %d statements and %d round trips, want 1 and 1", what, st, wr)
+		}
+	}
+
+	// The first use of each statement on a connection also prepares it
+	// (one more round trip); what follows runs on the warm connection.
+	warm := pgRequest("rt", time.Hour, time.Minute)
+	c.reset()
+	rec := pgClaim(t, s, warm)
+	t.Logf("cold Claim: %d statement(s), %d round trip(s)", c.statements.Load(), c.writes.Load())
+	if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
+		t.Fatal(err)
+	}
+
+	req := pgRequest("rt", time.Hour, time.Minute)
+	var won idempotency.ClaimResult
+	measure("Claim of a new key", func() (err error) {
+		won, err = s.Claim(ctx, req)
+		if err == nil && !won.Won {
+			err = errors.New("did not win")
+		}
+		return err
+	})
+	measure("Claim by a loser (in flight)", func() error {
+		res, err := s.Claim(ctx, req)
+		if err == nil && res.Won {
+			err = errors.New("won twice")
+		}
+		return err
+	})
+	measure("Complete", func() error { return s.Complete(ctx, won.Record.Fence(), resp) })
+	measure("Claim by a loser (replay)", func() error {
+		res, err := s.Claim(ctx, req)
+		if err == nil && (res.Won || res.Record.Status != idempotency.StatusCompleted) {
+			err = errors.New("not a replay")
+		}
+		return err
+	})
+}
+
+func TestPostgresErrors(t *testing.T) {
+	t.Parallel()
+
+	t.Run("MissingTableIsSchema", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		s := idempotency.NewPostgresStore(pool)
+		rec := pgClaim(t, s, pgRequest("u", time.Hour, time.Minute)) // warm the statement cache
+		if _, err := pool.Exec(t.Context(), `DROP TABLE idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
+		if r := pgReason(t, "Claim", err); r != idempotency.ReasonSchema {
+			t.Errorf("Claim without the table: reason %q (%v), want schema", r, err)
+		}
+		err = s.Complete(t.Context(), rec.Fence(), idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
+		if r := pgReason(t, "Complete", err); r != idempotency.ReasonSchema {
+			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
+		}
+		_, err = s.DeleteExpired(t.Context(), 10)
+		if r := pgReason(t, "DeleteExpired", err); r != idempotency.ReasonSchema {
+			t.Errorf("DeleteExpired without the table: reason %q (%v), want schema", r, err)
+		}
+	})
+
+	t.Run("MissingPrivilegeIsPermission", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		role := "idem_test_role_" + hex.EncodeToString(b[:])
+		schema := pool.Config().ConnConfig.RuntimeParams["search_path"]
+		if _, err := pool.Exec(t.Context(), `CREATE ROLE `+role+` LOGIN; GRANT USAGE ON SCHEMA `+schema+` TO `+role); err != nil {
+			t.Skipf("cannot create a role: %v", err)
+		}
+		t.Cleanup(func() {
+			// Runs after the role's pool is closed (cleanups run last first).
+			if _, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role); err != nil {
+				t.Errorf("drop role: %v", err)
+			}
+		})
+		cfg := pool.Config()
+		cfg.ConnConfig.User = role
+		cfg.ConnConfig.Password = ""
+		rolePool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rolePool.Close)
+		_, err = idempotency.NewPostgresStore(rolePool).Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
+		if r := pgReason(t, "Claim", err); r != idempotency.ReasonPermission {
+			t.Errorf("Claim without privileges: reason %q (%v), want permission", r, err)
+		}
+	})
+
+	t.Run("ClosedPoolIsClosed", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		s := idempotency.NewPostgresStore(pool)
+		pool.Close()
+		_, err := s.Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
+		if r := pgReason(t, "Claim", err); r != idempotency.ReasonClosed {
+			t.Errorf("Claim on a closed pool: reason %q (%v), want closed", r, err)
+		}
+		_, err = s.ExportScope(t.Context(), "u")
+		if r := pgReason(t, "ExportScope", err); r != idempotency.ReasonClosed {
+			t.Errorf("ExportScope on a closed pool: reason %q (%v), want closed", r, err)
+		}
+	})
+
+	t.Run("PoolExhaustedIsTimeout", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t, testdb.MaxConns(1))
+		conn, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		_, err = idempotency.NewPostgresStore(pool).Claim(ctx, pgRequest("u", time.Hour, time.Minute))
+		if r := pgReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+			t.Errorf("Claim with the pool exhausted: reason %q (%v), want timeout", r, err)
+		}
+	})
+
+	// proxied returns a store whose pool goes through a proxy, with one
+	// connection already open.
+	proxied := func(t *testing.T) (*idempotency.PostgresStore, *tcpproxy.Proxy) {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := tcpproxy.New(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		host, port, _ := net.SplitHostPort(proxy.Addr())
+		p, _ := strconv.Atoi(port)
+		pool := testdb.New(t, testdb.MaxConns(2), testdb.Configure(func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+			cfg.ConnConfig.Fallbacks = nil
+			cfg.ConnConfig.ConnectTimeout = 0 // the call's context bounds connecting
+		}))
+		s := idempotency.NewPostgresStore(pool)
+		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+		return s, proxy
+	}
+
+	t.Run("BlackholeIsTimeout", func(t *testing.T) {
+		t.Parallel()
+		s, proxy := proxied(t)
+		proxy.Blackhole()
+		const deadline = 300 * time.Millisecond
+		for _, fresh := range []bool{false, true} {
+			if fresh {
+				s.Pool().Reset() // the next call must connect through the black hole
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), deadline)
+			start := time.Now()
+			_, err := s.Claim(ctx, pgRequest("u", time.Hour, time.Minute))
+			elapsed := time.Since(start)
+			cancel()
+			if r := pgReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+				t.Errorf("Claim through a black hole (new connection %v): reason %q (%v), want timeout", fresh, r, err)
+			}
+			if elapsed > 5*deadline {
+				t.Errorf("Claim through a black hole (new connection %v) took %v, want at most %v", fresh, elapsed, 5*deadline)
+			}
+		}
+		proxy.Restore()
+		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+	})
+
+	t.Run("CutIsConnection", func(t *testing.T) {
+		t.Parallel()
+		s, proxy := proxied(t)
+		proxy.Cut()
+		for _, fresh := range []bool{false, true} {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			_, err := s.Claim(ctx, pgRequest("u", time.Hour, time.Minute))
+			cancel()
+			if r := pgReason(t, "Claim", err); r != idempotency.ReasonConnection {
+				t.Errorf("Claim through a cut link (new connection %v): reason %q (%v), want connection", fresh, r, err)
+			}
+		}
+		proxy.Restore()
+		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+	})
+
+	t.Run("NotOwnerIsNotAStoreError", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		err := s.Fail(t.Context(), idempotency.Fence{ID: 12345, Attempt: 1})
+		if err != idempotency.ErrNotOwner {
+			t.Fatalf("Fail of an unknown row: %v, want ErrNotOwner itself", err)
+		}
+	})
+}
+
+func TestPostgresFencing(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TakeoverRacingComplete", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		ctx := t.Context()
+		for range 20 {
+			req := pgRequest("u", time.Millisecond, time.Millisecond)
+			owner := pgClaim(t, s, req).Fence()
+			old := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+			next := req
+			next.RequestHash = strings.Repeat("cd", 32)
+			next.TTL = time.Hour
+
+			var (
+				completeErr error
+				takeover    idempotency.ClaimResult
+				takeoverErr error
+				wg          sync.WaitGroup
+			)
+			start := make(chan struct{})
+			wg.Go(func() {
+				<-start
+				completeErr = s.Complete(ctx, owner, idempotency.Response{Status: 201, Body: []byte("stale"), BodyKind: idempotency.BodyRaw})
+			})
+			wg.Go(func() {
+				<-start
+				takeover, takeoverErr = s.Takeover(ctx, old.Fence(), next)
+			})
+			close(start)
+			wg.Wait()
+			if takeoverErr != nil || (completeErr != nil && completeErr != idempotency.ErrNotOwner) {
+				t.Fatalf("Takeover: %v; Complete: %v", takeoverErr, completeErr)
+			}
+			// Completing does not bump the attempt, so a takeover of the
+			// expired row wins whichever ran first; what must never happen
+			// is the stale owner's response landing on the new claim.
+			if !takeover.Won {
+				t.Fatalf("Takeover of an expired row lost (Complete: %v)", completeErr)
+			}
+			got, err := s.Claim(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := got.Record
+			if r.Attempt != owner.Attempt+1 || r.Status != idempotency.StatusInFlight || r.RequestHash != next.RequestHash ||
+				r.Response.Status != 0 || r.Response.Body != nil {
+				t.Fatalf("after the race (Complete: %v): row %+v, want the takeover's fresh in-flight claim", completeErr, r)
+			}
+			if err := s.Complete(ctx, owner, idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}); err != idempotency.ErrNotOwner {
+				t.Fatalf("stale owner's Complete after the takeover: %v, want ErrNotOwner", err)
+			}
+		}
+	})
+
+	t.Run("ReclaimRacingComplete", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		ctx := t.Context()
+		wins := map[string]int{}
+		for range 20 {
+			req := pgRequest("u", time.Hour, time.Millisecond)
+			owner := pgClaim(t, s, req).Fence()
+			stale := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.LeaseOver })
+
+			var (
+				completeErr error
+				reclaim     idempotency.ClaimResult
+				reclaimErr  error
+				wg          sync.WaitGroup
+			)
+			start := make(chan struct{})
+			wg.Go(func() {
+				<-start
+				completeErr = s.Complete(ctx, owner, idempotency.Response{Status: 201, Body: []byte("late"), BodyKind: idempotency.BodyRaw})
+			})
+			wg.Go(func() {
+				<-start
+				reclaim, reclaimErr = s.Reclaim(ctx, stale.Fence(), req)
+			})
+			close(start)
+			wg.Wait()
+			if reclaimErr != nil || (completeErr != nil && completeErr != idempotency.ErrNotOwner) {
+				t.Fatalf("Reclaim: %v; Complete: %v", reclaimErr, completeErr)
+			}
+			got, err := s.Claim(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := got.Record
+			switch {
+			case completeErr == nil && !reclaim.Won:
+				wins["complete"]++
+				if r.Status != idempotency.StatusCompleted || r.Attempt != owner.Attempt || string(r.Response.Body) != "late" {
+					t.Fatalf("Complete won: row %+v, want completed by the owner", r)
+				}
+			case completeErr == idempotency.ErrNotOwner && reclaim.Won:
+				wins["reclaim"]++
+				if r.Status != idempotency.StatusInFlight || r.Attempt != owner.Attempt+1 || r.Response.Status != 0 {
+					t.Fatalf("Reclaim won: row %+v, want the reclaimer's in-flight claim", r)
+				}
+			default:
+				t.Fatalf("Complete: %v; Reclaim won: %v; want exactly one winner", completeErr, reclaim.Won)
+			}
+		}
+		t.Logf("winners over 20 races: %v", wins)
+	})
+
+	t.Run("StaleOwnerAfterReclaim", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		ctx := t.Context()
+		req := pgRequest("u", time.Hour, time.Millisecond)
+		owner := pgClaim(t, s, req).Fence()
+		stale := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.LeaseOver })
+		req.Lease = time.Hour
+		res, err := s.Reclaim(ctx, stale.Fence(), req)
+		if err != nil || !res.Won {
+			t.Fatalf("Reclaim: won %v err %v", res.Won, err)
+		}
+		resp := idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}
+		for name, call := range map[string]func() error{
+			"Complete": func() error { return s.Complete(ctx, owner, resp) },
+			"Fail":     func() error { return s.Fail(ctx, owner) },
+			"Release":  func() error { return s.Release(ctx, owner) },
+		} {
+			if err := call(); err != idempotency.ErrNotOwner {
+				t.Errorf("stale owner's %s after a reclaim: %v, want ErrNotOwner", name, err)
+			}
+		}
+		if err := s.Complete(ctx, res.Record.Fence(), resp); err != nil {
+			t.Fatalf("new owner's Complete: %v", err)
+		}
+	})
+
+	t.Run("TwoPoolsOneWinner", func(t *testing.T) {
+		t.Parallel()
+		poolA := testdb.New(t)
+		cfg := poolA.Config()
+		poolB, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(poolB.Close)
+		stores := []idempotency.Store{idempotency.NewPostgresStore(poolA), idempotency.NewPostgresStore(poolB)}
+
+		for range 5 {
+			req := pgRequest("u", time.Hour, time.Minute)
+			const racers = 64
+			results := make([]idempotency.ClaimResult, racers)
+			errs := make([]error, racers)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range racers {
+				wg.Go(func() {
+					<-start
+					results[i], errs[i] = stores[i%2].Claim(t.Context(), req)
+				})
+			}
+			close(start)
+			wg.Wait()
+			winners := 0
+			var id int64
+			for i, res := range results {
+				if errs[i] != nil {
+					t.Fatalf("racer %d: %v", i, errs[i])
+				}
+				if res.Won {
+					winners++
+				}
+				if id == 0 {
+					id = res.Record.ID
+				} else if res.Record.ID != id {
+					t.Fatalf("racers saw rows %d and %d", id, res.Record.ID)
+				}
+			}
+			if winners != 1 {
+				t.Fatalf("%d winners among %d racers on two pools, want 1", winners, racers)
+			}
+		}
+	})
+
+	t.Run("CleanupRacingClaims", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		ctx := t.Context()
+		const n = 40
+		// live: expired but their owner's lease runs: cleanup must keep them.
+		// orphans: expired, lease over: cleanup may delete them, unless a
+		// claim takes them over first.
+		var live, orphans []idempotency.ClaimRequest
+		var liveFences []idempotency.Fence
+		for range n {
+			req := pgRequest("u", time.Millisecond, time.Hour)
+			liveFences = append(liveFences, pgClaim(t, s, req).Fence())
+			live = append(live, req)
+			orphan := pgRequest("u", time.Millisecond, time.Millisecond)
+			pgClaim(t, s, orphan)
+			orphans = append(orphans, orphan)
+		}
+		pgWaitFor(t, s, orphans[n-1], func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+		pgWaitFor(t, s, live[n-1], func(r idempotency.Record) bool { return r.Expired })
+
+		stop := make(chan struct{})
+		var deleted atomic.Int64
+		var cleaners, claimers sync.WaitGroup
+		errc := make(chan error, 16)
+		for range 2 {
+			cleaners.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					k, err := s.DeleteExpired(ctx, 7)
+					if err != nil {
+						errc <- err
+						return
+					}
+					deleted.Add(k)
+				}
+			})
+		}
+		// Claimers take orphans over (or claim them anew once deleted) and
+		// claim new keys, racing the cleaners.
+		owned := make(chan idempotency.Fence, 4*n)
+		for w := range 4 {
+			claimers.Go(func() {
+				for i := w; i < n; i += 4 {
+					req := orphans[i]
+					req.TTL, req.Lease = time.Hour, time.Hour
+					res, err := s.Claim(ctx, req)
+					if err != nil {
+						errc <- err
+						return
+					}
+					if !res.Won && res.Record.Expired {
+						res, err = s.Takeover(ctx, res.Record.Fence(), req)
+						if err != nil {
+							errc <- err
+							return
+						}
+					}
+					if res.Won {
+						owned <- res.Record.Fence()
+					}
+					fresh := pgRequest("u", time.Hour, time.Hour)
+					res, err = s.Claim(ctx, fresh)
+					if err != nil || !res.Won {
+						errc <- errors.Join(err, errors.New("claim of a fresh key lost"))
+						return
+					}
+					owned <- res.Record.Fence()
+				}
+			})
+		}
+		claimers.Wait()
+		close(stop)
+		cleaners.Wait()
+		close(owned)
+		close(errc)
+		for err := range errc {
+			t.Fatal(err)
+		}
+		// Every live in-flight row survived: its owner can still complete it.
+		resp := idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}
+		for _, f := range liveFences {
+			if err := s.Complete(ctx, f, resp); err != nil {
+				t.Fatalf("owner of an expired row with a live lease: Complete: %v (cleanup deleted it?)", err)
+			}
+		}
+		count := 0
+		for f := range owned {
+			count++
+			if err := s.Complete(ctx, f, resp); err != nil {
+				t.Fatalf("claimer racing cleanup: Complete: %v (cleanup deleted a live row?)", err)
+			}
+		}
+		t.Logf("cleanup deleted %d rows while %d claims were won", deleted.Load(), count)
+	})
+}
