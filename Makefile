@@ -1,0 +1,47 @@
+# Run `make` (or `make help`) to list the targets.
+.DEFAULT_GOAL := help
+GO ?= go
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z0-9_/.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: test
+test: ## go vet, then every test with the race detector (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker)
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: test/short
+test/short: ## Fast tests only, without the race detector
+	$(GO) test -short -count=1 ./...
+
+.PHONY: test/pg
+test/pg: ## make test against the local Postgres ($(TEST_DATABASE_URL)), failing instead of skipping without it
+	IDEMPOTENCY_TEST_DATABASE_URL='$(TEST_DATABASE_URL)' IDEMPOTENCY_REQUIRE_DB=1 $(MAKE) test
+
+.PHONY: bench
+bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DATABASE_URL)
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+.PHONY: tidy
+tidy: ## go mod tidy
+	$(GO) mod tidy
+
+.PHONY: example
+example: ## Run the example paper-trading server (in memory; set DATABASE_URL for Postgres)
+	$(GO) run ./examples/server
+
+.PHONY: fuzz
+fuzz: ## Fuzz the request-hash canonicaliser for a minute
+	$(GO) test -run '^$$' -fuzz FuzzCanonicalJSON -fuzztime 60s .
+
+.PHONY: db/reset/test
+db/reset/test: ## Drop the test schemas a crashed test run may have left in $(TEST_DATABASE_URL)
+	psql '$(TEST_DATABASE_URL)' -Atc "SELECT 'DROP SCHEMA ' || quote_ident(nspname) || ' CASCADE;' FROM pg_namespace WHERE nspname LIKE 'idem_test_%'" | psql '$(TEST_DATABASE_URL)' -q

@@ -1,0 +1,121 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idempotency"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// post sends a POST with an Idempotency-Key and prints the answer.
+func post(h http.Handler, key, body string) {
+	r := httptest.NewRequest("POST", "/api/trading/orders", strings.NewReader(body))
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Println(w.Code, w.Header().Get("Idempotent-Replayed"), strings.TrimSpace(w.Body.String()))
+}
+
+// Wrap an order route fail-closed: the handler runs once per key; a retry
+// gets the recorded response, a changed body gets 422.
+func Example_orderRoute() {
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
+		// The user scope: run the idempotency middleware after the session
+		// middleware, and return the session's user here.
+		Scope: func(r *http.Request) string { return "42" },
+	})
+	if err != nil {
+		panic(err)
+	}
+	orders := 0
+	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orders++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d,"status":"filled"}`, orders)
+	})
+	mux := http.NewServeMux()
+	// The zero RouteConfig is fail-closed with a 24h TTL.
+	mux.Handle("POST /api/trading/orders", mw.MustRoute(idempotency.RouteConfig{})(placeOrder))
+
+	key := "5f0c4a3e-8d2b-4c1a-9e7f-6b5a4c3d2e1f"
+	post(mux, key, `{"symbol":"AAPL","side":"buy","qty":10}`)
+	post(mux, key, `{"symbol":"AAPL","side":"buy","qty":10}`)
+	post(mux, key, `{"symbol":"AAPL","side":"buy","qty":11}`)
+	fmt.Println("orders placed:", orders)
+	// Output:
+	// 201  {"id":1,"status":"filled"}
+	// 201 true {"id":1,"status":"filled","idempotency_replayed":true}
+	// 422  {"error":"idempotency_key_body_mismatch"}
+	// orders placed: 1
+}
+
+// failingStore is a store whose database is down.
+type failingStore struct{ idempotency.Store }
+
+func (failingStore) Claim(context.Context, idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConnection, Err: fmt.Errorf("connection refused")}
+}
+
+// Wrap a billing route fail-open: when the store is down the handler still
+// runs (without deduplication), while a fail-closed order route answers
+// 503 and runs nothing.
+func Example_billingRoute() {
+	mw, err := idempotency.New(failingStore{}, idempotency.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		panic(err)
+	}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"id":"cs_1"}`)
+	})
+	billing := mw.MustRoute(idempotency.RouteConfig{FailOpen: true, TTL: 7 * 24 * time.Hour})(handler)
+	orders := mw.MustRoute(idempotency.RouteConfig{})(handler)
+
+	key := "0e1d2c3b-4a59-4687-9a0b-1c2d3e4f5a6b"
+	post(billing, key, `{"plan":"pro"}`)
+	post(orders, key, `{"plan":"pro"}`)
+	// Output:
+	// 201  {"id":"cs_1"}
+	// 503  {"error":"idempotency_store_unavailable"}
+}
+
+// On a transactional route the handler writes through the transaction the
+// middleware began: its writes and the key's completed record commit
+// together, so a crash never leaves one without the other.
+func Example_transactionalRoute() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/postgres")
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if err := idempotency.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{})
+	if err != nil {
+		panic(err)
+	}
+	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		var id int64
+		if err := tx.QueryRow(r.Context(),
+			`INSERT INTO paper_orders (symbol, qty) VALUES ('AAPL', 10) RETURNING id`).Scan(&id); err != nil {
+			http.Error(w, `{"error":"fill_engine_error"}`, http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, id)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /api/trading/orders", mw.MustRoute(idempotency.RouteConfig{Transactional: true})(placeOrder))
+	_ = http.ListenAndServe("127.0.0.1:8080", mux)
+}

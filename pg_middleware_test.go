@@ -1,0 +1,280 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/tcpproxy"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// pgRoute builds a middleware over pool and wraps a counting handler.
+func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempotency.RouteConfig, calls *atomic.Int64) (http.Handler, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer, cfg.Logger = reg, quiet
+	cfg.Enabled = func(*http.Request) bool { return true }
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"n":%d}`, calls.Load())
+	})), reg
+}
+
+func do(h http.Handler, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
+	if key != "" {
+		r.Header.Set(idempotency.HeaderKey, key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// race sends copies of each key at once through the handlers (round robin)
+// and fails on any answer other than a fresh 201, a replay or a 409 in
+// flight.
+func race(t *testing.T, handlers []http.Handler, keys []string, copies int) {
+	t.Helper()
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan string, len(keys)*copies)
+	for i := range len(keys) * copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			w := do(handlers[i%len(handlers)], keys[i%len(keys)], `{"qty":1}`)
+			if w.Code != 201 && !(w.Code == 409 && strings.Contains(w.Body.String(), "idempotency_in_flight")) {
+				errs <- fmt.Sprintf("%d %s", w.Code, w.Body)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatalf("unexpected answer: %s", e)
+	}
+}
+
+// raceConfig gives 1,280 simultaneous requests on a small pool time to
+// queue for a connection: a race must be decided by the claim, not by
+// timeouts.
+var raceConfig = idempotency.Config{StoreTimeout: 20 * time.Second, Lease: time.Minute}
+
+func newKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = uuid.NewString()
+	}
+	return keys
+}
+
+// TestPostgresRaceOnePool: 20 keys x 64 goroutines through one middleware:
+// exactly 20 executions.
+func TestPostgresRaceOnePool(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t, testdb.MaxConns(16))
+	var calls atomic.Int64
+	h, _ := pgRoute(t, pool, raceConfig, idempotency.RouteConfig{Name: "orders"}, &calls)
+	race(t, []http.Handler{h}, newKeys(20), 64)
+	if calls.Load() != 20 {
+		t.Fatalf("executions = %d, want 20", calls.Load())
+	}
+}
+
+// TestPostgresRaceTwoPools: the same race through two middleware instances
+// with two pools on one database (two servers): exactly 20 executions.
+func TestPostgresRaceTwoPools(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewDSN(t)
+	var calls atomic.Int64
+	var handlers []http.Handler
+	for range 2 {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = 8
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		h, _ := pgRoute(t, pool, raceConfig, idempotency.RouteConfig{Name: "orders"}, &calls)
+		handlers = append(handlers, h)
+	}
+	race(t, handlers, newKeys(20), 64)
+	if calls.Load() != 20 {
+		t.Fatalf("executions = %d, want 20", calls.Load())
+	}
+}
+
+// countingTracer counts statements sent on a pool.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestPostgresRoundTripsThroughMiddleware: a new key costs two statements
+// (claim, complete); a replay and every 409/422 cost one.
+func TestPostgresRoundTripsThroughMiddleware(t *testing.T) {
+	t.Parallel()
+	tr := &countingTracer{}
+	pool := testdb.New(t, testdb.Tracer(tr))
+	var calls atomic.Int64
+	h, _ := pgRoute(t, pool, idempotency.Config{}, idempotency.RouteConfig{Name: "orders"}, &calls)
+	key := uuid.NewString()
+	steps := []struct {
+		name, body string
+		status     int
+		statements int64
+	}{
+		{"new key", `{"a":1}`, 201, 2},
+		{"replay", `{"a":1}`, 201, 1},
+		{"mismatch", `{"a":2}`, 422, 1},
+	}
+	for _, s := range steps {
+		before := tr.n.Load()
+		if w := do(h, key, s.body); w.Code != s.status {
+			t.Fatalf("%s: status %d", s.name, w.Code)
+		}
+		if got := tr.n.Load() - before; got != s.statements {
+			t.Fatalf("%s: %d statements, want %d", s.name, got, s.statements)
+		}
+	}
+}
+
+// TestPostgresOutage cuts the connection to Postgres for real with a TCP
+// proxy: fail-closed answers 503 within five times the store deadline and
+// runs nothing; fail-open runs its handler and counts a bypass; after the
+// proxy is restored requests succeed again.
+func TestPostgresOutage(t *testing.T) {
+	t.Parallel()
+	base := testdb.New(t) // the migrated schema
+	schema := base.Config().ConnConfig.RuntimeParams["search_path"]
+	target := fmt.Sprintf("%s:%d", base.Config().ConnConfig.Host, base.Config().ConnConfig.Port)
+	for _, mode := range []string{"cut", "blackhole"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			proxy := tcpproxy.New(t, target)
+			cfg := base.Config().Copy()
+			host, port, _ := strings.Cut(proxy.Addr(), ":")
+			cfg.ConnConfig.Host = host
+			fmt.Sscan(port, &cfg.ConnConfig.Port)
+			cfg.ConnConfig.RuntimeParams["search_path"] = schema
+			cfg.ConnConfig.ConnectTimeout = time.Second
+			cfg.MaxConns = 4
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			const storeTimeout = 500 * time.Millisecond
+			var closedCalls, openCalls atomic.Int64
+			mwCfg := idempotency.Config{StoreTimeout: storeTimeout, Lease: 2 * time.Second}
+			closed, _ := pgRoute(t, pool, mwCfg, idempotency.RouteConfig{Name: "orders"}, &closedCalls)
+			open, reg := pgRoute(t, pool, mwCfg, idempotency.RouteConfig{Name: "billing", FailOpen: true}, &openCalls)
+			if w := do(closed, uuid.NewString(), `{}`); w.Code != 201 {
+				t.Fatalf("before the outage: %d %s", w.Code, w.Body)
+			}
+			if mode == "cut" {
+				proxy.Cut()
+			} else {
+				proxy.Blackhole()
+			}
+			start := time.Now()
+			w := do(closed, uuid.NewString(), `{}`)
+			if el := time.Since(start); el > 5*storeTimeout {
+				t.Fatalf("fail-closed answered after %v, bound %v", el, 5*storeTimeout)
+			}
+			if w.Code != 503 || w.Header().Get("Retry-After") != "1" || closedCalls.Load() != 1 {
+				t.Fatalf("fail-closed during outage: %d %s, calls %d", w.Code, w.Body, closedCalls.Load())
+			}
+			start = time.Now()
+			if w := do(open, uuid.NewString(), `{}`); w.Code != 201 || openCalls.Load() != 1 {
+				t.Fatalf("fail-open during outage: %d, calls %d", w.Code, openCalls.Load())
+			}
+			if el := time.Since(start); el > 5*storeTimeout {
+				t.Fatalf("fail-open answered after %v", el)
+			}
+			bypass, err := testutil.GatherAndCount(reg, "idempotency_bypasses_total")
+			if err != nil || bypass != 1 {
+				t.Fatalf("bypass series = %d (%v)", bypass, err)
+			}
+			proxy.Restore()
+			// The pool reconnects on its own; allow it a few attempts.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if w := do(closed, uuid.NewString(), `{}`); w.Code == 201 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no recovery after the proxy was restored")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestPostgresPoolExhaustion: with every pool connection held, a claim gives
+// up at the store deadline and the fail-closed route answers 503; once the
+// connections are free the route recovers.
+func TestPostgresPoolExhaustion(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t, testdb.MaxConns(2))
+	var calls atomic.Int64
+	const storeTimeout = 500 * time.Millisecond
+	h, _ := pgRoute(t, pool, idempotency.Config{StoreTimeout: storeTimeout, Lease: 2 * time.Second},
+		idempotency.RouteConfig{Name: "orders"}, &calls)
+	var held []*pgxpool.Conn
+	for range 2 {
+		c, err := pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	start := time.Now()
+	w := do(h, uuid.NewString(), `{}`)
+	if el := time.Since(start); el > 5*storeTimeout {
+		t.Fatalf("answered after %v, bound %v", el, 5*storeTimeout)
+	}
+	if w.Code != 503 || calls.Load() != 0 {
+		t.Fatalf("exhausted pool: %d, calls %d", w.Code, calls.Load())
+	}
+	for _, c := range held {
+		c.Release()
+	}
+	if w := do(h, uuid.NewString(), `{}`); w.Code != 201 {
+		t.Fatalf("after release: %d %s", w.Code, w.Body)
+	}
+}

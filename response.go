@@ -1,0 +1,331 @@
+package idempotency
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+var errBodyTooLarge = errors.New("idempotency: request body too large")
+
+// readBody reads a keyed request's body whole, bounded in size and (where
+// the connection allows read deadlines) in time, and restores it for the
+// handler. An error means nothing may be claimed: errBodyTooLarge for a body
+// over limit, anything else for a body that could not be read whole.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, errBodyTooLarge
+	}
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	size := int64(512)
+	if r.ContentLength > 0 {
+		size = r.ContentLength + 1 // +1 so reading to EOF needs no growth
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr):
+		return nil, errBodyTooLarge
+	case err != nil:
+		return nil, err
+	case int64(buf.Len()) > limit:
+		return nil, errBodyTooLarge
+	}
+	body := buf.Bytes()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}
+
+// writeJSON sends one of the contract's JSON answers.
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+func notStoredBody(original int) []byte {
+	return []byte(`{"error":"idempotency_response_not_stored","original_status":` + itoa(original) + `}`)
+}
+
+// Replayable headers: these three always, plus each route's allow-list.
+var defaultReplayHeaders = []string{"Content-Type", "Location", "Content-Language"}
+
+// neverReplayed are headers that must never be stored: credentials,
+// cookies, per-connection and per-message headers.
+var neverReplayed = map[string]bool{
+	"Set-Cookie": true, "Authorization": true, "Www-Authenticate": true, "Date": true,
+	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true,
+	"Upgrade": true, "Content-Length": true, HeaderReplayed: true,
+}
+
+// replayAllowList validates a route's extra replay headers and returns the
+// full allow-list in canonical form.
+func replayAllowList(extra []string) ([]string, error) {
+	list := append([]string(nil), defaultReplayHeaders...)
+	for _, h := range extra {
+		c := http.CanonicalHeaderKey(strings.TrimSpace(h))
+		if c == "" || neverReplayed[c] || strings.HasPrefix(c, "Proxy-") {
+			return nil, errors.New("idempotency: RouteConfig.ReplayHeaders: header " + strconv.Quote(h) + " may not be replayed")
+		}
+		if !containsString(list, c) {
+			list = append(list, c)
+		}
+	}
+	return list, nil
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// isJSONType reports whether a Content-Type declares JSON.
+func isJSONType(ct string) bool {
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+var replayedField = []byte(`"idempotency_replayed"`)
+
+// writeReplay sends a stored response: its status, its stored headers,
+// Idempotent-Replayed: true, and its body, with "idempotency_replayed": true
+// added when the body is a JSON object.
+func writeReplay(w http.ResponseWriter, resp Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	body := resp.Body
+	if resp.BodyKind == BodyJSON {
+		body = markReplayed(body)
+	}
+	h.Set(HeaderReplayed, "true")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(body)
+}
+
+// markReplayed adds "idempotency_replayed": true to a JSON object and
+// returns any other JSON value unchanged.
+func markReplayed(body []byte) []byte {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) < 2 || trimmed[0] != '{' {
+		return body
+	}
+	if bytes.Contains(trimmed, replayedField) {
+		// The field may already exist: set it through a full decode.
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(trimmed, &obj) != nil {
+			return body
+		}
+		obj["idempotency_replayed"] = json.RawMessage("true")
+		out, err := json.Marshal(obj)
+		if err != nil {
+			return body
+		}
+		return out
+	}
+	inner := bytes.TrimSpace(trimmed[1 : len(trimmed)-1])
+	out := make([]byte, 0, len(trimmed)+len(replayedField)+7)
+	out = append(out, trimmed[:len(trimmed)-1]...)
+	out = bytes.TrimRight(out, " \t\r\n")
+	if len(inner) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, replayedField...)
+	out = append(out, ":true}"...)
+	return out
+}
+
+// errHijack is returned by a wrapped route's Hijack: its response must be
+// recorded, which a hijacked connection makes impossible.
+var errHijack = errors.New("idempotency: hijacking a connection is not allowed on an idempotency-wrapped route")
+
+// recorder buffers a winner's response so it can be recorded before it is
+// sent. A handler that flushes switches an ordinary route's response to
+// streaming (what is buffered goes out, the rest streams, the record
+// follows); on a transactional route Flush is a no-op until the commit. A
+// response that outgrows the record limit is no longer captured; on an
+// ordinary route it then streams, so memory stays bounded.
+type recorder struct {
+	w         http.ResponseWriter
+	status    int
+	buf       bytes.Buffer
+	limit     int64
+	overflow  bool // the body outgrew limit: recorded without body
+	streaming bool
+	holdBack  bool // transactional: nothing is sent before the commit
+}
+
+func newRecorder(w http.ResponseWriter, limit int64, holdBack bool) *recorder {
+	return &recorder{w: w, limit: limit, holdBack: holdBack}
+}
+
+// Header returns the real writer's header map: the handler's headers are
+// the response's, and the replayable ones are copied when recording.
+func (r *recorder) Header() http.Header { return r.w.Header() }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status != 0 {
+		return
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		if !r.holdBack {
+			r.w.WriteHeader(code) // informational answers go out as they come
+		}
+		return
+	}
+	r.status = code
+	if r.streaming {
+		r.w.WriteHeader(code)
+	}
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.streaming {
+		r.capture(p)
+		return r.w.Write(p)
+	}
+	if !r.overflow && int64(r.buf.Len()+len(p)) > r.limit {
+		r.overflow = true
+		if !r.holdBack {
+			// Too large to record: stream it rather than hold it.
+			r.startStreaming()
+			return r.w.Write(p)
+		}
+	}
+	return r.buf.Write(p)
+}
+
+// capture keeps a streamed response's bytes for the record, up to limit.
+func (r *recorder) capture(p []byte) {
+	if r.overflow {
+		return
+	}
+	if int64(r.buf.Len()+len(p)) > r.limit {
+		r.overflow = true
+		r.buf = bytes.Buffer{}
+		return
+	}
+	r.buf.Write(p)
+}
+
+func (r *recorder) startStreaming() {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	r.streaming = true
+	r.w.WriteHeader(r.status)
+	if r.buf.Len() > 0 {
+		_, _ = r.w.Write(r.buf.Bytes())
+	}
+	if r.overflow {
+		r.buf = bytes.Buffer{}
+	}
+}
+
+// Flush implements http.Flusher.
+func (r *recorder) Flush() { _ = r.FlushError() }
+
+// FlushError switches the response to streaming and flushes it; on a
+// transactional route it does nothing until the commit.
+func (r *recorder) FlushError() error {
+	if r.holdBack {
+		return nil
+	}
+	if !r.streaming {
+		r.startStreaming()
+	}
+	return http.NewResponseController(r.w).Flush()
+}
+
+// Hijack refuses: a hijacked response cannot be recorded.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, errHijack }
+
+// Unwrap exposes the real writer to http.ResponseController only once the
+// response streams; while buffering, a flush must not bypass the buffer.
+func (r *recorder) Unwrap() http.ResponseWriter {
+	if r.streaming {
+		return r.w
+	}
+	return nil
+}
+
+// statusCode is the handler's final status; a handler that wrote nothing
+// answered 200.
+func (r *recorder) statusCode() int {
+	if r.status == 0 {
+		return http.StatusOK
+	}
+	return r.status
+}
+
+// response is what gets recorded: status, replayable headers and body.
+func (r *recorder) response(allow []string) Response {
+	resp := Response{Status: r.statusCode()}
+	h := r.w.Header()
+	for _, name := range allow {
+		if v, ok := h[name]; ok {
+			if resp.Header == nil {
+				resp.Header = make(http.Header, len(allow))
+			}
+			resp.Header[name] = append([]string(nil), v...)
+		}
+	}
+	switch {
+	case r.overflow:
+		resp.BodyKind = BodyNone
+	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && json.Valid(r.buf.Bytes()):
+		resp.BodyKind, resp.Body = BodyJSON, r.buf.Bytes()
+	default:
+		resp.BodyKind, resp.Body = BodyRaw, r.buf.Bytes()
+	}
+	return resp
+}
+
+// finish sends a buffered response; a streamed one has already gone out.
+func (r *recorder) finish() {
+	if r.streaming {
+		return
+	}
+	status := r.statusCode()
+	h := r.w.Header()
+	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
+		h.Set("Content-Length", strconv.Itoa(r.buf.Len()))
+	}
+	r.w.WriteHeader(status)
+	if r.buf.Len() > 0 {
+		_, _ = r.w.Write(r.buf.Bytes())
+	}
+}
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}

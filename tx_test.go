@@ -1,0 +1,314 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// txFixture is a transactional order route over a fresh schema with an
+// orders table the handler writes through the route's transaction.
+type txFixture struct {
+	pool  *pgxpool.Pool
+	calls atomic.Int64
+	// behave decides each execution's answer; nil writes an order and
+	// answers 201.
+	behave func(n int64, w http.ResponseWriter, r *http.Request) bool
+}
+
+func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig) (*txFixture, http.Handler) {
+	t.Helper()
+	f := &txFixture{pool: testdb.New(t, testdb.MaxConns(16))}
+	if _, err := f.pool.Exec(context.Background(),
+		`CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, execution BIGINT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), quiet
+	cfg.Enabled = func(r *http.Request) bool { return r.Header.Get("X-Disabled") == "" }
+	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Transactional = true
+	rc.Name = "orders"
+	h := mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := f.calls.Add(1)
+		tx, ok := idempotency.TxFromContext(r.Context())
+		if !ok {
+			t.Error("no transaction in the handler's context")
+			return
+		}
+		key, _ := idempotency.KeyFromContext(r.Context())
+		var id int64
+		if err := tx.QueryRow(r.Context(), `INSERT INTO orders (idem_key, execution) VALUES ($1, $2) RETURNING id`, key, n).Scan(&id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if f.behave != nil && f.behave(n, w, r) {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d,"execution":%d}`, id, n)
+	}))
+	return f, h
+}
+
+func (f *txFixture) orders(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestTxStorm: a storm of duplicates on a transactional route executes and
+// commits exactly one order per key.
+func TestTxStorm(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, raceConfig, idempotency.RouteConfig{})
+	race(t, []http.Handler{h}, newKeys(20), 32)
+	if f.calls.Load() != 20 || f.orders(t) != 20 {
+		t.Fatalf("executions %d, orders %d, want 20 and 20", f.calls.Load(), f.orders(t))
+	}
+}
+
+// TestTxCommitsWithRecord: the order and the record land together; the
+// replay carries the committed order.
+func TestTxCommitsWithRecord(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	key := uuid.NewString()
+	first := do(h, key, `{"qty":1}`)
+	second := do(h, key, `{"qty":1}`)
+	if first.Code != 201 || second.Code != 201 || second.Header().Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("first %d, second %d %q", first.Code, second.Code, second.Header().Get(idempotency.HeaderReplayed))
+	}
+	if !isReplayOf(second.Body.String(), first.Body.String()) ||
+		second.Header().Get("Location") != first.Header().Get("Location") {
+		t.Fatalf("replay %s %q differs from %s %q", second.Body, second.Header().Get("Location"), first.Body, first.Header().Get("Location"))
+	}
+	if f.orders(t) != 1 {
+		t.Fatalf("orders = %d", f.orders(t))
+	}
+}
+
+// TestTxHandlerError: a 500 rolls the handler's writes back and marks the key
+// failed; with ReleaseOnError the key is released and the retry executes
+// exactly once. A 429 rolls back and releases.
+func TestTxHandlerError(t *testing.T) {
+	t.Parallel()
+	failFirst := func(status int) func(n int64, w http.ResponseWriter, r *http.Request) bool {
+		return func(n int64, w http.ResponseWriter, r *http.Request) bool {
+			if n == 1 {
+				w.WriteHeader(status)
+				return true
+			}
+			return false
+		}
+	}
+	for _, c := range []struct {
+		name        string
+		rc          idempotency.RouteConfig
+		status      int
+		wantRetry   int
+		wantOrders  int
+		wantExecute int64
+	}{
+		{"500 fails the key", idempotency.RouteConfig{}, 500, 409, 0, 1},
+		{"500 with ReleaseOnError releases it", idempotency.RouteConfig{ReleaseOnError: true}, 500, 201, 1, 2},
+		{"429 releases it", idempotency.RouteConfig{}, 429, 201, 1, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f, h := newTxFixture(t, idempotency.Config{}, c.rc)
+			f.behave = failFirst(c.status)
+			key := uuid.NewString()
+			if w := do(h, key, `{}`); w.Code != c.status {
+				t.Fatalf("first: %d", w.Code)
+			}
+			if f.orders(t) != 0 {
+				t.Fatal("the failed attempt's order was committed")
+			}
+			w := do(h, key, `{}`)
+			if w.Code != c.wantRetry {
+				t.Fatalf("retry: %d %s", w.Code, w.Body)
+			}
+			if c.wantRetry == 409 && !strings.Contains(w.Body.String(), "idempotency_previous_failed") {
+				t.Fatalf("retry body %s", w.Body)
+			}
+			do(h, key, `{}`) // a third attempt never executes again
+			if f.orders(t) != c.wantOrders || f.calls.Load() != c.wantExecute {
+				t.Fatalf("orders %d executions %d, want %d and %d", f.orders(t), f.calls.Load(), c.wantOrders, c.wantExecute)
+			}
+		})
+	}
+}
+
+// TestTxPanicRollsBack: a panic rolls back, fails the key and is re-raised.
+func TestTxPanicRollsBack(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	f.behave = func(int64, http.ResponseWriter, *http.Request) bool { panic("fill engine exploded") }
+	key := uuid.NewString()
+	func() {
+		defer func() {
+			if p := recover(); p != "fill engine exploded" {
+				t.Fatalf("recovered %v", p)
+			}
+		}()
+		do(h, key, `{}`)
+	}()
+	if w := do(h, key, `{}`); w.Code != 409 || f.orders(t) != 0 {
+		t.Fatalf("after panic: %d, orders %d", w.Code, f.orders(t))
+	}
+}
+
+// TestTxPassThrough: without a key, and with the kill-switch off, the
+// handler still gets a transaction, which commits.
+func TestTxPassThrough(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	if w := do(h, "", `{}`); w.Code != 201 {
+		t.Fatalf("no key: %d %s", w.Code, w.Body)
+	}
+	r := httptestRequest("not-a-uuid")
+	r.Header.Set("X-Disabled", "1")
+	w := recorderFor(h, r)
+	if w.Code != 201 || f.orders(t) != 2 {
+		t.Fatalf("kill-switch off: %d, orders %d", w.Code, f.orders(t))
+	}
+}
+
+// TestTxReclaimFencesSlowOwner: an owner that outlives its lease while
+// another request reclaims the key and commits: exactly one order is
+// committed, and the slow owner's client gets the reclaimer's replay.
+func TestTxReclaimFencesSlowOwner(t *testing.T) {
+	t.Parallel()
+	const lease = 1500 * time.Millisecond
+	f, h := newTxFixture(t, idempotency.Config{Lease: lease, StoreTimeout: 500 * time.Millisecond},
+		idempotency.RouteConfig{TTL: time.Minute})
+	ownerWaiting := make(chan struct{})
+	releaseOwner := make(chan struct{})
+	f.behave = func(n int64, w http.ResponseWriter, r *http.Request) bool {
+		if n == 1 {
+			close(ownerWaiting)
+			<-releaseOwner // ignores its deadline: a stuck owner
+		}
+		return false
+	}
+	key := uuid.NewString()
+	ownerDone := make(chan *httptest.ResponseRecorder)
+	go func() { ownerDone <- do(h, key, `{}`) }()
+	<-ownerWaiting
+	// Duplicates get 409 in flight until the lease is over; then one
+	// reclaims and executes.
+	var reclaimer string
+	deadline := time.Now().Add(20 * lease)
+	for {
+		w := do(h, key, `{}`)
+		if w.Code == 201 {
+			reclaimer = w.Body.String()
+			break
+		}
+		if w.Code != 409 || !strings.Contains(w.Body.String(), "idempotency_in_flight") {
+			t.Fatalf("duplicate during the lease: %d %s", w.Code, w.Body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key was never reclaimed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(releaseOwner)
+	owner := <-ownerDone
+	if owner.Code != 201 || owner.Header().Get(idempotency.HeaderReplayed) != "true" || !isReplayOf(owner.Body.String(), reclaimer) {
+		t.Fatalf("slow owner got %d %s, want the reclaimer's replay of %s", owner.Code, owner.Body, reclaimer)
+	}
+	if f.orders(t) != 1 || f.calls.Load() != 2 {
+		t.Fatalf("orders %d executions %d, want 1 committed of 2", f.orders(t), f.calls.Load())
+	}
+}
+
+// isReplayOf reports whether replay is the JSON object original plus
+// "idempotency_replayed": true (Postgres may change white space and order).
+func isReplayOf(replay, original string) bool {
+	var r, o map[string]any
+	if json.Unmarshal([]byte(replay), &r) != nil || json.Unmarshal([]byte(original), &o) != nil || r["idempotency_replayed"] != true {
+		return false
+	}
+	delete(r, "idempotency_replayed")
+	return reflect.DeepEqual(r, o)
+}
+
+func httptestRequest(key string) *http.Request {
+	r, _ := http.NewRequest("POST", "/orders", strings.NewReader(`{}`))
+	r.Header.Set(idempotency.HeaderKey, key)
+	return r
+}
+
+func recorderFor(h http.Handler, r *http.Request) *responseRecorder {
+	w := &responseRecorder{header: http.Header{}}
+	h.ServeHTTP(w, r)
+	return w
+}
+
+type responseRecorder struct {
+	header http.Header
+	Code   int
+	body   strings.Builder
+}
+
+func (w *responseRecorder) Header() http.Header { return w.header }
+func (w *responseRecorder) Write(p []byte) (int, error) {
+	if w.Code == 0 {
+		w.Code = 200
+	}
+	return w.body.Write(p)
+}
+func (w *responseRecorder) WriteHeader(c int) {
+	if w.Code == 0 {
+		w.Code = c
+	}
+}
+
+// TestTxEscapedJSONBody: a JSON body with \u escapes, which JSONB might
+// refuse inside the route's transaction, is kept raw and still replays as
+// JSON with the replay field.
+func TestTxEscapedJSONBody(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	f.behave = func(_ int64, w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"note":"caf\u00e9 \u0000 \ud800"}`)
+		return true
+	}
+	key := uuid.NewString()
+	first := do(h, key, `{}`)
+	second := do(h, key, `{}`)
+	if first.Code != 201 || second.Header().Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("first %d %s, second %d %s", first.Code, first.Body, second.Code, second.Body)
+	}
+	if second.Body.String() != `{"note":"caf\u00e9 \u0000 \ud800","idempotency_replayed":true}` {
+		t.Fatalf("replay %s", second.Body)
+	}
+	if f.orders(t) != 1 {
+		t.Fatalf("orders %d", f.orders(t))
+	}
+}
