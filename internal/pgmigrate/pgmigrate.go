@@ -128,7 +128,7 @@ func (g *Migrator) Run(ctx context.Context, op func(m *migrate.Migrate) error) e
 		return err
 	}
 	g.lock.setContext(ctx)
-	defer g.lock.setContext(nil)
+	defer g.lock.clearContext()
 	stop := context.AfterFunc(ctx, func() {
 		select {
 		case g.m.GracefulStop <- true:
@@ -161,6 +161,14 @@ type lockDriver struct {
 func (d *lockDriver) setContext(ctx context.Context) {
 	d.mu.Lock()
 	d.ctx = ctx
+	d.mu.Unlock()
+}
+
+// clearContext ends a Run: a later Lock waits without a bound, as
+// golang-migrate's own would.
+func (d *lockDriver) clearContext() {
+	d.mu.Lock()
+	d.ctx = nil
 	d.mu.Unlock()
 }
 

@@ -1,0 +1,141 @@
+package idempotency_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// The middleware on Postgres against the same SQL sent straight through pgx:
+// run together (go test -bench 'Postgres(Raw)?(Miss|Replay)') so the ratio
+// of the two is the middleware's overhead over the database floor.
+
+const benchOrder = `{"symbol":"AAPL","side":"buy","qty":10}`
+
+func benchPool(b *testing.B) *pgxpool.Pool {
+	return testdb.New(b, testdb.MaxConns(8))
+}
+
+func benchMiddleware(b *testing.B, pool *pgxpool.Pool) http.Handler {
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":1,"symbol":"AAPL","side":"buy","qty":10,"status":"filled","fill_price":187.42}`))
+	}))
+}
+
+func serve(b *testing.B, h http.Handler, key string) {
+	r := httptest.NewRequest("POST", "/api/trading/orders", strings.NewReader(benchOrder))
+	r.Header.Set(idempotency.HeaderKey, key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		b.Fatalf("status %d %s", w.Code, w.Body)
+	}
+}
+
+func BenchmarkPostgresMiss(b *testing.B) {
+	h := benchMiddleware(b, benchPool(b))
+	b.ReportAllocs()
+	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			serve(b, h, uuid.NewString())
+		}
+	})
+}
+
+func BenchmarkPostgresReplay(b *testing.B) {
+	h := benchMiddleware(b, benchPool(b))
+	key := uuid.NewString()
+	serve(b, h, key)
+	b.ReportAllocs()
+	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			serve(b, h, key)
+		}
+	})
+}
+
+// rawClaim sends the claim statement and reads the row the way the store
+// does not need to: only id, attempt and won.
+func rawClaim(ctx context.Context, pool *pgxpool.Pool, key string) (id int64, attempt int32, won bool, err error) {
+	rows, err := pool.Query(ctx, idempotency.ClaimSQLForTest, key, "", "orders",
+		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", 24*time.Hour, 30*time.Second)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return 0, 0, false, err
+		}
+		id, attempt, won = vals[0].(int64), vals[6].(int32), vals[len(vals)-1].(bool)
+	}
+	return id, attempt, won, rows.Err()
+}
+
+func BenchmarkPostgresRawMiss(b *testing.B) {
+	pool := benchPool(b)
+	ctx := context.Background()
+	body := []byte(`{"id":1,"symbol":"AAPL","side":"buy","qty":10,"status":"filled","fill_price":187.42}`)
+	headers := []byte(`{"Content-Type":["application/json"]}`)
+	var fails atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			id, attempt, won, err := rawClaim(ctx, pool, uuid.NewString())
+			if err != nil || !won {
+				fails.Add(1)
+				continue
+			}
+			if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, 201, body, nil, headers); err != nil {
+				fails.Add(1)
+			}
+		}
+	})
+	if fails.Load() > 0 {
+		b.Fatalf("%d raw claims failed", fails.Load())
+	}
+}
+
+func BenchmarkPostgresRawReplay(b *testing.B) {
+	pool := benchPool(b)
+	ctx := context.Background()
+	key := uuid.NewString()
+	if _, _, _, err := rawClaim(ctx, pool, key); err != nil {
+		b.Fatal(err)
+	}
+	var fails atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, _, won, err := rawClaim(ctx, pool, key); err != nil || won {
+				fails.Add(1)
+			}
+		}
+	})
+	if fails.Load() > 0 {
+		b.Fatalf("%d raw replays failed", fails.Load())
+	}
+}
