@@ -75,8 +75,13 @@ type Config struct {
 	// route a pure pass-through. Defaults to EnabledFromEnv.
 	Enabled func(*http.Request) bool
 	// OnReplay, when set, is called synchronously before every replay is
-	// sent, so the host can write its own audit row. Defaults to nil.
-	OnReplay func(context.Context, ReplayEvent)
+	// sent, so the host can write its own audit row. Its context is
+	// detached from the client and bounded by StoreTimeout. When it returns
+	// an error the replay is not sent on a fail-closed route, which answers
+	// 503 idempotency_store_unavailable (the client retries the same key),
+	// and is sent anyway on a fail-open route, with a WARN log. Defaults to
+	// nil.
+	OnReplay func(context.Context, ReplayEvent) error
 	// Logger receives WARN and ERROR events; bodies are never logged.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
@@ -226,6 +231,12 @@ func (m *Middleware) MustRoute(rc RouteConfig) func(http.Handler) http.Handler {
 // else.
 func EnabledFromEnv(*http.Request) bool {
 	return flagEnabled(os.Getenv(FlagEnv))
+}
+
+// EnabledFrom is EnabledFromEnv reading FLAG_IDEMPOTENCY_MIDDLEWARE through
+// getenv (a flag service, a test's environment) on every request.
+func EnabledFrom(getenv func(string) string) func(*http.Request) bool {
+	return func(*http.Request) bool { return flagEnabled(getenv(FlagEnv)) }
 }
 
 func flagEnabled(v string) bool {
@@ -567,13 +578,29 @@ func (rt *route) answerDuplicate(w http.ResponseWriter, r *http.Request, req Cla
 	}
 }
 
-// replay sends a completed key's stored response.
+// replay sends a completed key's stored response, once the host's replay
+// hook has audited it.
 func (rt *route) replay(w http.ResponseWriter, r *http.Request, req ClaimRequest, rec Record, rm *routeMetrics) {
 	if hook := rt.m.cfg.OnReplay; hook != nil {
-		hook(r.Context(), ReplayEvent{
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rt.m.cfg.StoreTimeout)
+		err := hook(ctx, ReplayEvent{
 			Key: req.Key, Scope: req.Scope, Endpoint: req.Endpoint, RequestHash: rec.RequestHash,
 			OriginalStatus: rec.Response.Status, OriginalTime: rec.CreatedAt, Request: r,
 		})
+		cancel()
+		if err != nil {
+			if !rt.failOpen {
+				rt.m.log.Error("idempotency: replay hook failed; replay refused",
+					"endpoint", req.Endpoint, "key", req.Key, "error", err)
+				_, label := rt.endpoint(r)
+				rt.m.metrics.rejections.WithLabelValues(label, reasonStoreUnavailable).Inc()
+				w.Header().Set("Retry-After", "1")
+				writeJSON(w, http.StatusServiceUnavailable, bodyUnavailable)
+				return
+			}
+			rt.m.log.Warn("idempotency: replay hook failed; replaying anyway (fail-open route)",
+				"endpoint", req.Endpoint, "key", req.Key, "error", err)
+		}
 	}
 	rm.replay.Inc()
 	writeReplay(w, rec.Response)

@@ -74,6 +74,7 @@ type harness struct {
 	calls   atomic.Int64
 	enabled atomic.Bool
 	replays []ReplayEvent
+	hookErr error // what the replay hook returns
 	mu      sync.Mutex
 }
 
@@ -91,10 +92,14 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	if cfg.Enabled == nil {
 		cfg.Enabled = func(*http.Request) bool { return h.enabled.Load() }
 	}
-	cfg.OnReplay = func(_ context.Context, ev ReplayEvent) {
+	cfg.OnReplay = func(ctx context.Context, ev ReplayEvent) error {
+		if _, ok := ctx.Deadline(); !ok {
+			h.t.Error("the replay hook got no deadline")
+		}
 		h.mu.Lock()
+		defer h.mu.Unlock()
 		h.replays = append(h.replays, ev)
-		h.mu.Unlock()
+		return h.hookErr
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	mw, err := New(h.store, cfg)
@@ -1016,6 +1021,48 @@ func TestFlagEnabled(t *testing.T) {
 		if got := flagEnabled(v); got != want {
 			t.Fatalf("flagEnabled(%q) = %v, want %v", v, got, want)
 		}
+	}
+}
+
+// TestReplayHookFailure: when the host cannot audit a replay, a fail-closed
+// route refuses it with 503 (the retry gets the replay once auditing works);
+// a fail-open route replays anyway.
+func TestReplayHookFailure(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	orders := h.route(RouteConfig{Name: "orders"}, orderHandler)
+	billing := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
+	send(t, orders, "POST", "/orders", testKey, `{}`)
+	send(t, billing, "POST", "/billing", testKey, `{}`)
+	h.mu.Lock()
+	h.hookErr = errors.New("audit_log unavailable")
+	h.mu.Unlock()
+	w := send(t, orders, "POST", "/orders", testKey, `{}`)
+	assertJSONError(t, w, 503, `{"error":"idempotency_store_unavailable"}`)
+	if w := send(t, billing, "POST", "/billing", testKey, `{}`); w.Header().Get(HeaderReplayed) != "true" {
+		t.Fatalf("fail-open route did not replay: %d %s", w.Code, w.Body)
+	}
+	h.mu.Lock()
+	h.hookErr = nil
+	h.mu.Unlock()
+	if w := send(t, orders, "POST", "/orders", testKey, `{}`); w.Header().Get(HeaderReplayed) != "true" {
+		t.Fatalf("no replay once the hook works: %d", w.Code)
+	}
+	if h.calls.Load() != 2 {
+		t.Fatalf("calls = %d, want 2", h.calls.Load())
+	}
+}
+
+func TestEnabledFrom(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{FlagEnv: " Off "}
+	enabled := EnabledFrom(func(k string) string { return env[k] })
+	if enabled(nil) {
+		t.Fatal("Off did not disable")
+	}
+	env[FlagEnv] = "yes"
+	if !enabled(nil) {
+		t.Fatal("yes did not enable (it is read per request)")
 	}
 }
 
