@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Environment variables read by the server. The flags have the same names
+// in lower case with dashes; a flag given on the command line wins.
+const (
+	envAddr             = "ADDR"
+	envDatabaseURL      = "DATABASE_URL"
+	envOrderLatency     = "ORDER_LATENCY"
+	envLease            = "IDEMPOTENCY_LEASE"
+	envStoreTimeout     = "IDEMPOTENCY_STORE_TIMEOUT"
+	envSessionSecret    = "SESSION_SECRET"
+	envNewOrdersDisable = "MBT_NEW_ORDERS_DISABLED"
+	// envKillSwitch is idempotency.FlagEnv, read per request.
+)
+
+// devSessionSecret signs session tokens when SESSION_SECRET is unset. It is
+// public, so anyone can mint a token: the server warns at start-up.
+const devSessionSecret = "idemkit-example-development-secret-do-not-use-in-production"
+
+// dbStartupWait is how long start-up retries an unreachable database.
+const dbStartupWait = 30 * time.Second
+
+// maxOrdersTTL is the order route's TTL; its lease may be at most half of it.
+const maxOrdersTTL = 24 * time.Hour
+
+// config is the server's configuration, from flags and environment.
+type config struct {
+	addr         string
+	databaseURL  string
+	orderLatency time.Duration
+	lease        time.Duration
+	storeTimeout time.Duration
+
+	// getenv is read per request for the kill-switch
+	// (FLAG_IDEMPOTENCY_MIDDLEWARE) and the new-orders gate
+	// (MBT_NEW_ORDERS_DISABLED), so tests can flip them.
+	getenv        func(string) string
+	sessionSecret []byte
+	devSecret     bool // SESSION_SECRET was unset: warn at start-up
+	logger        *slog.Logger
+
+	// Not reachable from the command line: tests shorten or inject these.
+	dbWait     time.Duration                      // start-up retry of the database
+	pool       *pgxpool.Pool                      // an existing pool to use instead of databaseURL; never closed by the server
+	beforeFill func(ctx context.Context, o order) // called before the simulated fill
+}
+
+// usageError is a bad command line or environment: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// durationFlag is a flag.Value for durations in Go syntax whose parse errors
+// say what was wrong, unlike flag.Duration's "parse error".
+type durationFlag struct{ d *time.Duration }
+
+func (f durationFlag) String() string {
+	if f.d == nil {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f durationFlag) Set(s string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return errors.New("want a Go duration such as 300ms, 2s or 1m30s")
+	}
+	*f.d = d
+	return nil
+}
+
+// newFlagSet declares the flags into cfg, with the built-in defaults.
+func newFlagSet(cfg *config) *flag.FlagSet {
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned, usage printed by run
+	cfg.addr = "127.0.0.1:8080"
+	cfg.lease = 30 * time.Second
+	cfg.storeTimeout = 2 * time.Second
+	fs.StringVar(&cfg.addr, "addr", cfg.addr, "listen address, host:port (env "+envAddr+")")
+	fs.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL URL; empty runs everything in memory (env "+envDatabaseURL+")")
+	fs.Var(durationFlag{&cfg.orderLatency}, "order-latency", "simulated fill latency, e.g. 300ms (env "+envOrderLatency+")")
+	fs.Var(durationFlag{&cfg.lease}, "lease", "how long a claimed idempotency key is owned; also the shutdown drain limit (env "+envLease+")")
+	fs.Var(durationFlag{&cfg.storeTimeout}, "store-timeout", "deadline of every idempotency store call (env "+envStoreTimeout+")")
+	return fs
+}
+
+// printUsage writes the -h text.
+func printUsage(w io.Writer) {
+	var cfg config
+	fs := newFlagSet(&cfg)
+	fs.SetOutput(w)
+	fmt.Fprintf(w, `Usage: server [flags]
+
+The idempotency example: a paper-trading API. Without a database URL it keeps
+everything in memory; with one it migrates and uses PostgreSQL.
+
+Flags (each also an environment variable; the flag wins):
+`)
+	fs.PrintDefaults()
+	fmt.Fprintf(w, `
+Other environment variables:
+  FLAG_IDEMPOTENCY_MIDDLEWARE  0, false, off or no turns the middleware into a pass-through
+  SESSION_SECRET               HMAC key of the session tokens (a public development key when unset)
+  MBT_NEW_ORDERS_DISABLED      1 refuses new orders with 503 new_orders_disabled
+`)
+}
+
+// parseConfig reads the flags, then the environment for every flag not
+// given. Errors are *usageError, or flag.ErrHelp for -h.
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	var cfg config
+	fs := newFlagSet(&cfg)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err
+		}
+		return cfg, &usageError{msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return cfg, usagef("unexpected argument %q: the server takes flags only", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+
+	fromEnv := func(name, env string) (string, bool) {
+		if given[name] {
+			return "", false
+		}
+		v := strings.TrimSpace(getenv(env))
+		return v, v != ""
+	}
+	if v, ok := fromEnv("addr", envAddr); ok {
+		cfg.addr = v
+	}
+	if v, ok := fromEnv("database-url", envDatabaseURL); ok {
+		cfg.databaseURL = v
+	}
+	for _, d := range []struct {
+		name, env string
+		dst       *time.Duration
+	}{
+		{"order-latency", envOrderLatency, &cfg.orderLatency},
+		{"lease", envLease, &cfg.lease},
+		{"store-timeout", envStoreTimeout, &cfg.storeTimeout},
+	} {
+		if v, ok := fromEnv(d.name, d.env); ok {
+			if err := (durationFlag{d.dst}).Set(v); err != nil {
+				return cfg, usagef("invalid value %q for %s: %v", v, d.env, err)
+			}
+		}
+	}
+
+	switch {
+	case cfg.orderLatency < 0:
+		return cfg, usagef("-order-latency (%s) must not be negative, got %v", envOrderLatency, cfg.orderLatency)
+	case cfg.lease <= 0:
+		return cfg, usagef("-lease (%s) must be positive, got %v", envLease, cfg.lease)
+	case cfg.storeTimeout <= 0:
+		return cfg, usagef("-store-timeout (%s) must be positive, got %v", envStoreTimeout, cfg.storeTimeout)
+	case cfg.lease <= cfg.storeTimeout:
+		return cfg, usagef("-lease (%s) must exceed -store-timeout (%s): got lease %v, store timeout %v",
+			envLease, envStoreTimeout, cfg.lease, cfg.storeTimeout)
+	case 2*cfg.lease > maxOrdersTTL:
+		return cfg, usagef("-lease (%s) must be at most %v (half the order route's 24h TTL), got %v",
+			envLease, maxOrdersTTL/2, cfg.lease)
+	}
+	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
+		return cfg, usagef("invalid -addr (%s) %q: want host:port, e.g. 127.0.0.1:8080", envAddr, cfg.addr)
+	}
+	if cfg.databaseURL != "" {
+		if _, err := pgxpool.ParseConfig(cfg.databaseURL); err != nil {
+			return cfg, usagef("invalid -database-url (%s): %v", envDatabaseURL, err)
+		}
+	}
+
+	cfg.getenv = getenv
+	if s := getenv(envSessionSecret); s != "" {
+		cfg.sessionSecret = []byte(s)
+	} else {
+		cfg.sessionSecret = []byte(devSessionSecret)
+		cfg.devSecret = true
+	}
+	cfg.dbWait = dbStartupWait
+	return cfg, nil
+}
+
+// truthy reports whether an on/off environment value is on: 1, true, yes or
+// on, in any case.
+func truthy(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on":
+		return true
+	}
+	return false
+}
