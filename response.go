@@ -31,22 +31,26 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 	if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	size := int64(512)
+	var body []byte
+	var err error
 	if r.ContentLength > 0 {
-		size = r.ContentLength + 1 // +1 so reading to EOF needs no growth
+		// Known length (the server enforces it): one exact allocation.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, body)
+	} else {
+		var buf bytes.Buffer
+		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		body = buf.Bytes()
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size))
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
 	var maxErr *http.MaxBytesError
 	switch {
 	case errors.As(err, &maxErr):
 		return nil, errBodyTooLarge
 	case err != nil:
 		return nil, err
-	case int64(buf.Len()) > limit:
+	case int64(len(body)) > limit:
 		return nil, errBodyTooLarge
 	}
-	body := buf.Bytes()
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil
 }
