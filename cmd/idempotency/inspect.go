@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkit/idempotency"
+)
+
+func inspectHelp(w io.Writer) {
+	fmt.Fprint(w, `Usage: idempotency inspect --key KEY [--user ID] [--endpoint E] [--show-body] [flags]
+
+Shows the stored rows of one key in one user scope (--user omitted: the
+unscoped '' scope), one per endpoint unless --endpoint picks one: status,
+attempt, recorded response code, times, and whether the row is stale (in
+flight past its lease: the outcome is unknown) or expired (a retry would be a
+new request), both judged by the database's clock. The response body and
+headers are shown only with --show-body. Read-only. No row is not an error.
+
+KEY is a UUID in its 36-character form, any case, optionally in double quotes
+as clients may send it.
+
+Example:
+  idempotency inspect --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20
+`)
+}
+
+// inspectSQL reads the rows of a key in a scope ($1 key, $2 scope, $3
+// endpoint or NULL for all); bodies and headers only when $4.
+const inspectSQL = `SELECT idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	response_code,
+	CASE WHEN response_body IS NOT NULL THEN 'json' WHEN response_body_raw IS NOT NULL THEN 'raw' ELSE 'none' END,
+	coalesce(octet_length(response_body::text), octet_length(response_body_raw), 0),
+	CASE WHEN $4::boolean THEN response_body END,
+	CASE WHEN $4::boolean THEN response_body_raw END,
+	CASE WHEN $4::boolean THEN response_headers END,
+	created_at, locked_at, locked_until, expires_at,
+	status = 'in_flight' AND locked_until < now() AS stale,
+	expires_at < now() AS expired,
+	now()
+FROM ` + table + `
+WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
+ORDER BY scope_endpoint`
+
+// inspectRow is one row as inspect --json shows it.
+type inspectRow struct {
+	recordJSON
+	ResponseBodyBytes int64 `json:"response_body_bytes"`
+	Stale             bool  `json:"stale"`   // in_flight with its lease over: outcome unknown
+	Expired           bool  `json:"expired"` // expires_at has passed: a retry is a new request
+}
+
+func runInspect(ctx context.Context, c *cli, args []string) error {
+	flags := c.flagSet("inspect")
+	var key, user, endpoint optString
+	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID; required")
+	flags.Var(&user, "user", "the user scope `ID` (scope_user_id); omitted means the unscoped '' scope")
+	flags.Var(&endpoint, "endpoint", "only this `ENDPOINT` (scope_endpoint, e.g. 'POST /api/trading/orders')")
+	showBody := flags.Bool("show-body", false, "also show the recorded response body and headers")
+	pos, err := c.parse(flags, args, inspectHelp)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("inspect", pos); err != nil {
+		return err
+	}
+	if !key.set {
+		return usagef("--key is required (see idempotency inspect --help)")
+	}
+	k, err := parseKey(key.v)
+	if err != nil {
+		return err
+	}
+	if err := checkUser(user.v); err != nil {
+		return err
+	}
+	var ep *string
+	if endpoint.set {
+		ep = &endpoint.v
+	}
+
+	pool, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	sctx, cancel := c.statementContext(ctx)
+	defer cancel()
+	rs, err := pool.Query(sctx, inspectSQL, k, user.v, ep, *showBody)
+	if err != nil {
+		return c.dbError(ctx, "read the key", err)
+	}
+	defer rs.Close()
+	var (
+		out []inspectRow
+		now time.Time
+	)
+	for rs.Next() {
+		var (
+			r         inspectRow
+			code      *int16
+			kind      string
+			body, raw []byte
+			headers   http.Header
+			status    string
+		)
+		if err := rs.Scan(&r.Key, &r.User, &r.Endpoint, &r.RequestHash, &status, &r.Attempt,
+			&code, &kind, &r.ResponseBodyBytes, &body, &raw, &headers,
+			&r.CreatedAt, &r.LockedAt, &r.LockedUntil, &r.ExpiresAt,
+			&r.Stale, &r.Expired, &now); err != nil {
+			return c.dbError(ctx, "read the key", err)
+		}
+		r.Status = status
+		r.ResponseBodyKind = kind
+		if code != nil {
+			v := int(*code)
+			r.ResponseCode = &v
+		}
+		r.CreatedAt, r.LockedAt = r.CreatedAt.UTC(), r.LockedAt.UTC()
+		r.LockedUntil, r.ExpiresAt = r.LockedUntil.UTC(), r.ExpiresAt.UTC()
+		if *showBody {
+			r.ResponseHeaders = headers
+			switch {
+			case body != nil:
+				r.setBody(idempotency.BodyJSON, body)
+			case raw != nil:
+				r.setBody(idempotency.BodyRaw, raw)
+			}
+		}
+		out = append(out, r)
+	}
+	if err := rs.Err(); err != nil {
+		return c.dbError(ctx, "read the key", err)
+	}
+
+	if c.g.json {
+		if out == nil {
+			out = []inspectRow{}
+		}
+		return c.writeJSON(struct {
+			Key  string       `json:"key"`
+			User string       `json:"user"`
+			Rows []inspectRow `json:"rows"`
+		}{k, user.v, out})
+	}
+	if len(out) == 0 {
+		where := ""
+		if ep != nil {
+			where = fmt.Sprintf(" on endpoint %q", *ep)
+		}
+		hint := ""
+		if user.v == "" {
+			hint = " (a user's key needs --user)"
+		}
+		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", k, describeUser(user.v), where, hint)
+		return err
+	}
+	for i, r := range out {
+		if i > 0 {
+			fmt.Fprintln(c.stdout)
+		}
+		c.printInspectRow(r, now, *showBody)
+	}
+	return nil
+}
+
+func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {
+	w := c.stdout
+	line := func(name, format string, args ...any) {
+		fmt.Fprintf(w, "%-10s %s\n", name, fmt.Sprintf(format, args...))
+	}
+	line("key", "%s", r.Key)
+	if r.User == "" {
+		line("user", "'' (unscoped)")
+	} else {
+		line("user", "%s", r.User)
+	}
+	line("endpoint", "%s", r.Endpoint)
+	line("status", "%s", r.Status)
+	line("attempt", "%d", r.Attempt)
+	switch {
+	case r.ResponseCode == nil:
+		line("response", "none recorded")
+	case r.ResponseBodyKind == "none":
+		line("response", "%d, no body stored (too large: replays answer 409 idempotency_response_not_stored)", *r.ResponseCode)
+	default:
+		line("response", "%d, %s body, %d bytes", *r.ResponseCode, r.ResponseBodyKind, r.ResponseBodyBytes)
+	}
+	line("created", "%s", when(r.CreatedAt, now))
+	line("locked", "%s", when(r.LockedAt, now))
+	if r.Status == string(idempotency.StatusInFlight) {
+		line("lease end", "%s", when(r.LockedUntil, now))
+	}
+	line("expires", "%s", when(r.ExpiresAt, now))
+	switch {
+	case r.Stale:
+		line("stale", "YES: in flight past its lease; the outcome is unknown (clients get 409 idempotency_outcome_unknown)")
+	case r.Status == string(idempotency.StatusInFlight):
+		line("stale", "no (in flight, lease running)")
+	default:
+		line("stale", "no")
+	}
+	if r.Expired {
+		line("expired", "YES: a retry is a new request; cleanup will delete the row")
+	} else {
+		line("expired", "no")
+	}
+	if !showBody {
+		return
+	}
+	if len(r.ResponseHeaders) > 0 {
+		names := make([]string, 0, len(r.ResponseHeaders))
+		for name := range r.ResponseHeaders {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for i, name := range names {
+			label := ""
+			if i == 0 {
+				label = "headers"
+			}
+			line(label, "%s: %s", name, strings.Join(r.ResponseHeaders[name], ", "))
+		}
+	}
+	switch {
+	case r.ResponseBody != nil:
+		line("body", "%s", r.ResponseBody)
+	case r.ResponseBodyBase64 != nil:
+		raw, _ := base64.StdEncoding.DecodeString(*r.ResponseBodyBase64)
+		if printable(raw) {
+			line("body", "%q", raw)
+		} else {
+			line("body", "base64 %s", *r.ResponseBodyBase64)
+		}
+	}
+}
+
+// when formats t in UTC with its distance from the database's now.
+func when(t, now time.Time) string {
+	s := t.UTC().Format(time.RFC3339)
+	if now.IsZero() {
+		return s
+	}
+	d := t.Sub(now)
+	if d >= 0 {
+		return fmt.Sprintf("%s (in %v)", s, roundAge(d))
+	}
+	return fmt.Sprintf("%s (%v ago)", s, roundAge(-d))
+}
+
+// roundAge formats a duration for reading: milliseconds under a second,
+// seconds under an hour, minutes beyond (4m3s, 25h10m).
+func roundAge(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	default:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+}
+
+// printable reports text that can be shown quoted.
+func printable(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if !unicode.IsPrint(r) && !unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}

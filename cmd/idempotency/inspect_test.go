@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestInspect(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	const (
+		orders  = "POST /api/trading/orders"
+		billing = "POST /api/billing/checkout-sessions"
+	)
+	key := newKey()
+	db.complete(t, key, "42", orders, time.Hour, jsonResp(201, `{"id":7,"secret":"card-4242"}`))
+	db.claim(t, key, "42", billing, time.Hour, time.Millisecond)
+	db.complete(t, key, "43", orders, time.Hour, jsonResp(201, `{"id":8}`))
+	db.waitRows(t, 1, "status = 'in_flight' AND locked_until < now()")
+
+	// Every endpoint of the key in that scope; the key in quotes and upper
+	// case, as a client may send it.
+	r := runDB(t, db.dsn, "inspect", "--user", "42", "--key", `"`+strings.ToUpper(key)+`"`)
+	wantCode(t, r, exitOK)
+	blocks := strings.Split(r.stdout, "\n\n")
+	if len(blocks) != 2 {
+		t.Fatalf("want 2 rows, got:\n%s", r.stdout)
+	}
+	billingRow, ordersRow := blocks[0], blocks[1] // sorted by endpoint
+	for _, want := range []string{"key        " + key, "endpoint   " + billing, "status     in_flight",
+		"response   none recorded", "stale      YES", "expired    no"} {
+		if !strings.Contains(billingRow, want) {
+			t.Errorf("billing row lacks %q:\n%s", want, billingRow)
+		}
+	}
+	for _, want := range []string{"user       42", "status     completed", "response   201, json body",
+		"stale      no\n", "expired    no"} {
+		if !strings.Contains(ordersRow, want) {
+			t.Errorf("orders row lacks %q:\n%s", want, ordersRow)
+		}
+	}
+	if strings.Contains(r.stdout, "card-4242") || strings.Contains(r.stdout, "application/json") {
+		t.Errorf("body or headers shown without --show-body:\n%s", r.stdout)
+	}
+
+	// One endpoint, with its body.
+	r = runDB(t, db.dsn, "inspect", "--user", "42", "--key", key, "--endpoint", orders, "--show-body")
+	wantCode(t, r, exitOK)
+	if strings.Contains(r.stdout, billing) || !strings.Contains(r.stdout, "card-4242") ||
+		!strings.Contains(r.stdout, "headers    Content-Type: application/json") {
+		t.Errorf("inspect --endpoint --show-body:\n%s", r.stdout)
+	}
+
+	// JSON.
+	r = runDB(t, db.dsn, "inspect", "--json", "--user", "42", "--key", key)
+	wantCode(t, r, exitOK)
+	var out struct {
+		Key, User string
+		Rows      []struct {
+			Endpoint     string `json:"endpoint"`
+			Status       string `json:"status"`
+			ResponseCode *int   `json:"response_code"`
+			Stale        bool   `json:"stale"`
+			Expired      bool   `json:"expired"`
+			ResponseBody json.RawMessage
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("inspect --json: %v\n%s", err, r.stdout)
+	}
+	if out.Key != key || out.User != "42" || len(out.Rows) != 2 ||
+		out.Rows[0].Endpoint != billing || !out.Rows[0].Stale || out.Rows[0].ResponseCode != nil ||
+		out.Rows[1].Status != "completed" || out.Rows[1].Stale || out.Rows[1].Expired ||
+		*out.Rows[1].ResponseCode != 201 || out.Rows[1].ResponseBody != nil {
+		t.Errorf("inspect --json:\n%s", r.stdout)
+	}
+
+	// Without --user it is the unscoped scope: nothing there. Not an error.
+	r = runDB(t, db.dsn, "inspect", "--key", key)
+	wantCode(t, r, exitOK)
+	if !strings.HasPrefix(r.stdout, "no row for key "+key+" in the unscoped ('') scope") {
+		t.Errorf("inspect of a missing key printed %q", r.stdout)
+	}
+	r = runDB(t, db.dsn, "inspect", "--key", key, "--json")
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, `"rows": []`) {
+		t.Errorf("inspect --json of a missing key printed %q", r.stdout)
+	}
+}
+
+func TestInspectExpired(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	key := newKey()
+	db.complete(t, key, "", "POST /x", time.Millisecond, rawResp())
+	db.waitRows(t, 1, "expires_at < now()")
+	r := runDB(t, db.dsn, "inspect", "--key", key, "--show-body")
+	wantCode(t, r, exitOK)
+	for _, want := range []string{"user       '' (unscoped)", "expired    YES", "response   200, raw body, 5 bytes", `body       "hello"`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
