@@ -500,6 +500,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	for round := 1; ; round++ {
 		claimedAt := time.Now()
+		reclaimed := false
 		res, err := storeCall(m, r.Context(), "claim", m.ops.claim, func(c context.Context) (ClaimResult, error) {
 			return m.store.Claim(c, req)
 		})
@@ -526,6 +527,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				res, err = storeCall(m, r.Context(), "reclaim", m.ops.reclaim, func(c context.Context) (ClaimResult, error) {
 					return m.store.Reclaim(c, rec.Fence(), req)
 				})
+				reclaimed = res.Won
 			}
 			if err == nil && !res.Won && res.Record.ID == 0 {
 				continue // lost the takeover or reclaim: read the row again
@@ -537,6 +539,10 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if res.Won {
 			rm.miss.Inc()
+			if reclaimed {
+				m.log.Warn("idempotency: reclaimed a stale key; its previous attempt's transaction rolled back",
+					"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key, "attempt", res.Record.Attempt)
+			}
 			rt.execute(w, r, req, res.Record, claimedAt, rm)
 			return
 		}

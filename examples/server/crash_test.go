@@ -1,0 +1,592 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// Settings of the crash test. The first server's fill latency outlives the
+// handler's deadline (lease minus store timeout, from the claim), so its
+// orders are still in their handlers when it is killed; the second server's
+// latency fits well inside that deadline.
+const (
+	crashLease         = 4 * time.Second
+	crashStoreTimeout  = 500 * time.Millisecond
+	crashSlowLatency   = 10 * time.Second
+	crashFastLatency   = 100 * time.Millisecond
+	crashSessionSecret = "crash-test-session-secret"
+	crashStormWorkers  = 8
+)
+
+// TestCrashMidHandlerPostgres is issue #5: a server is killed with SIGKILL
+// while transactional orders are inside their handlers. The database rolls
+// their transactions back and the keys stay in_flight. A restarted server
+// answers retries 409 idempotency_in_flight while the dead owner's lease
+// runs, then exactly one retry per key reclaims it and executes, and every
+// later retry replays that answer: never two orders for one key, also when
+// several retries race for the expired lease.
+//
+// Two users, two keys, both in flight when the process dies: key A is
+// retried by one client, sequentially; key B by crashStormWorkers clients
+// at once, started just before the lease ends.
+func TestCrashMidHandlerPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a binary")
+	}
+	t.Parallel()
+	dsn := testdb.NewDSN(t) // its schema is dropped after the processes are gone (cleanups run in reverse)
+	db := crashDB(t, dsn)
+	bin := crashBuildServer(t)
+
+	// The first server's connections carry an application_name of their
+	// own, so the test can watch its sessions in pg_stat_activity.
+	appName := "idem_crash_" + crashRandHex(6)
+	dsn1, err := crashWithParam(dsn, "application_name", appName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"-addr", "127.0.0.1:0", "-lease", crashLease.String(), "-store-timeout", crashStoreTimeout.String()}
+
+	// 1. The first server: slow fills.
+	p1 := crashStart(t, bin, append([]string{"-database-url", dsn1, "-order-latency", crashSlowLatency.String()}, common...)...)
+	uidA, tokA := p1.c.newUser(t)
+	uidB, tokB := p1.c.newUser(t)
+	keyA, keyB := uuid.NewString(), uuid.NewString()
+	bodyA := map[string]any{"symbol": "AAPL", "side": "buy", "qty": 3}
+	bodyB := map[string]any{"symbol": "MSFT", "side": "sell", "qty": 5}
+	orderA := req{method: "POST", path: "/api/trading/orders", token: tokA, key: keyA, body: bodyA}
+	orderB := req{method: "POST", path: "/api/trading/orders", token: tokB, key: keyB, body: bodyB}
+
+	type result struct {
+		r   response
+		err error
+	}
+	sent := time.Now()
+	originals := make(chan result, 2)
+	for _, rq := range []req{orderA, orderB} {
+		go func() {
+			r, err := p1.c.try(rq)
+			originals <- result{r, err}
+		}()
+	}
+
+	// 2. Wait until both keys are claimed and both handlers are inside
+	// their transactions (BEGIN done: "idle in transaction"), without
+	// sending a request that could win a claim itself.
+	killBy := sent.Add(crashLease - crashStoreTimeout) // the handlers' deadline: a 504 would mark the keys failed
+	for {
+		var claimed, inTx int
+		crashScan(t, db, []any{&claimed}, `SELECT count(*) FROM idempotency_keys
+			WHERE idem_key IN ($1, $2) AND status = 'in_flight'`, keyA, keyB)
+		crashScan(t, db, []any{&inTx}, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND state = 'idle in transaction'`, appName)
+		if claimed == 2 && inTx == 2 {
+			break
+		}
+		if time.Now().After(killBy) {
+			t.Fatalf("the orders were not in their handlers in time: %d keys in flight, %d sessions in a transaction\n%s",
+				claimed, inTx, p1.logs.String())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the database, not synchronisation
+	}
+	// A duplicate sees the key in flight, through the API too.
+	for _, rq := range []req{orderA, orderB} {
+		r, _ := p1.send(t, rq)
+		expect(t, r, http.StatusConflict, "idempotency_in_flight")
+	}
+
+	// 3. kill -9, mid-handler.
+	if err := p1.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if time.Now().After(killBy) {
+		t.Fatalf("killed %v after the orders were sent, past their handlers' deadline", killed.Sub(sent))
+	}
+	err = p1.wait(t)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the first server's exit: %v", err)
+	}
+	for range 2 {
+		select {
+		case res := <-originals:
+			if res.err == nil {
+				t.Fatalf("an order in the killed server got an answer: %s", res.r)
+			}
+		case <-time.After(waitLimit):
+			t.Fatal("an order sent to the killed server never returned")
+		}
+	}
+	t.Logf("killed %v after sending the orders", killed.Sub(sent).Round(time.Millisecond))
+
+	// 4. The database saw the connections go and rolled back: no session
+	// of the first server is left, nothing was written, both keys stay
+	// in flight under their first attempt.
+	for deadline := time.Now().Add(waitLimit); ; {
+		var sessions int
+		crashScan(t, db, []any{&sessions}, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName)
+		if sessions == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions of the killed server are still open", sessions)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the database
+	}
+	for _, u := range []struct {
+		uid int64
+		key string
+	}{{uidA, keyA}, {uidB, keyB}} {
+		if n := crashCount(t, db, `SELECT count(*) FROM paper_orders WHERE user_id = $1`, u.uid); n != 0 {
+			t.Fatalf("user %d has %d orders after the crash, want 0", u.uid, n)
+		}
+		if n := crashCount(t, db, `SELECT count(*) FROM audit_log WHERE user_id = $1`, u.uid); n != 0 {
+			t.Fatalf("user %d has %d audit rows after the crash, want 0", u.uid, n)
+		}
+		k := crashKey(t, db, u.key, u.uid)
+		if k.status != "in_flight" || k.attempt != 1 || k.responseCode != nil {
+			t.Fatalf("key of user %d after the crash: %+v, want in_flight, attempt 1, no response", u.uid, k)
+		}
+	}
+
+	// 5. Restart on the same database: fast fills, same lease, store
+	// timeout and session secret (the tokens stay valid).
+	p2 := crashStart(t, bin, append([]string{"-database-url", dsn, "-order-latency", crashFastLatency.String()}, common...)...)
+	restarted := time.Now()
+	t.Logf("restarted %v after the kill", restarted.Sub(killed).Round(time.Millisecond))
+
+	// 6. While the dead owner's lease runs, a retry is 409 in flight and
+	// reclaims nothing. The lease left is the database's own reckoning.
+	for _, rq := range []req{orderA, orderB} {
+		uid := uidA
+		if rq.key == keyB {
+			uid = uidB
+		}
+		if left := crashKey(t, db, rq.key, uid).leaseLeft; left < time.Second {
+			t.Logf("the restart took too long: %v of the lease left, not enough to check the 409 within it", left)
+			continue
+		}
+		r, unavailable := p2.send(t, rq)
+		if unavailable > 0 && r.Status != http.StatusConflict {
+			t.Logf("%d answers 503 store unavailable first, then %s: the lease may have ended meanwhile; not checked", unavailable, r)
+			continue
+		}
+		expect(t, r, http.StatusConflict, "idempotency_in_flight")
+		if r.Header.Get("Retry-After") == "" || r.Body["retry_after_ms"] == nil {
+			t.Fatalf("in-flight answer without a retry hint: %s %v", r, r.Header)
+		}
+		if k := crashKey(t, db, rq.key, uid); k.status != "in_flight" || k.attempt != 1 {
+			t.Fatalf("a retry within the lease changed the key: %+v", k)
+		}
+	}
+
+	// 7. Key B: crashStormWorkers clients retry in a loop from just before
+	// the lease ends until each has had a replay.
+	stormStart := time.Now().Add(crashKey(t, db, keyB, uidB).leaseLeft - 150*time.Millisecond)
+	storm := make([][]result, crashStormWorkers)
+	var wg sync.WaitGroup
+	for i := range crashStormWorkers {
+		wg.Go(func() {
+			time.Sleep(time.Until(stormStart)) // start together, just before the lease ends
+			deadline := time.Now().Add(waitLimit)
+			for {
+				r, err := p2.c.try(orderB)
+				storm[i] = append(storm[i], result{r, err})
+				switch {
+				case err != nil:
+					return
+				case r.Status == http.StatusCreated && r.Header.Get("Idempotent-Replayed") == "true":
+					return
+				case r.Status != http.StatusConflict && r.Status != http.StatusCreated && !crashUnavailable(r):
+					return
+				case time.Now().After(deadline):
+					return
+				}
+				time.Sleep(5 * time.Millisecond) // a client's retry pause
+			}
+		})
+	}
+
+	// 8. Key A, meanwhile: one client retries until the answer is no
+	// longer 409 in flight. That answer is the one execution. A 503 store
+	// unavailable (a store call over its deadline on a loaded machine) ran
+	// nothing and is retried like a 409.
+	var executedA response
+	inFlightA, unavailableA := 0, 0
+	for deadline := time.Now().Add(waitLimit); ; {
+		r, unavailable := p2.send(t, orderA)
+		unavailableA += unavailable
+		if r.Status == http.StatusConflict && r.Body["error"] == "idempotency_in_flight" {
+			inFlightA++
+			if time.Now().After(deadline) {
+				t.Fatalf("key A still in flight after %v", waitLimit)
+			}
+			time.Sleep(20 * time.Millisecond) // polling for the lease to end
+			continue
+		}
+		executedA = r
+		break
+	}
+	reclaimedA := time.Now()
+	crashCheckOrder(t, executedA, false, nil, bodyA)
+	idA := executedA.Body["id"]
+	replaysA := 0
+	for range 2 {
+		r, unavailable := p2.send(t, orderA)
+		unavailableA += unavailable
+		crashCheckOrder(t, r, true, idA, bodyA)
+		replaysA++
+	}
+	t.Logf("key A: %d answers 409 in flight, then executed %v after the restart (%v after the orders were first sent); %d answers 503 store unavailable",
+		inFlightA, reclaimedA.Sub(restarted).Round(time.Millisecond), reclaimedA.Sub(sent).Round(time.Millisecond), unavailableA)
+
+	wg.Wait()
+	var executedB []response
+	replaysB, inFlightB, unavailableB := 0, 0, 0
+	for i, rs := range storm {
+		if len(rs) == 0 {
+			t.Fatalf("storm client %d sent nothing", i)
+		}
+		for _, res := range rs {
+			if res.err != nil {
+				t.Fatalf("storm client %d: %v", i, res.err)
+			}
+			r := res.r
+			switch {
+			case r.Status == http.StatusConflict && r.Body["error"] == "idempotency_in_flight":
+				inFlightB++
+			case crashUnavailable(r):
+				unavailableB++
+			case r.Status == http.StatusCreated && r.Header.Get("Idempotent-Replayed") == "":
+				executedB = append(executedB, r)
+			case r.Status == http.StatusCreated:
+				replaysB++
+			default:
+				t.Fatalf("storm client %d: unexpected answer %s", i, r)
+			}
+		}
+		if last := rs[len(rs)-1].r; last.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("storm client %d ended without a replay: %s", i, last)
+		}
+	}
+	if len(executedB) != 1 {
+		t.Fatalf("key B executed %d times under %d concurrent retries, want once: %v", len(executedB), crashStormWorkers, executedB)
+	}
+	crashCheckOrder(t, executedB[0], false, nil, bodyB)
+	idB := executedB[0].Body["id"]
+	for _, rs := range storm {
+		for _, res := range rs {
+			if res.r.Status == http.StatusCreated {
+				crashCheckOrder(t, res.r, res.r.Header.Get("Idempotent-Replayed") == "true", idB, bodyB)
+			}
+		}
+	}
+	t.Logf("key B: %d clients, %d answers 409 in flight, 1 execution, %d replays; %d answers 503 store unavailable",
+		crashStormWorkers, inFlightB, replaysB, unavailableB)
+
+	// 9. The database: one order and one order_placed row per user, one
+	// idempotency_replay row per replay, the key completed under its
+	// second attempt, reclaimed no earlier than the first lease's end.
+	for _, u := range []struct {
+		uid         int64
+		key         string
+		id          any
+		replays     int
+		unavailable int
+	}{{uidA, keyA, idA, replaysA, unavailableA}, {uidB, keyB, idB, replaysB, unavailableB}} {
+		var orders int
+		var orderID int64
+		var clientOrderID string
+		crashScan(t, db, []any{&orders, &orderID, &clientOrderID},
+			`SELECT count(*) OVER (), id, COALESCE(client_order_id, '') FROM paper_orders WHERE user_id = $1`, u.uid)
+		if orders != 1 || float64(orderID) != u.id || clientOrderID != u.key {
+			t.Fatalf("user %d: %d orders (id %d, client order id %q), want 1 (id %v, %s)", u.uid, orders, orderID, clientOrderID, u.id, u.key)
+		}
+		if n := crashCount(t, db, `SELECT count(*) FROM paper_orders WHERE client_order_id = $1`, u.key); n != 1 {
+			t.Fatalf("key %s has %d orders, want 1", u.key, n)
+		}
+		if n := crashCount(t, db, `SELECT count(*) FROM audit_log WHERE user_id = $1 AND action = 'order_placed'`, u.uid); n != 1 {
+			t.Fatalf("user %d has %d order_placed audit rows, want 1", u.uid, n)
+		}
+		if n := crashCount(t, db, `SELECT count(*) FROM audit_log WHERE user_id = $1 AND action = 'idempotency_replay'`, u.uid); n != u.replays {
+			t.Fatalf("user %d has %d idempotency_replay audit rows, want %d", u.uid, n, u.replays)
+		}
+		k := crashKey(t, db, u.key, u.uid)
+		if k.status != "completed" || k.attempt < 2 || k.responseCode == nil || *k.responseCode != http.StatusCreated {
+			t.Fatalf("key of user %d at the end: %+v, want completed, attempt 2, 201", u.uid, k)
+		}
+		// One reclaim, unless a 503 came from a reclaimer whose commit
+		// failed: its key is reclaimable again after another lease.
+		if k.attempt != 2 {
+			if u.unavailable == 0 {
+				t.Fatalf("key of user %d at the end: attempt %d, want 2 (one reclaim)", u.uid, k.attempt)
+			}
+			t.Logf("key of user %d: attempt %d after %d answers 503 store unavailable", u.uid, k.attempt, u.unavailable)
+		}
+		if k.reclaimedAfter < crashLease {
+			t.Fatalf("key of user %d reclaimed %v after its claim, within the %v lease", u.uid, k.reclaimedAfter, crashLease)
+		}
+	}
+
+	// The second server claimed each key exactly once: its two reclaims.
+	metrics := p2.c.do(t, req{method: "GET", path: "/metrics"})
+	if got := crashMetric(t, string(metrics.Raw), `idempotency_miss_total{endpoint="POST /api/trading/orders"}`); got != 2 && unavailableA+unavailableB == 0 {
+		t.Fatalf("idempotency_miss_total = %v on the restarted server, want 2", got)
+	}
+
+	// 10. SIGTERM: the second server drains and exits 0.
+	if err := p2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.wait(t); err != nil {
+		t.Fatalf("the second server's exit: %v\n%s", err, p2.logs.String())
+	}
+	p2.logs.waitFor(t, "stopped")
+	if unavailableA+unavailableB > 0 {
+		t.Logf("the restarted server's log without its 409 and 201 request lines:\n%s", p2.notable())
+	}
+	t.Logf("whole scenario: %v", time.Since(sent).Round(time.Millisecond))
+}
+
+// crashProc is a server process under test.
+type crashProc struct {
+	cmd     *exec.Cmd
+	logs    *logWatcher
+	scanned chan struct{}
+	exited  bool
+	c       *client
+}
+
+// crashStart runs the server binary with args and SESSION_SECRET set, waits
+// for its listening line and returns it with a client. The process is
+// killed when the test ends unless the test waited for it.
+func crashStart(t *testing.T, bin string, args ...string) *crashProc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(serverEnv(), envSessionSecret+"="+crashSessionSecret)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &crashProc{cmd: cmd, logs: newLogWatcher(), scanned: make(chan struct{})}
+	go func() {
+		scanLines(stderr, p.logs)
+		close(p.scanned)
+	}()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s: log without its 409 and 201 request lines:\n%s", filepath.Base(bin), p.notable())
+		}
+	})
+	t.Cleanup(func() {
+		if !p.exited {
+			_ = cmd.Process.Kill() // our own child, by its pid
+			<-p.scanned
+			_ = cmd.Wait()
+		}
+	})
+	listening := p.logs.waitFor(t, "listening")
+	if listening["store"] != "postgres" || listening["lease"] != crashLease.String() || listening["store_timeout"] != crashStoreTimeout.String() {
+		t.Fatalf("listening line %v", listening)
+	}
+	p.c = newClient(t, "http://"+fmt.Sprint(listening["addr"]))
+	return p
+}
+
+// send sends rq, again while the answer is 503 idempotency_store_unavailable
+// (which runs nothing), and returns the last answer and how many 503s came
+// before it.
+func (p *crashProc) send(t *testing.T, rq req) (response, int) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for n := 0; ; n++ {
+		r := p.c.do(t, rq)
+		if !crashUnavailable(r) || time.Now().After(deadline) {
+			return r, n
+		}
+		t.Logf("%s: retrying", r)
+		time.Sleep(50 * time.Millisecond) // the client's retry pause
+	}
+}
+
+// notable returns the log lines other than the access log's 409 and 201
+// lines, of which a retry loop writes hundreds.
+func (p *crashProc) notable() string {
+	var b strings.Builder
+	for line := range strings.Lines(p.logs.String()) {
+		if strings.Contains(line, `"msg":"request"`) && (strings.Contains(line, `"status":409`) || strings.Contains(line, `"status":201`)) {
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// crashUnavailable reports a fail-closed refusal: nothing ran.
+func crashUnavailable(r response) bool {
+	return r.Status == http.StatusServiceUnavailable && r.Body["error"] == "idempotency_store_unavailable"
+}
+
+// wait waits, with a bound, for the process to exit and returns cmd.Wait's
+// result.
+func (p *crashProc) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case <-p.scanned:
+	case <-time.After(waitLimit):
+		t.Fatalf("the server did not exit\n%s", p.logs.String())
+	}
+	err := p.cmd.Wait()
+	p.exited = true
+	return err
+}
+
+// crashBuildServer builds the server binary into a temporary directory.
+func crashBuildServer(t *testing.T) string {
+	t.Helper()
+	// go test puts its own GOROOT/bin first in PATH.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to build the server with")
+	}
+	bin := filepath.Join(t.TempDir(), "server")
+	start := time.Now()
+	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	t.Logf("built the server in %v", time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+// crashDB connects to dsn's schema for the test's own checks.
+func crashDB(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func crashScan(t *testing.T, db *pgx.Conn, dst []any, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := db.QueryRow(ctx, sql, args...).Scan(dst...); err != nil {
+		t.Fatalf("%s: %v", strings.Join(strings.Fields(sql), " "), err)
+	}
+}
+
+func crashCount(t *testing.T, db *pgx.Conn, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	crashScan(t, db, []any{&n}, sql, args...)
+	return n
+}
+
+// crashKeyRow is an order key's idempotency_keys row.
+type crashKeyRow struct {
+	status         string
+	attempt        int
+	responseCode   *int
+	leaseLeft      time.Duration // locked_until - now(), by the database's clock
+	reclaimedAfter time.Duration // locked_at - created_at: 0 until a reclaim
+}
+
+func crashKey(t *testing.T, db *pgx.Conn, key string, uid int64) crashKeyRow {
+	t.Helper()
+	var k crashKeyRow
+	var left, after float64
+	crashScan(t, db, []any{&k.status, &k.attempt, &k.responseCode, &left, &after}, `
+		SELECT status, attempt, response_code::int,
+			EXTRACT(EPOCH FROM locked_until - now())::float8,
+			EXTRACT(EPOCH FROM locked_at - created_at)::float8
+		FROM idempotency_keys
+		WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`,
+		key, strconv.FormatInt(uid, 10), ordersEndpoint)
+	k.leaseLeft = time.Duration(left * float64(time.Second))
+	k.reclaimedAfter = time.Duration(after * float64(time.Second))
+	return k
+}
+
+// crashCheckOrder checks an order answer: 201, replayed or not, the order
+// that was asked for, and (when id is not nil) the order id.
+func crashCheckOrder(t *testing.T, r response, replayed bool, id any, want map[string]any) {
+	t.Helper()
+	expect(t, r, http.StatusCreated, "")
+	if got := r.Header.Get("Idempotent-Replayed") == "true"; got != replayed {
+		t.Fatalf("replayed = %v, want %v: %s", got, replayed, r)
+	}
+	if replayed != (r.Body["idempotency_replayed"] == true) {
+		t.Fatalf("idempotency_replayed field of %s, replayed %v", r, replayed)
+	}
+	oid, ok := r.Body["id"].(float64)
+	if !ok || (id != nil && oid != id) {
+		t.Fatalf("order id of %s, want %v", r, id)
+	}
+	if loc := r.Header.Get("Location"); loc != "/api/trading/orders/"+strconv.FormatInt(int64(oid), 10) {
+		t.Fatalf("Location %q of %s", loc, r)
+	}
+	if r.Body["symbol"] != want["symbol"] || r.Body["side"] != want["side"] || r.Body["qty"] != float64(want["qty"].(int)) || r.Body["status"] != "filled" {
+		t.Fatalf("order %s, want %v", r, want)
+	}
+}
+
+// crashMetric returns the value of one series in a Prometheus text
+// exposition, 0 when absent.
+func crashMetric(t *testing.T, exposition, series string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(exposition)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("%s: %v", series, err)
+	}
+	return v
+}
+
+// crashWithParam returns dsn with one more query parameter.
+func crashWithParam(dsn, name, value string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set(name, value)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+func crashRandHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
