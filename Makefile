@@ -24,6 +24,10 @@ test/pg: ## make test against the local Postgres ($(TEST_DATABASE_URL)), failing
 bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DATABASE_URL)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
 
+.PHONY: bench/load
+bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)
+	bash bench/load.sh
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi

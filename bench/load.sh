@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# Load benchmark of the example server (issue #7); `make bench/load` runs it.
+#
+#   bash bench/load.sh           full run, about 6 minutes
+#   bash bench/load.sh -quick    shorter windows, one run per point, about 2 minutes
+#
+# Subjects, all on the order route with -order-latency 0:
+#   A  the example server, middleware on, a new Idempotency-Key per request
+#   B  the same server and the same keyed requests, middleware off
+#      (FLAG_IDEMPOTENCY_MIDDLEWARE=0), so the handler's work is identical
+#   C  the floor: the library's Claim+Complete through pgx, no HTTP (sqlfloor)
+#   P  pgbench running the same claim/complete SQL, when pgbench is installed
+# at 1, 4, 16 and 64 clients; then replays of one hot key against misses, a
+# storm of concurrent copies (exits non-zero on any double execution), the
+# database round trips per request (through the pgrtt proxy) and a CPU
+# profile of A at 16 clients.
+#
+# Writes bench/results/ (ignored by git: logs, latest.json, profile),
+# bench/chart.svg and the figures section of BENCHMARKS.md.
+#
+# Environment: DATABASE_URL (default
+# postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) must be a
+# PostgreSQL on this machine; the run works in the schemas idem_bench,
+# idem_bench_floor and idem_bench_pgbench, dropped and created afresh, and
+# dropped at the end unless KEEP_SCHEMA=1. All load goes to 127.0.0.1 only.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+started=$SECONDS
+
+quick=0
+for arg in "$@"; do
+  case $arg in
+    -quick | --quick) quick=1 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "load.sh: unknown argument $arg (want -quick)" >&2; exit 2 ;;
+  esac
+done
+
+if ((quick)); then
+  DUR=2s WARM=500ms SETTLE=2s REPS=1 REPS16=1 STORM_ROUNDS=1 RTT_DUR=1s PGB_T=2 PROFILE=0
+else
+  DUR=5s WARM=1s SETTLE=5s REPS=3 REPS16=3 STORM_ROUNDS=3 RTT_DUR=2s PGB_T=5 PROFILE=1
+fi
+LEVELS=(1 4 16 64)
+STORM_KEYS=50 STORM_COPIES=32
+
+BASE_DSN=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
+OUT=bench/results
+BIN=$OUT/bin
+LOG=$OUT/run.log
+mkdir -p "$BIN"
+: >"$LOG"
+failures=()
+
+for tool in go psql curl; do
+  command -v "$tool" >/dev/null || { echo "load.sh: $tool is required" >&2; exit 1; }
+done
+
+say() { echo "== $*" | tee -a "$LOG"; }
+
+# with_schema DSN SCHEMA: the DSN with search_path set to SCHEMA.
+with_schema() {
+  local sep='?'
+  [[ $1 == *\?* ]] && sep='&'
+  echo "$1${sep}options=-csearch_path%3D$2"
+}
+
+say "building the example server and the bench tools"
+go build -o "$BIN/server" ./examples/server
+(cd bench && go build -o "results/bin/" ./cmd/...)
+
+# Refuse a database off this machine before anything connects to it.
+"$BIN/sqlfloor" -check -database-url "$BASE_DSN"
+psql_q() { psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -c 'SET client_min_messages = warning' "$@"; }
+reset_schema() { psql_q -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "CREATE SCHEMA $1"; }
+reset_schema idem_bench
+DSN=$(with_schema "$BASE_DSN" idem_bench)
+
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  pids=()
+  if [[ ${KEEP_SCHEMA:-0} != 1 ]]; then
+    psql_q -c 'DROP SCHEMA IF EXISTS idem_bench CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_port prints a loopback port nothing listens on.
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % 20000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# start_server NAME DSN [VAR=value...]: starts the example server on a free
+# port and waits for /healthz; sets SERVER_PID and SERVER_URL.
+start_server() {
+  local name=$1 dsn=$2 port
+  shift 2
+  port=$(free_port)
+  # A clean slate whatever the caller's environment: middleware on and the
+  # new-orders gate open unless the arguments say otherwise.
+  env -u MBT_NEW_ORDERS_DISABLED -u ORDER_LATENCY FLAG_IDEMPOTENCY_MIDDLEWARE=on \
+    SESSION_SECRET=bench-load-secret DATABASE_URL="$dsn" "$@" \
+    "${SERVER_BIN:-$BIN/server}" -addr "127.0.0.1:$port" -order-latency 0 >"$OUT/server-$name.log" 2>&1 &
+  SERVER_PID=$!
+  pids+=("$SERVER_PID")
+  SERVER_URL=http://127.0.0.1:$port
+  for _ in $(seq 1 200); do
+    if curl -sf "$SERVER_URL/healthz" >/dev/null 2>&1; then
+      say "server $name up at $SERVER_URL (pid $SERVER_PID${*:+, $*})"
+      return 0
+    fi
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "load.sh: server $name did not come up; its log:" >&2
+  tail -n 20 "$OUT/server-$name.log" >&2
+  exit 1
+}
+
+stop_pid() {
+  kill -TERM "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+  local keep=() pid
+  for pid in "${pids[@]}"; do [[ $pid == "$1" ]] || keep+=("$pid"); done
+  pids=("${keep[@]}")
+}
+
+# run DESCRIPTION COMMAND...: runs one measurement into the log; a failure
+# is remembered and the run goes on.
+run() {
+  local what=$1 rc=0
+  shift
+  { "$@" 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}; } || true
+  if ((rc != 0)); then
+    failures+=("$what (exit $rc)")
+    echo "!! $what failed (exit $rc)" | tee -a "$LOG"
+  fi
+}
+
+loadavg=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)
+run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
+start_server A "$DSN"
+A_PID=$SERVER_PID A_URL=$SERVER_URL
+start_server B "$DSN" FLAG_IDEMPOTENCY_MIDDLEWARE=0
+B_PID=$SERVER_PID B_URL=$SERVER_URL
+
+# Each measured run first waits up to $SETTLE for other work on the machine
+# to calm down (cores under 30% busy), and records what it found.
+lg() { "$BIN/loadgen" -settle "$SETTLE" -duration "$DUR" -warmup "$WARM" "$@"; }
+floor() { "$BIN/sqlfloor" -settle "$SETTLE" -database-url "$BASE_DSN" -schema idem_bench_floor -duration "$DUR" -warmup "$WARM" "$@"; }
+
+say "sweep: A, B and C at ${LEVELS[*]} clients, $DUR each after a $WARM warm-up"
+for c in "${LEVELS[@]}"; do
+  reps=$REPS
+  ((c == 16)) && reps=$REPS16
+  for ((r = 1; r <= reps; r++)); do
+    run "A unique c=$c" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode unique -concurrency "$c"
+    run "B unique c=$c" lg -subject B -url "$B_URL" -server-pid "$B_PID" -mode unique -concurrency "$c"
+    run "C unique c=$c" floor -subject C -mode unique -concurrency "$c"
+  done
+done
+
+say "replays of one hot key, and requests without a key, at 16 clients"
+for ((r = 1; r <= REPS16; r++)); do
+  run "A hot" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode hot -concurrency 16
+  run "A nokey" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode nokey -concurrency 16
+done
+run "C claim" floor -subject C -mode claim -concurrency 16
+run "C hot" floor -subject C -mode hot -concurrency 16
+
+if command -v pgbench >/dev/null; then
+  say "pgbench: the library's claim and complete SQL at 16 clients, ${PGB_T}s each"
+  reset_schema idem_bench_pgbench
+  for f in migrations/*.up.sql; do
+    PGOPTIONS='-c search_path=idem_bench_pgbench' psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -f "$f"
+  done
+  pgb=$OUT/pgbench
+  rm -rf "$pgb" && mkdir -p "$pgb"
+  "$BIN/pgbenchsql" -src store_pg.go -out "$pgb"
+  pgb_vars=(-D scope=1 -D "endpoint=POST /api/trading/orders"
+    -D hash=5f1e3d0b9c8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e
+    -D "ttl=24 hours" -D "lease=30 seconds"
+    -D 'body={"id":1,"symbol":"AAPL","side":"buy","qty":1,"status":"filled","fill_price":187.43}'
+    -D 'headers={"Content-Type":["application/json"],"Location":["/api/trading/orders/1"]}'
+    -D hotkey=0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b)
+  pgbench_run() { # MODE SCRIPT
+    local dir=$pgb/$1 out tps failed
+    mkdir -p "$dir"
+    out=$( (cd "$dir" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
+      pgbench -n -M prepared "${pgb_vars[@]}" -f "../$2" -c 16 -j 2 -T "$PGB_T" -l "$BASE_DSN") 2>&1) || {
+      failures+=("pgbench $1")
+      echo "$out" | tail -n 5 | tee -a "$LOG"
+      return 0
+    }
+    echo "$out" | grep -E '^(tps|latency average|number of failed)' | sed 's/^/  pgbench: /' | tee -a "$LOG"
+    tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out")
+    failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")
+    run "P $1" "$BIN/pgbenchsql" -summarize -logs "$dir" -mode "$1" -concurrency 16 -tps "${tps:-0}" -failed "${failed:-0}"
+  }
+  pgbench_run unique miss.sql
+  (cd "$pgb" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
+    pgbench -n -M prepared "${pgb_vars[@]}" -f hot_setup.sql -c 1 -t 1 "$BASE_DSN" >/dev/null)
+  pgbench_run hot hot.sql
+else
+  say "pgbench not found: subject P skipped (install postgresql-contrib or the client package that ships it)"
+fi
+
+say "storm: $STORM_KEYS keys x $STORM_COPIES copies, $STORM_ROUNDS round(s), against A; then once against B as a control"
+run "storm A" "$BIN/loadgen" -subject A -url "$A_URL" -mode storm -keys "$STORM_KEYS" -copies "$STORM_COPIES" -rounds "$STORM_ROUNDS" -duration 2m
+if ! "$BIN/loadgen" -subject B -url "$B_URL" -mode storm -keys "$STORM_KEYS" -copies "$STORM_COPIES" -rounds 1 -duration 1m -allow-double 2>&1 | tee -a "$LOG"; then
+  echo "   (the control's exit status is not checked)" | tee -a "$LOG"
+fi
+stop_pid "$A_PID"
+stop_pid "$B_PID"
+
+say "database round trips per request: A and B through the pgrtt proxy, 16 clients, $RTT_DUR each"
+pg_host_port=$(psql "$BASE_DSN" -X -Atc "SELECT CASE family(inet_server_addr()) WHEN 6 THEN '[' || host(inet_server_addr()) || ']'
+  ELSE coalesce(host(inet_server_addr()), '127.0.0.1') END || ':' || current_setting('port')")
+rtt_port=$(free_port) rtt_http=$(free_port)
+"$BIN/pgrtt" -listen "127.0.0.1:$rtt_port" -http "127.0.0.1:$rtt_http" -upstream "$pg_host_port" -lifetime 5m >"$OUT/pgrtt.log" 2>&1 &
+RTT_PID=$!
+pids+=("$RTT_PID")
+sleep 0.5
+RTT_DSN=$(with_schema "postgres://${BASE_DSN#*://}" idem_bench)
+# Point the proxied servers at the proxy: same URL, host and port replaced.
+RTT_DSN=$(sed -E "s#^(postgres(ql)?://([^@/]*@)?)[^/?]*#\1127.0.0.1:$rtt_port#" <<<"$RTT_DSN")
+start_server A-rtt "$RTT_DSN"
+AR_PID=$SERVER_PID AR_URL=$SERVER_URL
+start_server B-rtt "$RTT_DSN" FLAG_IDEMPOTENCY_MIDDLEWARE=0
+BR_PID=$SERVER_PID BR_URL=$SERVER_URL
+rtt() { "$BIN/loadgen" -duration "$RTT_DUR" -warmup 0 -concurrency 16 -rtt-url "http://127.0.0.1:$rtt_http/counts" "$@"; }
+run "A/rtt unique" rtt -subject A/rtt -url "$AR_URL" -mode unique
+run "B/rtt unique" rtt -subject B/rtt -url "$BR_URL" -mode unique
+run "A/rtt hot" rtt -subject A/rtt -url "$AR_URL" -mode hot
+run "A/rtt nokey" rtt -subject A/rtt -url "$AR_URL" -mode nokey
+stop_pid "$AR_PID"
+stop_pid "$BR_PID"
+stop_pid "$RTT_PID"
+
+profile_txt=
+if ((PROFILE)); then
+  say "CPU profile of the example server (A, new keys, 16 clients)"
+  overlay=$OUT/overlay.json
+  printf '{"Replace":{"%s":"%s"}}\n' "$PWD/examples/server/zz_bench_pprof.go" "$PWD/bench/profile/pprof.go.in" >"$overlay"
+  go build -overlay "$overlay" -o "$BIN/server-pprof" ./examples/server
+  pprof_port=$(free_port)
+  SERVER_BIN=$BIN/server-pprof start_server A-pprof "$DSN" BENCH_PPROF_ADDR="127.0.0.1:$pprof_port"
+  AP_PID=$SERVER_PID AP_URL=$SERVER_URL
+  "$BIN/loadgen" -subject A/pprof -url "$AP_URL" -mode unique -concurrency 16 -duration 8s -warmup 1s >"$OUT/profile-load.log" 2>&1 &
+  lg_pid=$!
+  pids+=("$lg_pid")
+  sleep 2
+  curl -sf -o "$OUT/cpu-A-unique-c16.pprof" "http://127.0.0.1:$pprof_port/debug/pprof/profile?seconds=5"
+  wait "$lg_pid" || true
+  stop_pid "$lg_pid"
+  stop_pid "$AP_PID"
+  {
+    echo "go tool pprof -top -cum (top 45), 5 s of the server under 16 clients:"
+    go tool pprof -top -cum -nodecount=45 "$BIN/server-pprof" "$OUT/cpu-A-unique-c16.pprof" 2>/dev/null |
+      sed -n '/^Duration/p; /flat%/,$p' | cut -c1-150
+  } >"$OUT/cpu-A-unique-c16.txt"
+  profile_txt=$OUT/cpu-A-unique-c16.txt
+fi
+
+say "report"
+"$BIN/benchreport" -in "$LOG" -json "$OUT/latest.json" -svg bench/chart.svg -md BENCHMARKS.md \
+  -command "make bench/load$( ((quick)) && echo ' (bash bench/load.sh -quick)')" \
+  -profile "$profile_txt" -quick="$((quick))" -duration "$DUR" -repeats "$REPS" -date "$run_date" \
+  -commit "$(git rev-parse --short HEAD 2>/dev/null || true)" \
+  -nproc "$(nproc)" -cpu "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)" \
+  -memory "$(free -h | awk '/^Mem:/ {print $2}')" \
+  -postgres "$(psql "$BASE_DSN" -X -Atc 'SHOW server_version')" \
+  -go "$(go env GOVERSION)" -loadavg "$loadavg" | tee "$OUT/report.txt"
+echo "wrote $OUT/latest.json, bench/chart.svg and BENCHMARKS.md ($((SECONDS - started))s)"
+
+if ((${#failures[@]})); then
+  printf 'load.sh: FAILED: %s\n' "${failures[@]}" >&2
+  exit 1
+fi
