@@ -135,51 +135,36 @@ func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (C
 // Complete implements Store. It stores a copy of resp, so the caller may
 // reuse resp's header and body afterwards.
 func (s *MemoryStore) Complete(ctx context.Context, f Fence, resp Response) error {
-	if err := memoryCtxError(ctx, "complete"); err != nil {
-		return err
-	}
 	resp = memoryCloneResponse(resp)
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	row := s.owned(f)
-	if row == nil {
-		return ErrNotOwner
-	}
-	row.Status = StatusCompleted
-	row.Response = resp
-	return nil
+	return s.finish(ctx, "complete", f, func(row *Record) {
+		row.Status = StatusCompleted
+		row.Response = resp
+	})
 }
 
 // Fail implements Store.
 func (s *MemoryStore) Fail(ctx context.Context, f Fence) error {
-	if err := memoryCtxError(ctx, "fail"); err != nil {
-		return err
-	}
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	row := s.owned(f)
-	if row == nil {
-		return ErrNotOwner
-	}
-	row.Status = StatusFailed
-	return nil
+	return s.finish(ctx, "fail", f, func(row *Record) { row.Status = StatusFailed })
 }
 
 // Release implements Store.
 func (s *MemoryStore) Release(ctx context.Context, f Fence) error {
-	if err := memoryCtxError(ctx, "release"); err != nil {
+	return s.finish(ctx, "release", f, s.delete)
+}
+
+// finish applies an owner's state change to the row f owns in flight, or
+// returns ErrNotOwner when f no longer owns it.
+func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change func(*Record)) error {
+	if err := memoryCtxError(ctx, op); err != nil {
 		return err
 	}
-
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	row := s.owned(f)
 	if row == nil {
 		return ErrNotOwner
 	}
-	s.delete(row)
+	change(row)
 	return nil
 }
 
