@@ -263,6 +263,11 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 	return k, ok
 }
 
+// withKey returns r with its idempotency key in the context.
+func withKey(r *http.Request, key string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), keyCtxKey, key))
+}
+
 // parseKey validates an Idempotency-Key header value and returns it in
 // lower case: a UUID in its 36-character form, optionally as a quoted
 // structured-field string; optional white space around it is ignored.
@@ -496,8 +501,8 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		TTL:         rt.ttl,
 		Lease:       m.cfg.Lease,
 	}
-	r = r.WithContext(context.WithValue(r.Context(), keyCtxKey, key))
-
+	// The key goes into the handler's context only on the paths that run
+	// the handler (winner, fail-open bypass): a replay allocates no request.
 	for round := 1; ; round++ {
 		claimedAt := time.Now()
 		reclaimed := false
@@ -534,7 +539,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if err != nil {
-			rt.storeUnavailable(w, r, label, "claim", err)
+			rt.storeUnavailable(w, withKey(r, key), label, "claim", err)
 			return
 		}
 		if res.Won {
@@ -543,7 +548,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				m.log.Warn("idempotency: reclaimed a stale key; its previous attempt's transaction rolled back",
 					"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key, "attempt", res.Record.Attempt)
 			}
-			rt.execute(w, r, req, res.Record, claimedAt, rm)
+			rt.execute(w, withKey(r, key), req, res.Record, claimedAt, rm)
 			return
 		}
 		rm.hit.Inc()
