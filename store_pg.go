@@ -56,6 +56,13 @@ const pgColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, st
 	created_at, locked_at, locked_until, expires_at,
 	expires_at < now() AS expired, locked_until < now() AS lease_over`
 
+// pgClaimColumns are pgColumns without the key, scope and endpoint, which
+// a claim already knows: the hot path decodes three strings fewer.
+const pgClaimColumns = `id, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers,
+	created_at, locked_at, locked_until, expires_at,
+	expires_at < now() AS expired, locked_until < now() AS lease_over`
+
 // pgClaimSQL inserts a new in_flight row or, when the key exists, reads the
 // existing row, in one statement. The read shares the INSERT's snapshot, so
 // when the conflicting row was committed after the statement began (or was
@@ -71,11 +78,11 @@ const pgClaimSQL = `WITH ins AS (
 	VALUES ($1, $2, $3, $4, 'in_flight', 1,
 		now(), now(), now() + $6::interval, now() + $5::interval)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-	RETURNING ` + pgColumns + `
+	RETURNING ` + pgClaimColumns + `
 )
 SELECT *, true AS won FROM ins
 UNION ALL
-SELECT ` + pgColumns + `, false AS won
+SELECT ` + pgClaimColumns + `, false AS won
 FROM idempotency_keys
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 	AND NOT EXISTS (SELECT 1 FROM ins)`
@@ -188,7 +195,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 		)
 		row := s.pool.QueryRow(ctx, pgClaimSQL,
 			req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease)
-		err := scanRecord(row, &rec, &won)
+		err := scanClaim(row, req, &rec, &won)
 		switch {
 		case err == nil:
 			return ClaimResult{Won: won, Record: rec}, nil
@@ -407,16 +414,10 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 // scanRecord reads pgColumns (and, when won is not nil, a trailing won
 // column) into rec.
 func scanRecord(row pgx.Row, rec *Record, won *bool) error {
-	var (
-		status  string
-		code    *int16
-		body    []byte
-		raw     []byte
-		headers []byte
-	)
+	var v rowValues
 	dest := []any{
-		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &status, &rec.Attempt,
-		&code, &body, &raw, &headers,
+		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
+		&v.code, &v.body, &v.raw, &v.headers,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
 		&rec.Expired, &rec.LeaseOver,
 	}
@@ -426,8 +427,33 @@ func scanRecord(row pgx.Row, rec *Record, won *bool) error {
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
-	rec.Status = Status(status)
-	resp, err := decodeResponse(code, body, raw, headers)
+	return v.fill(rec)
+}
+
+// scanClaim reads pgClaimColumns and the won flag; the key, scope and
+// endpoint are the claim's own.
+func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
+	var v rowValues
+	if err := row.Scan(&rec.ID, &rec.RequestHash, &v.status, &rec.Attempt,
+		&v.code, &v.body, &v.raw, &v.headers,
+		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
+		&rec.Expired, &rec.LeaseOver, won); err != nil {
+		return err
+	}
+	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
+	return v.fill(rec)
+}
+
+// rowValues are the columns decoded after the scan.
+type rowValues struct {
+	status             string
+	code               *int16
+	body, raw, headers []byte
+}
+
+func (v *rowValues) fill(rec *Record) error {
+	rec.Status = Status(v.status)
+	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers)
 	if err != nil {
 		return err
 	}
