@@ -139,11 +139,11 @@ type RouteConfig struct {
 
 // ReplayEvent describes one replay, for OnReplay.
 type ReplayEvent struct {
-	Key            string
-	Scope          string
-	Endpoint       string
-	RequestHash    string
-	OriginalStatus int
+	Key            string        // the normalised idempotency key
+	Scope          string        // the user scope
+	Endpoint       string        // the route's scope_endpoint
+	RequestHash    string        // the request hash, the original's and the duplicate's
+	OriginalStatus int           // the status being replayed
 	OriginalTime   time.Time     // when the original request claimed the key
 	Request        *http.Request // the duplicate being answered
 }

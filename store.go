@@ -37,8 +37,8 @@ const (
 // claimed it. Every state change made by an owner is conditional on both, so
 // an owner whose key was taken over changes nothing.
 type Fence struct {
-	ID      int64
-	Attempt int32
+	ID      int64 // the row's id
+	Attempt int32 // the row's attempt when it was claimed; bumped by takeover and reclaim
 }
 
 // ClaimRequest is what the middleware asks a Store to claim.
@@ -53,30 +53,30 @@ type ClaimRequest struct {
 
 // Response is a handler's answer as recorded for replay.
 type Response struct {
-	Status   int
+	Status   int         // the handler's status code
 	Header   http.Header // replayable headers only
-	Body     []byte
-	BodyKind BodyKind
+	Body     []byte      // the body; nil with BodyNone
+	BodyKind BodyKind    // how Body is stored and replayed
 }
 
 // Record is one stored key as the store read it. Expired and LeaseOver are
 // computed by the store against its own clock (the database's now() for
 // Postgres), never the caller's.
 type Record struct {
-	ID          int64
-	Key         string
-	Scope       string
-	Endpoint    string
-	RequestHash string
-	Status      Status
-	Attempt     int32
-	Response    Response // Status is 0 while no response is recorded
-	CreatedAt   time.Time
-	LockedAt    time.Time
-	LockedUntil time.Time
-	ExpiresAt   time.Time
-	Expired     bool // expires_at < now: the row may be taken over as a new key
-	LeaseOver   bool // locked_until < now: an in_flight owner's lease has run out
+	ID          int64     // the row's id, never reused
+	Key         string    // the normalised idempotency key
+	Scope       string    // the user scope; "" is unscoped
+	Endpoint    string    // the route's scope_endpoint
+	RequestHash string    // the hash of the request that claimed the key
+	Status      Status    // in_flight, completed or failed
+	Attempt     int32     // the fencing token: 1, plus one per takeover or reclaim
+	Response    Response  // Status is 0 while no response is recorded
+	CreatedAt   time.Time // when the key was claimed (or taken over)
+	LockedAt    time.Time // when the current owner claimed or reclaimed it
+	LockedUntil time.Time // the current owner's lease end
+	ExpiresAt   time.Time // after this the key may be taken over as new
+	Expired     bool      // expires_at < now: the row may be taken over as a new key
+	LeaseOver   bool      // locked_until < now: an in_flight owner's lease has run out
 }
 
 // Fence returns the fencing token of the ownership this record describes.
@@ -88,7 +88,7 @@ type ClaimResult struct {
 	// token. When false, Record is the existing row, or the zero Record when
 	// a takeover or reclaim lost its race (claim again to read the row).
 	Won    bool
-	Record Record
+	Record Record // the claimed row, or the existing one
 }
 
 // ErasureResult reports what DeleteScope did.
@@ -171,6 +171,7 @@ type StoreError struct {
 	Err    error  // the underlying error
 }
 
+// Error describes the operation, the reason and the underlying error.
 func (e *StoreError) Error() string {
 	return "idempotency: store " + e.Op + " (" + e.Reason + "): " + e.Err.Error()
 }
