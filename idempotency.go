@@ -535,7 +535,10 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				reclaimed = res.Won
 			}
 			if err == nil && !res.Won && res.Record.ID == 0 {
-				continue // lost the takeover or reclaim: read the row again
+				if round < maxClaimRounds {
+					continue // lost the takeover or reclaim: read the row again
+				}
+				err = &StoreError{Op: "claim", Reason: ReasonConflict, Err: errors.New("the key's row kept changing")}
 			}
 		}
 		if err != nil {
@@ -689,10 +692,13 @@ func (rt *route) execute(w http.ResponseWriter, r *http.Request, req ClaimReques
 		if finished {
 			return
 		}
-		// The handler panicked: record the failure, then re-raise.
+		// The handler panicked (or called runtime.Goexit, where p is nil):
+		// record the failure, then re-raise.
 		p := recover()
 		rt.record(r, req, fence, leaseEnd, rm, outcomeFail, Response{})
-		panic(p)
+		if p != nil {
+			panic(p)
+		}
 	}()
 	rt.next.ServeHTTP(rec, r.WithContext(ctx))
 	finished = true

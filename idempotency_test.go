@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -599,6 +600,35 @@ func TestPanicFailsKeyAndIsReraised(t *testing.T) {
 	assertJSONError(t, w, 409, `{"error":"idempotency_previous_failed"}`)
 	if h.calls.Load() != 1 {
 		t.Fatalf("calls = %d", h.calls.Load())
+	}
+}
+
+// TestBadHandlers: a handler that writes an invalid status code or calls
+// runtime.Goexit fails its key instead of poisoning it or escaping.
+func TestBadHandlers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	bad := h.route(RouteConfig{Name: "bad"}, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(42) })
+	func() {
+		defer func() {
+			if p := recover(); p == nil {
+				t.Fatal("an invalid status code did not panic")
+			}
+		}()
+		send(t, bad, "POST", "/bad", testKey, `{}`)
+	}()
+	assertJSONError(t, send(t, bad, "POST", "/bad", testKey, `{}`), 409, `{"error":"idempotency_previous_failed"}`)
+
+	exits := h.route(RouteConfig{Name: "exit"}, func(w http.ResponseWriter, r *http.Request) { runtime.Goexit() })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		send(t, exits, "POST", "/exit", testKey, `{}`)
+	}()
+	<-done
+	assertJSONError(t, send(t, exits, "POST", "/exit", testKey, `{}`), 409, `{"error":"idempotency_previous_failed"}`)
+	if h.calls.Load() != 2 {
+		t.Fatalf("calls = %d, want 2", h.calls.Load())
 	}
 }
 

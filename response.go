@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 var errBodyTooLarge = errors.New("idempotency: request body too large")
@@ -194,6 +195,11 @@ func newRecorder(w http.ResponseWriter, limit int64, holdBack bool) *recorder {
 func (r *recorder) Header() http.Header { return r.w.Header() }
 
 func (r *recorder) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// As net/http does, but inside the handler, so the key is marked
+		// failed rather than recording a status no replay could send.
+		panic("idempotency: invalid WriteHeader code " + itoa(code))
+	}
 	if r.status != 0 {
 		return
 	}
@@ -306,7 +312,7 @@ func (r *recorder) response(allow []string) Response {
 	switch {
 	case r.overflow:
 		resp.BodyKind = BodyNone
-	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && json.Valid(r.buf.Bytes()):
+	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && utf8.Valid(r.buf.Bytes()) && json.Valid(r.buf.Bytes()):
 		resp.BodyKind, resp.Body = BodyJSON, r.buf.Bytes()
 	default:
 		resp.BodyKind, resp.Body = BodyRaw, r.buf.Bytes()

@@ -11,11 +11,33 @@ import (
 
 // TxFromContext returns the transaction a transactional route began for its
 // handler. Write through it: the writes commit together with the key's
-// completed record, or not at all. It reports false outside a transactional
-// route.
+// completed record, or not at all. The middleware owns it: its Commit and
+// Rollback return ErrTxManaged and change nothing (answer >= 500 to roll
+// back); Begin opens a savepoint as usual. It reports false outside a
+// transactional route.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txCtxKey).(pgx.Tx)
 	return tx, ok
+}
+
+// ErrTxManaged is returned by Commit and Rollback on the transaction
+// TxFromContext hands a handler: a handler that committed on its own would
+// commit its writes outside the key's fence, and its key could then be
+// reclaimed and executed again.
+var ErrTxManaged = errors.New("idempotency: the route's transaction is committed or rolled back by the middleware")
+
+// handlerTx is the route's transaction as the handler sees it.
+type handlerTx struct{ pgx.Tx }
+
+// Commit refuses: the middleware commits, together with the record.
+func (handlerTx) Commit(context.Context) error { return ErrTxManaged }
+
+// Rollback refuses: answer >= 500 (or panic) and the middleware rolls back.
+func (handlerTx) Rollback(context.Context) error { return ErrTxManaged }
+
+// withTx returns ctx carrying tx for the handler.
+func withTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txCtxKey, pgx.Tx(handlerTx{tx}))
 }
 
 // txRunner runs a transactional route (DESIGN.md "Transactional routes"):
@@ -73,7 +95,7 @@ func (t *txRunner) passThrough(rt *route, w http.ResponseWriter, r *http.Request
 			t.rollback(rt, tx, r.Context())
 		}
 	}()
-	rt.next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), txCtxKey, tx)))
+	rt.next.ServeHTTP(rec, r.WithContext(withTx(r.Context(), tx)))
 	finished = true
 	if status := rec.statusCode(); status >= 500 || status == http.StatusTooManyRequests {
 		t.rollback(rt, tx, r.Context())
@@ -97,11 +119,15 @@ func (t *txRunner) passThrough(rt *route, w http.ResponseWriter, r *http.Request
 func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, req ClaimRequest, own Record, claimedAt time.Time, rm *routeMetrics) {
 	m := rt.m
 	leaseEnd := claimedAt.Add(m.cfg.Lease)
+	// Failure outcomes get one attempt (a zero deadline): a stale row on a
+	// transactional route is reclaimable, so the client need not wait out
+	// the lease for a failing store.
+	var once time.Time
 	fence := own.Fence()
 	tx, err := t.begin(rt, r.Context())
 	if err != nil {
 		// Nothing ran: give the key back and refuse.
-		rt.record(r, req, fence, leaseEnd, rm, outcomeRelease, Response{})
+		rt.record(r, req, fence, once, rm, outcomeRelease, Response{})
 		m.log.Warn("idempotency: cannot begin the route's transaction; key released",
 			"endpoint", req.Endpoint, "key", req.Key, "error", err)
 		w.Header().Set("Retry-After", "1")
@@ -110,7 +136,7 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), leaseEnd.Add(-m.cfg.StoreTimeout))
 	defer cancel()
-	ctx = context.WithValue(ctx, txCtxKey, tx)
+	ctx = withTx(ctx, tx)
 	rec := newRecorder(w, rt.maxResponse, true)
 	failed := outcomeFail
 	if rt.releaseOnError {
@@ -123,8 +149,10 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 		}
 		p := recover()
 		t.rollback(rt, tx, r.Context())
-		rt.record(r, req, fence, leaseEnd, rm, failed, Response{})
-		panic(p)
+		rt.record(r, req, fence, once, rm, failed, Response{})
+		if p != nil { // nil: runtime.Goexit, which carries on by itself
+			panic(p)
+		}
 	}()
 	rt.next.ServeHTTP(rec, r.WithContext(ctx))
 	finished = true
@@ -133,12 +161,12 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 	switch status := rec.statusCode(); {
 	case status == http.StatusTooManyRequests:
 		t.rollback(rt, tx, r.Context())
-		rt.record(r, req, fence, leaseEnd, rm, outcomeRelease, Response{})
+		rt.record(r, req, fence, once, rm, outcomeRelease, Response{})
 		rec.finish()
 		return
 	case status >= 500:
 		t.rollback(rt, tx, r.Context())
-		rt.record(r, req, fence, leaseEnd, rm, failed, Response{})
+		rt.record(r, req, fence, once, rm, failed, Response{})
 		rec.finish()
 		return
 	}

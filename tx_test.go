@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -310,5 +311,57 @@ func TestTxEscapedJSONBody(t *testing.T) {
 	}
 	if f.orders(t) != 1 {
 		t.Fatalf("orders %d", f.orders(t))
+	}
+}
+
+// TestTxHandlerCannotCommit: a handler that commits or rolls back the
+// route's transaction itself is refused, so its writes still commit only
+// together with the record, and the key replays.
+func TestTxHandlerCannotCommit(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	var commitErr, rollbackErr error
+	f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		commitErr = tx.Commit(r.Context())
+		rollbackErr = tx.Rollback(r.Context())
+		return false
+	}
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 201 {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	if !errors.Is(commitErr, idempotency.ErrTxManaged) || !errors.Is(rollbackErr, idempotency.ErrTxManaged) {
+		t.Fatalf("Commit %v, Rollback %v: want ErrTxManaged", commitErr, rollbackErr)
+	}
+	if w := do(h, key, `{}`); w.Header().Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if f.orders(t) != 1 || f.calls.Load() != 1 {
+		t.Fatalf("orders %d executions %d", f.orders(t), f.calls.Load())
+	}
+}
+
+// TestTxInvalidUTF8JSON: a JSON-typed body with invalid UTF-8 (which JSONB
+// refuses) is stored raw, so the commit succeeds and the key replays.
+func TestTxInvalidUTF8JSON(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	f.behave = func(_ int64, w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("{\"name\":\"caf\xe9\"}"))
+		return true
+	}
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 201 {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := do(h, key, `{}`)
+	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != "{\"name\":\"caf\xe9\"}" {
+		t.Fatalf("retry: %d %q", w.Code, w.Body)
+	}
+	if f.orders(t) != 1 || f.calls.Load() != 1 {
+		t.Fatalf("orders %d executions %d", f.orders(t), f.calls.Load())
 	}
 }
