@@ -500,6 +500,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		RequestHash: requestHash(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, body),
 		TTL:         rt.ttl,
 		Lease:       m.cfg.Lease,
+		Reclaimable: rt.tx != nil,
 	}
 	// The key goes into the handler's context only on the paths that run
 	// the handler (winner, fail-open bypass): a replay allocates no request.
@@ -514,7 +515,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// transactional route was rolled back and may be reclaimed.
 			rec := res.Record
 			expired := rec.Expired && (rec.Status != StatusInFlight || rec.LeaseOver)
-			reclaimable := rt.tx != nil && rec.Status == StatusInFlight && rec.LeaseOver && rec.RequestHash == req.RequestHash
+			// Only rows a transactional route claimed: another owner's
+			// effects did not roll back with it.
+			reclaimable := rt.tx != nil && rec.Reclaimable && rec.Status == StatusInFlight && rec.LeaseOver && rec.RequestHash == req.RequestHash
 			if (expired || reclaimable) && round == maxClaimRounds {
 				// Others keep winning this key: it is in flight.
 				rm.hit.Inc()

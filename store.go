@@ -49,6 +49,10 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL         time.Duration // how long the row lives: expires_at = now + TTL
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
+	// Reclaimable marks a claim made by a transactional route: its owner's
+	// writes roll back if it dies, so Reclaim may take its stale row over.
+	// Rows claimed without it are never reclaimed.
+	Reclaimable bool
 }
 
 // Response is a handler's answer as recorded for replay.
@@ -77,6 +81,7 @@ type Record struct {
 	ExpiresAt   time.Time // after this the key may be taken over as new
 	Expired     bool      // expires_at < now: the row may be taken over as a new key
 	LeaseOver   bool      // locked_until < now: an in_flight owner's lease has run out
+	Reclaimable bool      // claimed by a transactional route (ClaimRequest.Reclaimable)
 }
 
 // Fence returns the fencing token of the ownership this record describes.
@@ -108,7 +113,8 @@ type Store interface {
 	// existing row.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
-	// (new hash, TTL and lease; attempt+1; old response cleared), only if
+	// (new hash, TTL, lease and Reclaimable; attempt+1; old response
+	// cleared), only if
 	// the row still has attempt f.Attempt, is expired, and is not an
 	// in_flight row whose lease still runs (possible only when instances
 	// disagree on TTL and lease). Losing returns Won unset and the zero
@@ -116,9 +122,9 @@ type Store interface {
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Reclaim takes over the in_flight row f whose lease is over (attempt+1,
 	// a new lease from now), only if it is still in_flight with attempt
-	// f.Attempt and its lease over. It is for transactional routes, where a
-	// stale owner's writes are known to have rolled back. Losing returns Won
-	// unset and the zero Record.
+	// f.Attempt, its lease over, and it was claimed Reclaimable. It is for
+	// transactional routes, where a stale owner's writes are known to have
+	// rolled back. Losing returns Won unset and the zero Record.
 	Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Complete records resp and marks the row completed, only if f still
 	// owns it in_flight; otherwise it returns ErrNotOwner.

@@ -75,6 +75,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		LockedAt:    now,
 		LockedUntil: now.Add(req.Lease),
 		ExpiresAt:   now.Add(req.TTL),
+		Reclaimable: req.Reclaimable,
 	}
 	s.ids[k] = row.ID
 	s.rows[row.ID] = row
@@ -106,6 +107,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row.LockedAt = now
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = now.Add(req.TTL)
+	row.Reclaimable = req.Reclaimable
 	rec := *row
 	s.mu.Unlock()
 	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
@@ -120,7 +122,7 @@ func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (C
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || row.Attempt != f.Attempt || row.Status != StatusInFlight || !row.LockedUntil.Before(now) {
+	if !ok || row.Attempt != f.Attempt || row.Status != StatusInFlight || !row.LockedUntil.Before(now) || !row.Reclaimable {
 		s.mu.Unlock()
 		return ClaimResult{}, nil
 	}

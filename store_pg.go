@@ -54,14 +54,14 @@ const pgRetries = 5
 const pgColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers,
 	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over`
+	expires_at < now() AS expired, locked_until < now() AS lease_over, reclaimable`
 
 // pgClaimColumns are pgColumns without the key, scope and endpoint, which
 // a claim already knows: the hot path decodes three strings fewer.
 const pgClaimColumns = `id, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers,
 	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over`
+	expires_at < now() AS expired, locked_until < now() AS lease_over, reclaimable`
 
 // pgClaimSQL inserts a new in_flight row or, when the key exists, reads the
 // existing row, in one statement. The read shares the INSERT's snapshot, so
@@ -70,13 +70,14 @@ const pgClaimColumns = `id, request_hash, status, attempt,
 // ON CONFLICT DO NOTHING never locks or writes the existing row, so replays
 // of one key never queue behind each other.
 //
-// $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease.
+// $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
+// $7 reclaimable.
 const pgClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys
 		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		 created_at, locked_at, locked_until, expires_at)
+		 created_at, locked_at, locked_until, expires_at, reclaimable)
 	VALUES ($1, $2, $3, $4, 'in_flight', 1,
-		now(), now(), now() + $6::interval, now() + $5::interval)
+		now(), now(), now() + $6::interval, now() + $5::interval, $7)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 	RETURNING ` + pgClaimColumns + `
 )
@@ -91,7 +92,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // An in_flight row whose lease still runs is left to its owner even when
 // expired (instances with different TTL and lease settings can produce one).
 //
-// $1 id, $2 attempt, $3 request hash, $4 TTL, $5 lease.
+// $1 id, $2 attempt, $3 request hash, $4 TTL, $5 lease, $6 reclaimable.
 const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	attempt = attempt + 1,
 	request_hash = $3,
@@ -103,7 +104,8 @@ const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	created_at = now(),
 	locked_at = now(),
 	locked_until = now() + $5::interval,
-	expires_at = now() + $4::interval
+	expires_at = now() + $4::interval,
+	reclaimable = $6
 WHERE id = $1 AND attempt = $2 AND expires_at < now()
 	AND NOT (status = 'in_flight' AND locked_until >= now())
 RETURNING ` + pgColumns
@@ -116,7 +118,7 @@ const pgReclaimSQL = `UPDATE idempotency_keys SET
 	attempt = attempt + 1,
 	locked_at = now(),
 	locked_until = now() + $3::interval
-WHERE id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now()
+WHERE id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now() AND reclaimable
 RETURNING ` + pgColumns
 
 // pgCompleteSQL records the response, fenced on the owner's attempt.
@@ -194,7 +196,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			won bool
 		)
 		row := s.pool.QueryRow(ctx, pgClaimSQL,
-			req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease)
+			req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, req.Reclaimable)
 		err := scanClaim(row, req, &rec, &won)
 		switch {
 		case err == nil:
@@ -215,7 +217,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "takeover", pgTakeoverSQL, f.ID, f.Attempt, req.RequestHash, req.TTL, req.Lease)
+	return s.claimExisting(ctx, "takeover", pgTakeoverSQL, f.ID, f.Attempt, req.RequestHash, req.TTL, req.Lease, req.Reclaimable)
 }
 
 // Reclaim implements Store with one fenced UPDATE.
@@ -419,7 +421,7 @@ func scanRecord(row pgx.Row, rec *Record, won *bool) error {
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
-		&rec.Expired, &rec.LeaseOver,
+		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable,
 	}
 	if won != nil {
 		dest = append(dest, won)
@@ -437,7 +439,7 @@ func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	if err := row.Scan(&rec.ID, &rec.RequestHash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
-		&rec.Expired, &rec.LeaseOver, won); err != nil {
+		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable, won); err != nil {
 		return err
 	}
 	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
@@ -471,7 +473,7 @@ type nullRecord struct {
 	body, raw, headers                 []byte
 	createdAt, lockedAt, lockedUntil   *time.Time
 	expiresAt                          *time.Time
-	expired, leaseOver                 *bool
+	expired, leaseOver, reclaimable    *bool
 }
 
 // dest returns the scan destinations in pgColumns order.
@@ -480,7 +482,7 @@ func (n *nullRecord) dest() []any {
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
 		&n.code, &n.body, &n.raw, &n.headers,
 		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt,
-		&n.expired, &n.leaseOver,
+		&n.expired, &n.leaseOver, &n.reclaimable,
 	}
 }
 
@@ -498,7 +500,7 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 		RequestHash: *n.hash, Status: Status(*n.status), Attempt: *n.attempt,
 		Response:  resp,
 		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
-		Expired: *n.expired, LeaseOver: *n.leaseOver,
+		Expired: *n.expired, LeaseOver: *n.leaseOver, Reclaimable: *n.reclaimable,
 	}, true, nil
 }
 

@@ -311,6 +311,7 @@ func TestPostgresMigrations(t *testing.T) {
 			{"created_at", "timestamp with time zone", "NO", str("now()")},
 			{"locked_at", "timestamp with time zone", "NO", str("now()")},
 			{"locked_until", "timestamp with time zone", "NO", nil},
+			{"reclaimable", "boolean", "NO", str("false")},
 			{"expires_at", "timestamp with time zone", "NO", nil},
 		}
 		if len(cols) != len(want) {
@@ -889,6 +890,7 @@ func TestPostgresFencing(t *testing.T) {
 		wins := map[string]int{}
 		for range 20 {
 			req := pgRequest("u", time.Hour, time.Millisecond)
+			req.Reclaimable = true
 			owner := pgClaim(t, s, req).Fence()
 			stale := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.LeaseOver })
 
@@ -940,6 +942,7 @@ func TestPostgresFencing(t *testing.T) {
 		s := idempotency.NewPostgresStore(testdb.New(t))
 		ctx := t.Context()
 		req := pgRequest("u", time.Hour, time.Millisecond)
+		req.Reclaimable = true
 		owner := pgClaim(t, s, req).Fence()
 		stale := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.LeaseOver })
 		req.Lease = time.Hour

@@ -365,3 +365,46 @@ func TestTxInvalidUTF8JSON(t *testing.T) {
 		t.Fatalf("orders %d executions %d", f.orders(t), f.calls.Load())
 	}
 }
+
+// TestTxNeverReclaimsAnOrdinaryClaim: a stale key claimed by a route that
+// was not transactional (an old instance mid rolling deploy, or another
+// route of the same name) is never reclaimed: its owner's effects did not
+// roll back. The transactional route answers outcome unknown instead.
+func TestTxNeverReclaimsAnOrdinaryClaim(t *testing.T) {
+	t.Parallel()
+	const lease = 1500 * time.Millisecond
+	cfg := idempotency.Config{Lease: lease, StoreTimeout: 500 * time.Millisecond}
+	f, txRoute := newTxFixture(t, cfg, idempotency.RouteConfig{TTL: time.Minute})
+	started, release := make(chan struct{}), make(chan struct{})
+	key := uuid.NewString()
+	// The ordinary route claims the key and its handler outlives the lease.
+	stuck := make(chan struct{})
+	cfg.Registerer, cfg.Logger, cfg.Enabled = prometheus.NewRegistry(), quiet, func(*http.Request) bool { return true }
+	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordinary := mw.MustRoute(idempotency.RouteConfig{Name: "orders", TTL: time.Minute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release // a stuck owner
+		w.WriteHeader(http.StatusCreated)
+	}))
+	go func() { do(ordinary, key, `{}`); close(stuck) }()
+	<-started
+	deadline := time.Now().Add(20 * lease)
+	for {
+		w := do(txRoute, key, `{}`)
+		if strings.Contains(w.Body.String(), "idempotency_outcome_unknown") {
+			break
+		}
+		if w.Code != 409 || !strings.Contains(w.Body.String(), "idempotency_in_flight") || time.Now().After(deadline) {
+			t.Fatalf("transactional route on a stale ordinary claim: %d %s", w.Code, w.Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(release)
+	<-stuck
+	if f.calls.Load() != 0 || f.orders(t) != 0 {
+		t.Fatalf("the transactional route executed a key an ordinary route owned: calls %d, orders %d", f.calls.Load(), f.orders(t))
+	}
+}

@@ -5,6 +5,8 @@
 --   so unscoped keys conflict too and any user id type fits;
 --   response_body_raw and response_headers hold non-JSON bodies and replayable headers;
 --   attempt is the fencing token; locked_until is the owner's lease end;
+--   reclaimable marks keys claimed by a transactional route, the only ones whose stale
+--   in_flight rows may be reclaimed (their owner's writes rolled back with it);
 --   idx_idem_keys_expires has no status predicate so cleanup also finds expired in-flight orphans.
 -- Every time column is written from the database's now(), never an application clock.
 CREATE TABLE idempotency_keys (
@@ -23,6 +25,7 @@ CREATE TABLE idempotency_keys (
     created_at         TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
     locked_at          TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
     locked_until       TIMESTAMPTZ    NOT NULL,
+    reclaimable        BOOLEAN        NOT NULL DEFAULT false,
     expires_at         TIMESTAMPTZ    NOT NULL,
     CONSTRAINT uq_idem_key_user_endpoint
         UNIQUE (idem_key, scope_user_id, scope_endpoint)

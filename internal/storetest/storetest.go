@@ -605,7 +605,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		t.Run("InFlightLeaseOverIsReclaimed", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.Lease = tiny
+			req.Lease, req.Reclaimable = tiny, true
 			mustClaim(t, s, req)
 			old := waitFor(t, s, req, "lease over", isLeaseOver)
 			if old.Expired {
@@ -644,6 +644,24 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			}
 		})
 
+		t.Run("NotUnlessClaimedReclaimable", func(t *testing.T) {
+			// A row claimed by a non-transactional route: its owner's
+			// effects did not roll back, so it is never reclaimed.
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			req.Lease = tiny
+			mustClaim(t, s, req)
+			rec := waitFor(t, s, req, "lease over", func(r idempotency.Record) bool { return r.LeaseOver })
+			if rec.Reclaimable {
+				t.Fatal("a row claimed without Reclaimable reads back reclaimable")
+			}
+			res, err := s.Reclaim(context.Background(), rec.Fence(), req)
+			if err != nil || res.Won {
+				t.Fatalf("Reclaim of a non-reclaimable row: won %v, err %v; want a loss", res.Won, err)
+			}
+			sameRecord(t, "row after the refused reclaim", read(t, s, req), rec)
+		})
+
 		t.Run("NotWhileLeaseRuns", func(t *testing.T) {
 			s, _ := setup(t)
 			req := newRequest("user-1")
@@ -667,7 +685,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			t.Run("Not"+fin.name, func(t *testing.T) {
 				s, ctx := setup(t)
 				req := newRequest("user-1")
-				req.Lease = tiny
+				req.Lease, req.Reclaimable = tiny, true
 				mustClaim(t, s, req)
 				// The owner finishes after its lease ran out: the fence
 				// is the attempt, not the lease.
@@ -684,7 +702,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		t.Run("StaleAttemptLoses", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.Lease = tiny
+			req.Lease, req.Reclaimable = tiny, true
 			mustClaim(t, s, req)
 			first := waitFor(t, s, req, "lease over", isLeaseOver)
 			res, err := s.Reclaim(ctx, first.Fence(), req)
@@ -709,7 +727,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		t.Run("GoneRowLoses", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.Lease = tiny
+			req.Lease, req.Reclaimable = tiny, true
 			mustClaim(t, s, req)
 			rec := waitFor(t, s, req, "lease over", isLeaseOver)
 			if err := s.Release(ctx, rec.Fence()); err != nil {
@@ -721,7 +739,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
-			req.Lease = tiny
+			req.Lease, req.Reclaimable = tiny, true
 			mustClaim(t, s, req)
 			rec := waitFor(t, s, req, "lease over", isLeaseOver)
 

@@ -108,7 +108,7 @@ func run(src, out string) error {
 	if claim == "" || complete == "" {
 		return fmt.Errorf("%s: pgClaimSQL or pgCompleteSQL not found", src)
 	}
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease"}
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "false"}
 	completeArgs := []string{":c_id", ":c_attempt", "201", ":body", "NULL", ":headers"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
