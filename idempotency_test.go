@@ -1126,3 +1126,22 @@ func TestCleanupAndErase(t *testing.T) {
 		t.Fatal("cleanup not counted")
 	}
 }
+
+// TestBodyLongerThanDeclared: a body a wrapper replaced without fixing
+// Content-Length is read whole, so two different bodies never share a
+// hash (and a 422 stays a 422).
+func TestBodyLongerThanDeclared(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	rt := h.route(RouteConfig{Name: "r"}, orderHandler)
+	for i, body := range []string{`{"a":1}`, `{"a":1,"b":2}`} {
+		r := httptest.NewRequest("POST", "/r", strings.NewReader(body))
+		r.ContentLength = 3 // stale
+		r.Header.Set(HeaderKey, testKey)
+		w := httptest.NewRecorder()
+		rt.ServeHTTP(w, r)
+		if want := []int{201, 422}[i]; w.Code != want {
+			t.Fatalf("body %s: %d, want %d", body, w.Code, want)
+		}
+	}
+}

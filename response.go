@@ -38,6 +38,14 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 		// Known length (the server enforces it): one exact allocation.
 		body = make([]byte, r.ContentLength)
 		_, err = io.ReadFull(r.Body, body)
+		var extra [1]byte
+		if n, _ := io.ReadFull(r.Body, extra[:]); err == nil && n > 0 {
+			// A wrapper replaced the body without its length: read the
+			// rest too, within the limit, rather than hash a truncated body.
+			buf := bytes.NewBuffer(append(body, extra[0]))
+			_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1-int64(buf.Len())))
+			body = buf.Bytes()
+		}
 	} else {
 		var buf bytes.Buffer
 		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))
