@@ -230,7 +230,7 @@ func (t *txRunner) answerAsLoser(rt *route, w http.ResponseWriter, r *http.Reque
 		m.metrics.conflicts.WithLabelValues(label, reasonInFlight).Inc()
 		writeJSON(w, http.StatusConflict, bodyInFlight)
 	default:
-		rm.hit.Inc()
+		// Already counted as a miss when it claimed: no hit on top.
 		rec := res.Record
 		if rec.Status == StatusInFlight {
 			rec.LeaseOver = false // its new owner holds a fresh lease
