@@ -747,10 +747,15 @@ func (rt *route) record(r *http.Request, req ClaimRequest, f Fence, leaseEnd tim
 		call = func(c context.Context) (struct{}, error) { return struct{}{}, m.store.Release(c, f) }
 	}
 	backoff := 25 * time.Millisecond
-	for {
+	for try := 1; ; try++ {
 		_, err := storeCall(m, r.Context(), op, obs, call)
 		switch {
 		case err == nil:
+			return
+		case errors.Is(err, ErrNotOwner) && try > 1:
+			// The earlier attempt may have landed with its reply lost.
+			m.log.Warn("idempotency: outcome already recorded or key taken over; an earlier attempt's reply was lost",
+				"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key, "operation", op)
 			return
 		case errors.Is(err, ErrNotOwner):
 			m.log.Error("idempotency: key was taken over while its handler ran; outcome not recorded",
