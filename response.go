@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -97,20 +98,11 @@ func replayAllowList(extra []string) ([]string, error) {
 		if c == "" || neverReplayed[c] || strings.HasPrefix(c, "Proxy-") {
 			return nil, errors.New("idempotency: RouteConfig.ReplayHeaders: header " + strconv.Quote(h) + " may not be replayed")
 		}
-		if !containsString(list, c) {
+		if !slices.Contains(list, c) {
 			list = append(list, c)
 		}
 	}
 	return list, nil
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // isJSONType reports whether a Content-Type declares JSON.

@@ -189,9 +189,11 @@ func TestTxPassThrough(t *testing.T) {
 	if w := do(h, "", `{}`); w.Code != 201 {
 		t.Fatalf("no key: %d %s", w.Code, w.Body)
 	}
-	r := httptestRequest("not-a-uuid")
+	r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`))
+	r.Header.Set(idempotency.HeaderKey, "not-a-uuid")
 	r.Header.Set("X-Disabled", "1")
-	w := recorderFor(h, r)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
 	if w.Code != 201 || f.orders(t) != 2 {
 		t.Fatalf("kill-switch off: %d, orders %d", w.Code, f.orders(t))
 	}
@@ -255,37 +257,6 @@ func isReplayOf(replay, original string) bool {
 	}
 	delete(r, "idempotency_replayed")
 	return reflect.DeepEqual(r, o)
-}
-
-func httptestRequest(key string) *http.Request {
-	r, _ := http.NewRequest("POST", "/orders", strings.NewReader(`{}`))
-	r.Header.Set(idempotency.HeaderKey, key)
-	return r
-}
-
-func recorderFor(h http.Handler, r *http.Request) *responseRecorder {
-	w := &responseRecorder{header: http.Header{}}
-	h.ServeHTTP(w, r)
-	return w
-}
-
-type responseRecorder struct {
-	header http.Header
-	Code   int
-	body   strings.Builder
-}
-
-func (w *responseRecorder) Header() http.Header { return w.header }
-func (w *responseRecorder) Write(p []byte) (int, error) {
-	if w.Code == 0 {
-		w.Code = 200
-	}
-	return w.body.Write(p)
-}
-func (w *responseRecorder) WriteHeader(c int) {
-	if w.Code == 0 {
-		w.Code = c
-	}
 }
 
 // TestTxEscapedJSONBody: a JSON body with \u escapes, which JSONB might
