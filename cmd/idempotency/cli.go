@@ -190,6 +190,22 @@ func requireUser(cmd string, u optString) (string, error) {
 	return u.v, checkUser(u.v)
 }
 
+// parseScopeCommand parses the flags of a command that acts on one user
+// scope (erase, export): --user is required, and nothing else is taken.
+func parseScopeCommand(c *cli, cmd string, args []string, help func(io.Writer), verb string) (string, error) {
+	flags := c.flagSet(cmd)
+	var user optString
+	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to "+verb+"; required, '' for unscoped keys")
+	pos, err := c.parse(flags, args, help)
+	if err != nil {
+		return "", err
+	}
+	if err := noArgs(cmd, pos); err != nil {
+		return "", err
+	}
+	return requireUser(cmd, user)
+}
+
 // describeUser names a user scope for messages.
 func describeUser(u string) string {
 	if u == "" {

@@ -29,17 +29,7 @@ Example:
 }
 
 func runErase(ctx context.Context, c *cli, args []string) error {
-	flags := c.flagSet("erase")
-	var user optString
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to erase; required, '' for unscoped keys")
-	pos, err := c.parse(flags, args, eraseHelp)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("erase", pos); err != nil {
-		return err
-	}
-	scope, err := requireUser("erase", user)
+	scope, err := parseScopeCommand(c, "erase", args, eraseHelp, "erase")
 	if err != nil {
 		return err
 	}

@@ -31,17 +31,7 @@ Example:
 }
 
 func runExport(ctx context.Context, c *cli, args []string) error {
-	flags := c.flagSet("export")
-	var user optString
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to export; required, '' for unscoped keys")
-	pos, err := c.parse(flags, args, exportHelp)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("export", pos); err != nil {
-		return err
-	}
-	scope, err := requireUser("export", user)
+	scope, err := parseScopeCommand(c, "export", args, exportHelp, "export")
 	if err != nil {
 		return err
 	}
