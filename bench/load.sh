@@ -9,7 +9,9 @@
 #   B  the same server and the same keyed requests, middleware off
 #      (FLAG_IDEMPOTENCY_MIDDLEWARE=0), so the handler's work is identical
 #   C  the floor: the library's Claim+Complete through pgx, no HTTP (sqlfloor)
-#   P  pgbench running the same claim/complete SQL, when pgbench is installed
+#   P  pgbench running the same claim/complete SQL, and A's and B's SQL
+#      without HTTP (the order transaction with and without the claim and
+#      record), when pgbench is installed
 # at 1, 4, 16 and 64 clients; then replays of one hot key against misses, a
 # storm of concurrent copies (exits non-zero on any double execution), the
 # database round trips per request (through the pgrtt proxy) and a CPU
@@ -183,12 +185,12 @@ run "C hot" floor -subject C -mode hot -concurrency 16
 if command -v pgbench >/dev/null; then
   say "pgbench: the library's claim and complete SQL at 16 clients, ${PGB_T}s each"
   reset_schema idem_bench_pgbench
-  for f in migrations/*.up.sql; do
-    PGOPTIONS='-c search_path=idem_bench_pgbench' psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -f "$f"
-  done
   pgb=$OUT/pgbench
   rm -rf "$pgb" && mkdir -p "$pgb"
-  "$BIN/pgbenchsql" -src store_pg.go -out "$pgb"
+  "$BIN/pgbenchsql" -src store_pg.go -example examples/server/postgres.go -out "$pgb"
+  for f in migrations/*.up.sql "$pgb/example_schema.sql"; do
+    PGOPTIONS='-c search_path=idem_bench_pgbench' psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -f "$f"
+  done
   pgb_vars=(-D scope=1 -D "endpoint=POST /api/trading/orders"
     -D hash=5f1e3d0b9c8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e
     -D "ttl=24 hours" -D "lease=30 seconds"
@@ -197,7 +199,7 @@ if command -v pgbench >/dev/null; then
     -D hotkey=0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b)
   pgbench_run() { # MODE SCRIPT
     local dir=$pgb/$1 out tps failed
-    mkdir -p "$dir"
+    rm -rf "$dir" && mkdir -p "$dir" # this run's logs only
     out=$( (cd "$dir" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
       pgbench -n -M prepared "${pgb_vars[@]}" -f "../$2" -c 16 -j 2 -T "$PGB_T" -l "$BASE_DSN") 2>&1) || {
       failures+=("pgbench $1")
@@ -210,6 +212,12 @@ if command -v pgbench >/dev/null; then
     run "P $1" "$BIN/pgbenchsql" -summarize -logs "$dir" -mode "$1" -concurrency 16 -tps "${tps:-0}" -failed "${failed:-0}"
   }
   pgbench_run unique miss.sql
+  # A's and B's SQL alone, paired like A and B: what A/B would be if HTTP
+  # and Go cost nothing.
+  for ((r = 1; r <= REPS16; r++)); do
+    pgbench_run order_idem order_idem.sql
+    pgbench_run order order.sql
+  done
   (cd "$pgb" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
     pgbench -n -M prepared "${pgb_vars[@]}" -f hot_setup.sql -c 1 -t 1 "$BASE_DSN" >/dev/null)
   pgbench_run hot hot.sql

@@ -140,23 +140,31 @@ func (p *pgRepo) createUser(ctx context.Context, name string) (int64, error) {
 	return id, err
 }
 
+// insertOrderSQL and insertOrderPlacedSQL are an order's two writes (the
+// load benchmark's pgbench scripts read them from this file).
+//
+// $1 user, $2 symbol, $3 side, $4 qty, $5 status, $6 fill price,
+// $7 client order id (empty: none).
+const insertOrderSQL = `INSERT INTO paper_orders (user_id, symbol, side, qty, status, fill_price, client_order_id)
+	VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''))
+	RETURNING id, created_at`
+
+// $1 user, $2 context (JSON).
+const insertOrderPlacedSQL = `INSERT INTO audit_log (user_id, action, context) VALUES ($1, 'order_placed', $2)`
+
 // placeOrder writes through the transactional route's transaction, so the
 // order, its audit row and the key's completed record commit together, or
 // none of them. Without one (a caller outside that route) it opens its own.
 func (p *pgRepo) placeOrder(ctx context.Context, o order) (order, error) {
 	write := func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-			INSERT INTO paper_orders (user_id, symbol, side, qty, status, fill_price, client_order_id)
-			VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''))
-			RETURNING id, created_at`,
+		err := tx.QueryRow(ctx, insertOrderSQL,
 			o.UserID, o.Symbol, o.Side, o.Qty, o.Status, o.FillPrice, o.ClientOrderID,
 		).Scan(&o.ID, &o.CreatedAt)
 		if err != nil {
 			return err
 		}
 		o.CreatedAt = o.CreatedAt.UTC()
-		_, err = tx.Exec(ctx, `INSERT INTO audit_log (user_id, action, context) VALUES ($1, 'order_placed', $2)`,
-			o.UserID, orderPlacedContext(o))
+		_, err = tx.Exec(ctx, insertOrderPlacedSQL, o.UserID, orderPlacedContext(o))
 		return err
 	}
 	if tx, ok := idempotency.TxFromContext(ctx); ok {

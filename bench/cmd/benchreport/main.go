@@ -222,23 +222,28 @@ func joinRatios(v []float64) string {
 	return strings.Join(parts, ", ")
 }
 
+// pairedRatios divides each run of x by the run of y next to it: the two
+// subjects run back to back, so drift in other load on the machine hits
+// both halves of a pair alike, and the median of the pairs is reported.
+func pairedRatios(x, y *group) []float64 {
+	if x == nil || y == nil {
+		return nil
+	}
+	var pairs []float64
+	for i := range min(len(x.Runs), len(y.Runs)) {
+		if y.Runs[i].RPS > 0 {
+			pairs = append(pairs, x.Runs[i].RPS/y.Runs[i].RPS)
+		}
+	}
+	return pairs
+}
+
 func (r *report) ratios() {
 	a, okA := r.get("A", "unique", ratioAt)
 	b, okB := r.get("B", "unique", ratioAt)
-	// A/B: A and B run back to back at each level, so each A run is paired
-	// with the B run next to it, and the median of the pairs' ratios is
-	// taken: drift in other load on the machine hits both halves of a pair.
 	for _, c := range append([]int{ratioAt}, slices.DeleteFunc(slices.Clone(levels), func(l int) bool { return l == ratioAt })...) {
 		ga, gb := r.Groups[key("A", "unique", c)], r.Groups[key("B", "unique", c)]
-		if ga == nil || gb == nil {
-			continue
-		}
-		var pairs []float64
-		for i := range min(len(ga.Runs), len(gb.Runs)) {
-			if gb.Runs[i].RPS > 0 {
-				pairs = append(pairs, ga.Runs[i].RPS/gb.Runs[i].RPS)
-			}
-		}
+		pairs := pairedRatios(ga, gb)
 		if len(pairs) == 0 {
 			continue
 		}
@@ -250,6 +255,12 @@ func (r *report) ratios() {
 			q.Detail += " (middleware on vs off, same keyed requests)"
 		}
 		r.Ratios = append(r.Ratios, q)
+	}
+	pi, pb := r.Groups[key("P", "order_idem", ratioAt)], r.Groups[key("P", "order", ratioAt)]
+	if pairs := pairedRatios(pi, pb); len(pairs) > 0 {
+		r.Ratios = append(r.Ratios, ratio{Name: "A/B in SQL alone at 16 clients (pgbench)", Value: median(pairs),
+			Detail: fmt.Sprintf("median of %d paired runs (%s); median tps %.0f vs %.0f: A's statements (claim; BEGIN, the order's writes, the fenced complete, COMMIT) against B's (BEGIN, the same writes, COMMIT), no HTTP and no Go; the ceiling of A/B when only the database does work",
+				len(pairs), joinRatios(pairs), pi.Median.RPS, pb.Median.RPS)})
 	}
 	if f, okC := r.get("C", "unique", ratioAt); okA && okB && okC && b.RPS > 0 && f.RPS > 0 {
 		model := 1 / (1/b.RPS + 1/f.RPS)
@@ -310,6 +321,10 @@ func describe(subject, mode string) string {
 		return "pgbench: claim CTE + complete, same SQL"
 	case "P hot":
 		return "pgbench: claim CTE of a completed key"
+	case "P order_idem":
+		return "pgbench: A's SQL (claim; BEGIN, order, audit row, complete, COMMIT)"
+	case "P order":
+		return "pgbench: B's SQL (BEGIN, order, audit row, COMMIT)"
 	}
 	return subject + " " + mode
 }
@@ -346,6 +361,8 @@ func (r *report) rows() []row {
 	add("C", "hot", ratioAt)
 	add("P", "unique", ratioAt)
 	add("P", "hot", ratioAt)
+	add("P", "order_idem", ratioAt)
+	add("P", "order", ratioAt)
 	return out
 }
 
@@ -392,7 +409,7 @@ func (r *report) text() string {
 	fmt.Fprintf(&b, "\nResults (median req/s of the runs at each point; latency in ms; CPU in us per request:\n")
 	fmt.Fprintf(&b, "server process, client tool (loadgen or sqlfloor), rest of the machine (PostgreSQL and any other load);\n")
 	fmt.Fprintf(&b, "busy: all cores over the window; bg: cores busy just before the run, i.e. other load on the machine)\n")
-	fmt.Fprintf(&b, "%-2s %-7s %4s %9s %13s %7s %7s %7s %6s %6s %6s %5s %5s  %s\n",
+	fmt.Fprintf(&b, "%-2s %-10s %4s %9s %13s %7s %7s %7s %6s %6s %6s %5s %5s  %s\n",
 		"", "mode", "cli", "req/s", "range(n)", "p50", "p90", "p99", "server", "client", "rest", "busy", "bg", "what")
 	for _, rw := range r.rows() {
 		s := rw.s
@@ -400,7 +417,7 @@ func (r *report) text() string {
 		if rw.spread != "" {
 			rng = fmt.Sprintf("%s(%d)", rw.spread, rw.nRuns)
 		}
-		fmt.Fprintf(&b, "%-2s %-7s %4d %9.0f %13s %7.2f %7.2f %7.2f %6s %6s %6s %5s %5s  %s\n",
+		fmt.Fprintf(&b, "%-2s %-10s %4d %9.0f %13s %7.2f %7.2f %7.2f %6s %6s %6s %5s %5s  %s\n",
 			s.Subject, s.Mode, s.Concurrency, s.RPS, rng, s.P50Ms, s.P90Ms, s.P99Ms,
 			cpuCell(s.CPUServerUs), cpuCell(s.CPULoadgenUs), cpuCell(s.CPUOtherUs),
 			pct(s.MachineBusyPct), bgCell(s), describe(s.Subject, s.Mode))
