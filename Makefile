@@ -8,9 +8,10 @@ help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_/.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: ## go vet, then every test with the race detector (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker)
+test: ## go vet, then every test with the race detector (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker); then the bench tools' own
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 .PHONY: test/short
 test/short: ## Fast tests only, without the race detector
@@ -33,6 +34,7 @@ lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	cd bench && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 .PHONY: tidy
 tidy: ## go mod tidy
