@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idempotency"
 )
 
 func TestInspect(t *testing.T) {
@@ -101,6 +104,55 @@ func TestInspectExpired(t *testing.T) {
 	for _, want := range []string{"user       '' (unscoped)", "expired    YES", "response   200, raw body, 5 bytes", `body       "hello"`} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+// TestInspectStaleVerdict: what a stale row's retry meets depends on the
+// route that claimed it. A transactional route's stale key is reclaimed and
+// run by the next retry; an ordinary route's answers outcome_unknown; an
+// expired one is a new request either way.
+func TestInspectStaleVerdict(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	const ep = "POST /api/trading/orders"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reclaimable := newKey()
+	if res, err := db.store.Claim(ctx, idempotency.ClaimRequest{Key: reclaimable, Scope: "7", Endpoint: ep,
+		RequestHash: strings.Repeat("ab", 32), TTL: time.Hour, Lease: time.Millisecond, Reclaimable: true}); err != nil || !res.Won {
+		t.Fatalf("claim: won %v, %v", res.Won, err)
+	}
+	ordinary, orphan := newKey(), newKey()
+	db.claim(t, ordinary, "7", ep, time.Hour, time.Millisecond)
+	db.claim(t, orphan, "7", ep, time.Millisecond, time.Millisecond)
+	db.waitRows(t, 3, "status = 'in_flight' AND locked_until < now()")
+	db.waitRows(t, 1, "expires_at < now()")
+
+	for _, c := range []struct {
+		key, want   string
+		reclaimable bool
+	}{
+		{reclaimable, "stale      YES: in flight past its lease, claimed by a transactional route: the next retry reclaims the key and runs the request", true},
+		{ordinary, "stale      YES: in flight past its lease; the outcome is unknown (clients get 409 idempotency_outcome_unknown)", false},
+		{orphan, "stale      YES: in flight past its lease, and expired: a retry is a new request", false},
+	} {
+		r := runDB(t, db.dsn, "inspect", "--user", "7", "--key", c.key)
+		wantCode(t, r, exitOK)
+		if !strings.Contains(r.stdout, c.want+"\n") {
+			t.Errorf("inspect %s: want %q in:\n%s", c.key, c.want, r.stdout)
+		}
+		r = runDB(t, db.dsn, "inspect", "--json", "--user", "7", "--key", c.key)
+		wantCode(t, r, exitOK)
+		var out struct {
+			Rows []struct {
+				Stale       bool `json:"stale"`
+				Reclaimable bool `json:"reclaimable"`
+			}
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out.Rows) != 1 ||
+			!out.Rows[0].Stale || out.Rows[0].Reclaimable != c.reclaimable {
+			t.Errorf("inspect --json %s (want reclaimable %v): %v\n%s", c.key, c.reclaimable, err, r.stdout)
 		}
 	}
 }
