@@ -410,3 +410,35 @@ func TestPostgresMaintenanceRacingClaims(t *testing.T) {
 		t.Fatalf("expired rows left after cleanup: %d (%v)", left, err)
 	}
 }
+
+// TestPostgresUnrepresentableJSONNumber: a JSON response JSONB refuses
+// (Postgres: numeric out of range) is recorded raw on the store's second
+// try, so the retry replays it rather than finding the key in flight.
+func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, hugeNumbersJSON)
+	}))
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 201 || w.Body.String() != hugeNumbersJSON {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := do(h, key, `{}`)
+	want := strings.TrimSuffix(hugeNumbersJSON, "}") + `,"idempotency_replayed":true}`
+	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("executions %d", calls.Load())
+	}
+}

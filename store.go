@@ -164,6 +164,7 @@ const (
 	ReasonSchema     = "schema"     // the table or a column is missing: migrations not run
 	ReasonPermission = "permission" // the database role lacks a privilege
 	ReasonConflict   = "conflict"   // serialization failures persisted past the retries
+	ReasonData       = "data"       // the store refused the values themselves (e.g. a scope Postgres cannot hold): retrying cannot help
 	ReasonOther      = "other"      // anything else
 )
 

@@ -270,8 +270,8 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 
 // completeIn records resp inside q (a transactional route's transaction),
 // fenced on f. A failed statement aborts the transaction, so there is no
-// second try: every JSON body with a \u escape, which JSONB might refuse,
-// is stored raw up front (it still reads back as the same BodyJSON bytes).
+// second try: every JSON body JSONB might refuse (jsonbMayRefuse) is stored
+// raw up front (it still reads back as the same BodyJSON bytes).
 func (s *PostgresStore) completeIn(ctx context.Context, q execer, f Fence, resp Response) error {
 	jsonBody, rawBody, headers, err := completeArgs(resp, true)
 	if err != nil {
@@ -281,8 +281,9 @@ func (s *PostgresStore) completeIn(ctx context.Context, q execer, f Fence, resp 
 }
 
 // completeArgs encodes resp for pgCompleteSQL. A BodyJSON body JSONB cannot
-// hold (a \u0000 escape; with cautious, any \u escape) goes byte for byte to
-// the raw column with the jsonStoredRaw marker in the JSONB column.
+// hold (a \u0000 escape; with cautious, anything jsonbMayRefuse flags) goes
+// byte for byte to the raw column with the jsonStoredRaw marker in the
+// JSONB column.
 func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []byte, err error) {
 	headers, err = encodeHeaders(resp.Header)
 	if err != nil {
@@ -290,11 +291,11 @@ func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []by
 	}
 	switch resp.BodyKind {
 	case BodyJSON:
-		escape := []byte(`\u0000`)
+		refused := bytes.Contains(resp.Body, []byte(`\u0000`))
 		if cautious {
-			escape = []byte(`\u`)
+			refused = jsonbMayRefuse(resp.Body)
 		}
-		if bytes.Contains(resp.Body, escape) {
+		if refused {
 			jsonBody, rawBody = jsonStoredRaw, nonNil(resp.Body)
 		} else {
 			jsonBody = nonNil(resp.Body)
@@ -575,20 +576,59 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// isJSONRejected reports whether err is Postgres refusing a value as JSONB.
-func isJSONRejected(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "22P02", // invalid_text_representation: not valid JSON to Postgres
-		"22P05", // untranslatable_character: \u0000, or not representable in the database encoding
-		"22025", // invalid_escape_sequence
-		"22021": // character_not_in_repertoire
-		return true
+// maxJSONBNumber is the longest number literal a cautious record stores as
+// JSONB; numeric holds far more digits, but no response needs them.
+const maxJSONBNumber = 100
+
+// jsonbMayRefuse reports whether Postgres might refuse body (valid JSON) as
+// JSONB: any \u escape (\u0000 is refused, others may lack a character in
+// the database encoding), or a number with an exponent or longer than
+// maxJSONBNumber (JSONB numbers are numeric, whose range is bounded:
+// 1e400000 is refused). It errs towards true: a body stored raw replays
+// byte for byte all the same.
+func jsonbMayRefuse(body []byte) bool {
+	inString, escaped, numLen := false, false, 0
+	for _, c := range body {
+		if inString {
+			switch {
+			case escaped:
+				if c == 'u' {
+					return true
+				}
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		switch {
+		case c == '"':
+			inString, numLen = true, 0
+		case c == '-' || c == '.' || c == '+' || c >= '0' && c <= '9':
+			numLen++
+			if numLen > maxJSONBNumber {
+				return true
+			}
+		case c == 'e' || c == 'E':
+			if numLen > 0 { // inside a number: an exponent (true and false start with a letter)
+				return true
+			}
+		default:
+			numLen = 0
+		}
 	}
 	return false
+}
+
+// isJSONRejected reports whether err is Postgres refusing a value: a data
+// exception (class 22), such as JSON it will not hold as JSONB (\u0000,
+// a character the database encoding lacks, a number beyond numeric's
+// range).
+func isJSONRejected(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // retrySerialization runs f again, a bounded number of times, while it fails
@@ -675,8 +715,12 @@ func pgCodeReason(code string) string {
 		"53300": // too_many_connections
 		return ReasonConnection
 	}
-	if strings.HasPrefix(code, "08") { // connection_exception
+	switch {
+	case strings.HasPrefix(code, "08"): // connection_exception
 		return ReasonConnection
+	case strings.HasPrefix(code, "22"), // data_exception: a value the column cannot hold
+		strings.HasPrefix(code, "54"): // program_limit_exceeded: e.g. an index row too large
+		return ReasonData
 	}
 	return ReasonOther
 }

@@ -694,6 +694,17 @@ func TestPostgresErrors(t *testing.T) {
 		}
 	})
 
+	t.Run("RefusedValueIsData", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		req := pgRequest("u", time.Hour, time.Minute)
+		req.Scope = "tenant-\xff" // TEXT holds only valid UTF-8
+		_, err := s.Claim(t.Context(), req)
+		if r := pgReason(t, "Claim", err); r != idempotency.ReasonData {
+			t.Errorf("Claim of an invalid UTF-8 scope: reason %q (%v), want data", r, err)
+		}
+	})
+
 	t.Run("MissingPrivilegeIsPermission", func(t *testing.T) {
 		t.Parallel()
 		pool := testdb.New(t)

@@ -337,6 +337,36 @@ func TestTxInvalidUTF8JSON(t *testing.T) {
 	}
 }
 
+// hugeNumbersJSON is valid JSON that JSONB refuses (1e400000 is beyond
+// numeric's range), with a long number literal too.
+var hugeNumbersJSON = `{"qty":1e400000,"price":` + strings.Repeat("9", 300) + `}`
+
+// TestTxUnrepresentableJSONNumber: a JSON body JSONB would refuse for its
+// numbers is stored raw up front, so the commit succeeds and the key
+// replays it.
+func TestTxUnrepresentableJSONNumber(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	f.behave = func(_ int64, w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, hugeNumbersJSON)
+		return true
+	}
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 201 || w.Body.String() != hugeNumbersJSON {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := do(h, key, `{}`)
+	want := strings.TrimSuffix(hugeNumbersJSON, "}") + `,"idempotency_replayed":true}`
+	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if f.orders(t) != 1 || f.calls.Load() != 1 {
+		t.Fatalf("orders %d executions %d", f.orders(t), f.calls.Load())
+	}
+}
+
 // TestTxNeverReclaimsAnOrdinaryClaim: a stale key claimed by a route that
 // was not transactional (an old instance mid rolling deploy, or another
 // route of the same name) is never reclaimed: its owner's effects did not
