@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,6 +71,9 @@ type Config struct {
 	// Scope returns the user scope of a request: keys of different scopes
 	// never meet. "" means unscoped. Run the middleware after the session
 	// middleware so the user is known. Defaults to a function returning "".
+	// A scope that is not valid UTF-8, holds a NUL byte or is longer than
+	// 1024 bytes is refused with 400 idempotency_scope_invalid before any
+	// claim: the store could not hold it.
 	Scope func(*http.Request) string
 	// Enabled is the kill-switch, asked on every request: false makes every
 	// route a pure pass-through. Defaults to EnabledFromEnv.
@@ -96,7 +100,8 @@ type RouteConfig struct {
 	// Name is the endpoint name: the key's scope_endpoint and the metrics
 	// label. Defaults to the ServeMux pattern that matched (r.Pattern); with
 	// neither, keys are scoped by method and path and the label is
-	// "unnamed".
+	// "unnamed" (a path longer than 1 KiB is then refused with 400
+	// idempotency_scope_invalid). At most 1024 bytes of UTF-8.
 	Name string
 	// FailOpen runs the handler without deduplication when the store is
 	// unavailable (billing, account mutations). Defaults to false: the route
@@ -408,6 +413,8 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	}
 	floor := max(minTTL, 2*m.cfg.Lease)
 	switch {
+	case !storable(rc.Name):
+		return nil, fmt.Errorf("idempotency: RouteConfig.Name must be valid UTF-8, without NUL bytes, at most %d bytes", maxScopeBytes)
 	case rt.ttl > MaxTTL:
 		return nil, fmt.Errorf("idempotency: RouteConfig.TTL (%v) exceeds the maximum of %v", rt.ttl, MaxTTL)
 	case rt.ttl < floor:
@@ -444,6 +451,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 var (
 	bodyMissingKey     = []byte(`{"error":"Idempotency-Key header is required"}`)
 	bodyInvalidKey     = []byte(`{"error":"Idempotency-Key must be a UUID string"}`)
+	bodyInvalidScope   = []byte(`{"error":"idempotency_scope_invalid"}`)
 	bodyTooLarge       = []byte(`{"error":"idempotency_body_too_large"}`)
 	bodyUnreadable     = []byte(`{"error":"idempotency_body_unreadable"}`)
 	bodyUnavailable    = []byte(`{"error":"idempotency_store_unavailable"}`)
@@ -492,10 +500,20 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	endpoint, label := rt.endpoint(r)
+	scope := m.cfg.Scope(r)
+	if !storable(scope) || !storable(endpoint) {
+		// A value the store cannot hold would fail every claim of this
+		// key alike: refuse it rather than treat it as an outage (which a
+		// fail-open route would run without deduplication, every time).
+		m.log.Warn("idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
+			"endpoint", label, "scope_bytes", len(scope), "endpoint_bytes", len(endpoint))
+		rt.reject(w, r, http.StatusBadRequest, reasonInvalidScope, bodyInvalidScope)
+		return
+	}
 	rm := m.metricsFor(label)
 	req := ClaimRequest{
 		Key:         key,
-		Scope:       m.cfg.Scope(r),
+		Scope:       scope,
 		Endpoint:    endpoint,
 		RequestHash: requestHash(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, body),
 		TTL:         rt.ttl,
@@ -626,7 +644,9 @@ func (rt *route) replay(w http.ResponseWriter, r *http.Request, req ClaimRequest
 // storeUnavailable applies the route's policy to a failed claim.
 func (rt *route) storeUnavailable(w http.ResponseWriter, r *http.Request, label, op string, err error) {
 	reason := storeReason(err)
-	if rt.failOpen {
+	// A store that refuses this request's values is not down: it would
+	// refuse every retry alike, so a fail-open bypass would run each one.
+	if rt.failOpen && reason != ReasonData {
 		rt.m.log.Warn("idempotency: store unavailable, running without deduplication",
 			"endpoint", label, "operation", op, "reason", reason, "error", err)
 		rt.m.metrics.bypasses.WithLabelValues(label, reasonStoreUnavailable).Inc()
@@ -667,6 +687,18 @@ func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
 	default:
 		return r.Method + " " + r.URL.EscapedPath(), unnamedEndpoint
 	}
+}
+
+// maxScopeBytes bounds a key's user scope and its endpoint, so that (key,
+// scope, endpoint) always fits the store's unique index (a btree entry
+// holds about 2.7 kB).
+const maxScopeBytes = 1024
+
+// storable reports whether s can be stored as a scope or endpoint: valid
+// UTF-8 without NUL bytes (Postgres TEXT refuses both), at most
+// maxScopeBytes.
+func storable(s string) bool {
+	return len(s) <= maxScopeBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 func (rt *route) label(r *http.Request) string {
@@ -762,7 +794,9 @@ func (rt *route) record(r *http.Request, req ClaimRequest, f Fence, leaseEnd tim
 				"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key, "operation", op)
 			rm.recordFailures.Inc()
 			return
-		case time.Now().Add(backoff + m.cfg.StoreTimeout).After(leaseEnd):
+		case storeReason(err) == ReasonData, time.Now().Add(backoff + m.cfg.StoreTimeout).After(leaseEnd):
+			// A refused value fails every retry alike: do not keep the
+			// client waiting for the lease.
 			m.log.Error("idempotency: could not record the outcome; the key stays in flight",
 				"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key, "operation", op,
 				"reason", storeReason(err), "error", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -818,6 +819,124 @@ func TestRecordFailureLeavesKeyInFlight(t *testing.T) {
 	}
 }
 
+// dataErrorStore refuses values: the claim when claims is set, else every
+// Complete, counting the calls.
+type dataErrorStore struct {
+	*MemoryStore
+	claims    bool
+	completes atomic.Int64
+}
+
+func (s *dataErrorStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	if s.claims {
+		return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonData, Err: errors.New("invalid byte sequence")}
+	}
+	return s.MemoryStore.Claim(ctx, req)
+}
+
+func (s *dataErrorStore) Complete(context.Context, Fence, Response) error {
+	s.completes.Add(1)
+	return &StoreError{Op: "complete", Reason: ReasonData, Err: errors.New("value out of range")}
+}
+
+// TestDataErrors: a store that refuses a request's values is not down. The
+// record is not retried until the lease runs out (the client would wait for
+// nothing), and a fail-open route does not bypass (every retry would run).
+func TestDataErrors(t *testing.T) {
+	t.Parallel()
+	quietLog := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	t.Run("RecordNotRetried", func(t *testing.T) {
+		t.Parallel()
+		s := &dataErrorStore{MemoryStore: NewMemoryStore()}
+		mw, err := New(s, Config{Lease: time.Minute, StoreTimeout: time.Second, Registerer: prometheus.NewRegistry(), Logger: quietLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := mw.MustRoute(RouteConfig{Name: "orders"})(http.HandlerFunc(orderHandler))
+		w := send(t, rt, "POST", "/orders", testKey, `{}`)
+		if w.Code != 201 {
+			t.Fatalf("client did not get the real response: %d %s", w.Code, w.Body)
+		}
+		if n := s.completes.Load(); n != 1 {
+			t.Errorf("Complete called %d times for a refused value, want 1", n)
+		}
+		if testutil.ToFloat64(mw.metrics.recordFailures.WithLabelValues("orders")) != 1 {
+			t.Error("record failure not counted")
+		}
+	})
+
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ClaimRefusedFailOpen=%v", failOpen), func(t *testing.T) {
+			t.Parallel()
+			s := &dataErrorStore{MemoryStore: NewMemoryStore(), claims: true}
+			mw, err := New(s, Config{Registerer: prometheus.NewRegistry(), Logger: quietLog})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int64
+			rt := mw.MustRoute(RouteConfig{Name: "billing", FailOpen: failOpen})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			w := send(t, rt, "POST", "/billing", testKey, `{}`)
+			assertJSONError(t, w, 503, `{"error":"idempotency_store_unavailable"}`)
+			if calls.Load() != 0 {
+				t.Errorf("handler ran %d times on a refused claim", calls.Load())
+			}
+			if n := testutil.ToFloat64(mw.metrics.bypasses.WithLabelValues("billing", reasonStoreUnavailable)); n != 0 {
+				t.Errorf("bypasses = %v, want 0", n)
+			}
+		})
+	}
+}
+
+// TestUnstorableScope: a scope or endpoint the store cannot hold (not
+// UTF-8, a NUL byte, over 1 KiB) is refused before any claim, fail-open or
+// not, and nothing is stored.
+func TestUnstorableScope(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]struct {
+		scope, path string
+	}{
+		"InvalidUTF8":  {scope: "tenant-\xff", path: "/billing"},
+		"NUL":          {scope: "a\x00b", path: "/billing"},
+		"LongScope":    {scope: strings.Repeat("u", maxScopeBytes+1), path: "/billing"},
+		"LongPath":     {scope: "42", path: "/" + strings.Repeat("p", maxScopeBytes)},
+		"LongestScope": {scope: strings.Repeat("u", maxScopeBytes), path: "/billing"}, // fits: runs
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := NewMemoryStore()
+			mw, err := New(store, Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Scope: func(*http.Request) string { return c.scope }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int64
+			// No Name and no pattern: the endpoint is the method and path.
+			rt := mw.MustRoute(RouteConfig{FailOpen: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			w := send(t, rt, "POST", c.path, testKey, `{}`)
+			if name == "LongestScope" {
+				if w.Code != 201 || calls.Load() != 1 {
+					t.Fatalf("a scope of exactly %d bytes: %d, %d calls", maxScopeBytes, w.Code, calls.Load())
+				}
+				return
+			}
+			assertJSONError(t, w, 400, `{"error":"idempotency_scope_invalid"}`)
+			if calls.Load() != 0 || len(store.rows) != 0 {
+				t.Errorf("handler ran %d times, %d rows stored", calls.Load(), len(store.rows))
+			}
+			if n := testutil.ToFloat64(mw.metrics.rejections.WithLabelValues(unnamedEndpoint, reasonInvalidScope)); n != 1 {
+				t.Errorf("rejections{invalid_scope} = %v, want 1", n)
+			}
+		})
+	}
+}
+
 // TestStreamingHandler: a handler that flushes streams its response; the
 // record follows and the retry replays the whole body.
 func TestStreamingHandler(t *testing.T) {
@@ -1015,6 +1134,8 @@ func TestConfigValidation(t *testing.T) {
 		{TTL: 89 * time.Second}, // under twice the lease
 		{MaxBodyBytes: -1},
 		{MaxResponseBytes: -1},
+		{Name: "orders\xff"},
+		{Name: strings.Repeat("n", maxScopeBytes+1)},
 		{ReplayHeaders: []string{"set-cookie"}},
 		{ReplayHeaders: []string{"Proxy-Authorization"}},
 		{ReplayHeaders: []string{"Date"}},

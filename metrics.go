@@ -34,6 +34,7 @@ const (
 
 	reasonMissingKey       = "missing_key"
 	reasonInvalidKey       = "invalid_key"
+	reasonInvalidScope     = "invalid_scope"
 	reasonBodyTooLarge     = "body_too_large"
 	reasonBodyUnreadable   = "body_unreadable"
 	reasonStoreUnavailable = "store_unavailable"
