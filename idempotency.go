@@ -303,11 +303,20 @@ func newStoreOps(met *metrics) storeOps {
 		takeover: o("takeover"), reclaim: o("reclaim"), cleanup: o("cleanup"), erase: o("erase")}
 }
 
-// storeCall runs one store operation under its own deadline, detached from
-// the client's connection, and records its duration and any error.
+// storeCall runs one store operation of a request under its own deadline,
+// detached from the client's connection, and records its duration and any
+// error.
 func storeCall[T any](m *Middleware, parent context.Context, op string, obs prometheus.Observer,
 	fn func(context.Context) (T, error)) (T, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), m.cfg.StoreTimeout)
+	return timedCall(m, context.WithoutCancel(parent), op, obs, fn)
+}
+
+// timedCall runs one store operation under ctx and the store timeout, and
+// records its duration and any error. Cleanup and Erase use it directly:
+// their caller's cancellation and deadline apply too.
+func timedCall[T any](m *Middleware, ctx context.Context, op string, obs prometheus.Observer,
+	fn func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	start := time.Now()
 	v, err := fn(ctx)
 	cancel()
@@ -319,9 +328,9 @@ func storeCall[T any](m *Middleware, parent context.Context, op string, obs prom
 }
 
 // Cleanup deletes expired rows in batches of batch rows (1000 when batch <=
-// 0), each under the store timeout, until a batch comes back short. It
-// returns how many rows it deleted. In-flight rows whose lease still runs
-// are never deleted.
+// 0), each under ctx and the store timeout, until a batch comes back short
+// or ctx ends. It returns how many rows it deleted. In-flight rows whose
+// lease still runs are never deleted.
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = 1000
@@ -331,7 +340,7 @@ func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := storeCall(m, ctx, "cleanup", m.ops.cleanup, func(c context.Context) (int64, error) {
+		n, err := timedCall(m, ctx, "cleanup", m.ops.cleanup, func(c context.Context) (int64, error) {
 			return m.store.DeleteExpired(c, batch)
 		})
 		total += n
@@ -365,9 +374,10 @@ func (m *Middleware) RunJanitor(ctx context.Context, interval time.Duration, bat
 
 // Erase deletes every row of a user scope except in_flight rows still inside
 // their lease, which it returns (the GDPR erasure step). A key retried after
-// erasure is new.
+// erasure is new. It runs under ctx and the store timeout, whichever ends
+// first.
 func (m *Middleware) Erase(ctx context.Context, scope string) (ErasureResult, error) {
-	return storeCall(m, ctx, "erase", m.ops.erase, func(c context.Context) (ErasureResult, error) {
+	return timedCall(m, ctx, "erase", m.ops.erase, func(c context.Context) (ErasureResult, error) {
 		return m.store.DeleteScope(c, scope)
 	})
 }

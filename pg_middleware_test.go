@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -440,5 +441,39 @@ func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("executions %d", calls.Load())
+	}
+}
+
+// TestPostgresMaintenanceHonoursItsContext: Erase and Cleanup are the
+// caller's calls, so a cancelled context stops them and changes nothing.
+func TestPostgresMaintenanceHonoursItsContext(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true },
+		Scope: func(*http.Request) string { return "42" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := do(h, uuid.NewString(), `{}`); w.Code != 201 {
+		t.Fatalf("order: %d %s", w.Code, w.Body)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := mw.Erase(cancelled, "42"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Erase with a cancelled context: %v, want context.Canceled", err)
+	}
+	if _, err := mw.Cleanup(cancelled, 10); !errors.Is(err, context.Canceled) {
+		t.Errorf("Cleanup with a cancelled context: %v, want context.Canceled", err)
+	}
+	var rows int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Errorf("rows after the cancelled erase: %d, want 1", rows)
 	}
 }
