@@ -121,8 +121,10 @@ type Store interface {
 	// Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Reclaim takes over the in_flight row f whose lease is over (attempt+1,
-	// a new lease from now), only if it is still in_flight with attempt
-	// f.Attempt, its lease over, and it was claimed Reclaimable. It is for
+	// a new lease from now, and expires_at moved to now + req.TTL when that
+	// is later, so the reclaimer's record stays replayable as long as a new
+	// claim's would), only if it is still in_flight with attempt f.Attempt,
+	// its lease over, and it was claimed Reclaimable. It is for
 	// transactional routes, where a stale owner's writes are known to have
 	// rolled back. Losing returns Won unset and the zero Record.
 	Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)

@@ -129,9 +129,18 @@ func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (C
 	row.Attempt++
 	row.LockedAt = now
 	row.LockedUntil = now.Add(req.Lease)
+	row.ExpiresAt = maxTime(row.ExpiresAt, now.Add(req.TTL))
 	rec := *row
 	s.mu.Unlock()
 	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
+}
+
+// maxTime returns the later of a and b.
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // Complete implements Store. It stores a copy of resp, so the caller may

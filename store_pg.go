@@ -111,13 +111,16 @@ WHERE id = $1 AND attempt = $2 AND expires_at < now()
 RETURNING ` + pgColumns
 
 // pgReclaimSQL gives a stale in_flight row a new owner and lease, fenced on
-// attempt.
+// attempt. The expiry moves to a full TTL from now when that is later: a
+// key reclaimed near the end of its TTL would otherwise expire with its
+// new record, and the next retry would run as a new request.
 //
-// $1 id, $2 attempt, $3 lease.
+// $1 id, $2 attempt, $3 lease, $4 TTL.
 const pgReclaimSQL = `UPDATE idempotency_keys SET
 	attempt = attempt + 1,
 	locked_at = now(),
-	locked_until = now() + $3::interval
+	locked_until = now() + $3::interval,
+	expires_at = GREATEST(expires_at, now() + $4::interval)
 WHERE id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now() AND reclaimable
 RETURNING ` + pgColumns
 
@@ -222,7 +225,7 @@ func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest)
 
 // Reclaim implements Store with one fenced UPDATE.
 func (s *PostgresStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "reclaim", pgReclaimSQL, f.ID, f.Attempt, req.Lease)
+	return s.claimExisting(ctx, "reclaim", pgReclaimSQL, f.ID, f.Attempt, req.Lease, req.TTL)
 }
 
 // claimExisting runs a fenced UPDATE ... RETURNING that makes the caller the

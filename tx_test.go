@@ -367,6 +367,57 @@ func TestTxUnrepresentableJSONNumber(t *testing.T) {
 	}
 }
 
+// TestTxReclaimNearExpiry: a stale key reclaimed just before its TTL ends
+// gets a fresh TTL with its new owner, so the reclaimer's record replays
+// instead of expiring with it (a retry would then run the order again).
+// Found by a review: the reclaim used to move only the lease.
+func TestTxReclaimNearExpiry(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Minute
+	f, h := newTxFixture(t, idempotency.Config{Lease: 3 * time.Second, StoreTimeout: 500 * time.Millisecond},
+		idempotency.RouteConfig{TTL: ttl})
+	ownerIn, releaseOwner := make(chan struct{}), make(chan struct{})
+	f.behave = func(n int64, w http.ResponseWriter, r *http.Request) bool {
+		if n == 1 {
+			close(ownerIn)
+			<-releaseOwner // a stuck owner: fenced out, its writes roll back
+		}
+		return false
+	}
+	key := uuid.NewString()
+	ownerDone := make(chan struct{})
+	go func() { defer close(ownerDone); do(h, key, `{}`) }()
+	defer func() { close(releaseOwner); <-ownerDone }()
+	<-ownerIn
+
+	// As if almost a TTL had passed since the claim: the lease long over,
+	// the key a moment from expiring.
+	tag, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys
+		SET locked_until = now() - interval '1 millisecond', expires_at = now() + interval '1 second'
+		WHERE idem_key = $1`, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("simulate time: %v %v", tag, err)
+	}
+	first := do(h, key, `{}`)
+	if first.Code != 201 || first.Header().Get(idempotency.HeaderReplayed) != "" {
+		t.Fatalf("reclaiming retry: %d %s", first.Code, first.Body)
+	}
+	var left time.Duration
+	if err := f.pool.QueryRow(context.Background(),
+		`SELECT expires_at - now() FROM idempotency_keys WHERE idem_key = $1`, key).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left < ttl-10*time.Second {
+		t.Errorf("the reclaimed key expires in %v, want about a TTL (%v)", left, ttl)
+	}
+	if w := do(h, key, `{}`); w.Header().Get(idempotency.HeaderReplayed) != "true" || !isReplayOf(w.Body.String(), first.Body.String()) {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if f.orders(t) != 1 {
+		t.Fatalf("committed orders %d, want 1", f.orders(t))
+	}
+}
+
 // TestTxNeverReclaimsAnOrdinaryClaim: a stale key claimed by a route that
 // was not transactional (an old instance mid rolling deploy, or another
 // route of the same name) is never reclaimed: its owner's effects did not

@@ -614,6 +614,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 
 			again := req
 			again.Lease = longLease
+			again.TTL = req.TTL + time.Hour // later than the row's expiry: it moves
 			res, err := s.Reclaim(ctx, old.Fence(), again)
 			if err != nil {
 				t.Fatalf("Reclaim: %v", err)
@@ -622,15 +623,16 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 				t.Fatalf("Reclaim of an in_flight row whose lease is over: Won = false, want true")
 			}
 			rec := res.Record
-			// Only the attempt and the lease change.
+			// Only the attempt, the lease and the expiry change.
 			want := old
 			want.Attempt = old.Attempt + 1
-			want.LockedAt, want.LockedUntil = rec.LockedAt, rec.LockedUntil
+			want.LockedAt, want.LockedUntil, want.ExpiresAt = rec.LockedAt, rec.LockedUntil, rec.ExpiresAt
 			sameRecord(t, "reclaimed record", rec, want)
 			if !rec.LockedAt.After(old.LockedAt) {
 				t.Errorf("Reclaim: LockedAt %v, want after the old %v", rec.LockedAt, old.LockedAt)
 			}
 			checkDuration(t, "LockedUntil - LockedAt", rec.LockedUntil.Sub(rec.LockedAt), again.Lease)
+			checkDuration(t, "ExpiresAt - LockedAt", rec.ExpiresAt.Sub(rec.LockedAt), again.TTL)
 			if rec.LeaseOver || rec.Expired {
 				t.Errorf("reclaimed record: LeaseOver %v Expired %v, want both false", rec.LeaseOver, rec.Expired)
 			}
@@ -641,6 +643,23 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			sameRecord(t, "row after the stale owner's calls", read(t, s, req), rec)
 			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
 				t.Fatalf("Complete by the reclaimer: %v", err)
+			}
+		})
+
+		t.Run("ExpiryNeverMovesEarlier", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease, req.Reclaimable = tiny, true
+			mustClaim(t, s, req)
+			old := waitFor(t, s, req, "lease over", isLeaseOver)
+			again := req
+			again.TTL = time.Minute // ends before the row's expiry
+			res, err := s.Reclaim(ctx, old.Fence(), again)
+			if err != nil || !res.Won {
+				t.Fatalf("Reclaim: won %v, err %v; want a win", res.Won, err)
+			}
+			if !res.Record.ExpiresAt.Equal(old.ExpiresAt) {
+				t.Errorf("Reclaim with a shorter TTL: ExpiresAt %v, want the row's %v kept", res.Record.ExpiresAt, old.ExpiresAt)
 			}
 		})
 
