@@ -728,10 +728,14 @@ func (rt *route) execute(w http.ResponseWriter, r *http.Request, req ClaimReques
 	// hangs up does not cancel an order half-way) and must finish in time
 	// for its record to be written inside the lease.
 	leaseEnd := claimedAt.Add(m.cfg.Lease)
+	fence := own.Fence()
+	if rt.tooLate(leaseEnd) {
+		rt.giveBack(w, r, req, fence, rm)
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), leaseEnd.Add(-m.cfg.StoreTimeout))
 	defer cancel()
 	rec := newRecorder(w, rt.maxResponse, false)
-	fence := own.Fence()
 	finished := false
 	defer func() {
 		if finished {
@@ -759,6 +763,28 @@ func (rt *route) execute(w http.ResponseWriter, r *http.Request, req ClaimReques
 		rt.record(r, req, fence, leaseEnd, rm, outcomeComplete, rec.response(rt.replayHeaders))
 	}
 	rec.finish()
+}
+
+// tooLate reports whether the handler's deadline (the lease's end less the
+// store timeout) passed before it could start, because the claim (or a
+// transactional route's BEGIN) was slow. Such a handler is not run with a
+// dead context, which would record its failure against the key: the key is
+// given back instead (giveBack).
+func (rt *route) tooLate(leaseEnd time.Time) bool {
+	return !time.Now().Before(leaseEnd.Add(-rt.m.cfg.StoreTimeout))
+}
+
+// giveBack releases a won key whose handler never ran and asks the client
+// to retry.
+func (rt *route) giveBack(w http.ResponseWriter, r *http.Request, req ClaimRequest, f Fence, rm *routeMetrics) {
+	m := rt.m
+	rt.record(r, req, f, time.Time{}, rm, outcomeRelease, Response{}) // one attempt: a zero deadline
+	m.log.Warn("idempotency: the store was too slow to leave the handler any time; key released",
+		"endpoint", req.Endpoint, "key", req.Key)
+	_, label := rt.endpoint(r)
+	m.metrics.rejections.WithLabelValues(label, reasonStoreUnavailable).Inc()
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusServiceUnavailable, bodyUnavailable)
 }
 
 type outcome int

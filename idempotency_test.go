@@ -891,6 +891,49 @@ func TestDataErrors(t *testing.T) {
 	}
 }
 
+// slowClaimStore answers its first claim after a delay (inside the store
+// timeout), as a loaded database might.
+type slowClaimStore struct {
+	*MemoryStore
+	delay  time.Duration
+	slowed atomic.Bool
+}
+
+func (s *slowClaimStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	res, err := s.MemoryStore.Claim(ctx, req)
+	if s.slowed.CompareAndSwap(false, true) {
+		time.Sleep(s.delay) // a slow reply, not synchronisation
+	}
+	return res, err
+}
+
+// TestClaimTooSlowForTheHandler: a claim so slow that the handler's
+// deadline (lease less store timeout) has passed when it returns does not
+// run the handler with a dead context (which would fail the key for its
+// whole TTL): the key is released and the client gets 503; its retry runs.
+func TestClaimTooSlowForTheHandler(t *testing.T) {
+	t.Parallel()
+	s := &slowClaimStore{MemoryStore: NewMemoryStore(), delay: 150 * time.Millisecond}
+	mw, err := New(s, Config{Lease: 300 * time.Millisecond, StoreTimeout: 200 * time.Millisecond,
+		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	rt := mw.MustRoute(RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		orderHandler(w, r)
+	}))
+	w := send(t, rt, "POST", "/orders", testKey, `{}`)
+	assertJSONError(t, w, 503, `{"error":"idempotency_store_unavailable"}`)
+	if w.Header().Get("Retry-After") != "1" || calls.Load() != 0 {
+		t.Fatalf("Retry-After %q, handler ran %d times", w.Header().Get("Retry-After"), calls.Load())
+	}
+	if w := send(t, rt, "POST", "/orders", testKey, `{}`); w.Code != 201 || calls.Load() != 1 {
+		t.Fatalf("retry after the release: %d %s, %d executions", w.Code, w.Body, calls.Load())
+	}
+}
+
 // TestUnstorableScope: a scope or endpoint the store cannot hold (not
 // UTF-8, a NUL byte, over 1 KiB) is refused before any claim, fail-open or
 // not, and nothing is stored.

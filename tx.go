@@ -134,6 +134,11 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 		writeJSON(w, http.StatusServiceUnavailable, bodyUnavailable)
 		return
 	}
+	if rt.tooLate(leaseEnd) {
+		t.rollback(rt, tx, r.Context()) // first: the release may need its connection
+		rt.giveBack(w, r, req, fence, rm)
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), leaseEnd.Add(-m.cfg.StoreTimeout))
 	defer cancel()
 	ctx = withTx(ctx, tx)

@@ -418,6 +418,40 @@ func TestTxReclaimNearExpiry(t *testing.T) {
 	}
 }
 
+// TestTxNoTimeLeftForTheHandler: when waiting for a pooled connection
+// leaves the handler no time (its deadline, lease less store timeout, has
+// passed), the handler is not run: the transaction rolls back, the key is
+// released, the client gets 503, and its retry runs once.
+func TestTxNoTimeLeftForTheHandler(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{Lease: 3 * time.Second, StoreTimeout: 2 * time.Second}, idempotency.RouteConfig{})
+	// Hold every connection, so the claim waits for one; give them back
+	// once the handler's deadline (a second after the claim began) has
+	// passed and the claim can still finish inside its store timeout.
+	var held []*pgxpool.Conn
+	for range f.pool.Config().MaxConns {
+		c, err := f.pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	key := uuid.NewString()
+	answered := make(chan *httptest.ResponseRecorder)
+	go func() { answered <- do(h, key, `{}`) }()
+	time.Sleep(1200 * time.Millisecond) // the time that passes, not synchronisation
+	for _, c := range held {
+		c.Release()
+	}
+	w := <-answered
+	if w.Code != http.StatusServiceUnavailable || f.calls.Load() != 0 {
+		t.Fatalf("first: %d %s, %d executions; want 503 and none", w.Code, w.Body, f.calls.Load())
+	}
+	if w := do(h, key, `{}`); w.Code != 201 || f.calls.Load() != 1 || f.orders(t) != 1 {
+		t.Fatalf("retry: %d %s, %d executions, %d orders", w.Code, w.Body, f.calls.Load(), f.orders(t))
+	}
+}
+
 // TestTxNeverReclaimsAnOrdinaryClaim: a stale key claimed by a route that
 // was not transactional (an old instance mid rolling deploy, or another
 // route of the same name) is never reclaimed: its owner's effects did not
