@@ -44,13 +44,16 @@ func newFakeBilling() *fakeBilling {
 }
 
 // create returns a new open checkout session, or the one already created
-// for the same user and idempotency key.
-func (b *fakeBilling) create(user int64, plan, idemKey string) checkoutSession {
+// for the same user and idempotency key. Like Stripe, it refuses a key
+// reused with other parameters (ok false): that is what the middleware
+// answers with 422 while the store is up, and what this upstream check keeps
+// true while the fail-open route runs without it.
+func (b *fakeBilling) create(user int64, plan, idemKey string) (checkoutSession, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if idemKey != "" {
-		if cs, ok := b.byKey[billingKey{user, idemKey}]; ok {
-			return cs
+		if cs, found := b.byKey[billingKey{user, idemKey}]; found {
+			return cs, cs.Plan == plan
 		}
 	}
 	var id [12]byte
@@ -66,7 +69,7 @@ func (b *fakeBilling) create(user int64, plan, idemKey string) checkoutSession {
 	if idemKey != "" {
 		b.byKey[billingKey{user, idemKey}] = cs
 	}
-	return cs
+	return cs, true
 }
 
 // list returns the user's checkout sessions, oldest first.
@@ -93,7 +96,12 @@ func (s *server) createCheckoutSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, _ := idempotency.KeyFromContext(r.Context())
-	writeJSON(w, http.StatusCreated, s.billing.create(uid, in.Plan, key))
+	cs, ok := s.billing.create(uid, in.Plan, key)
+	if !ok {
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "idempotency_key_body_mismatch"})
+		return
+	}
+	writeJSON(w, http.StatusCreated, cs)
 }
 
 // listCheckoutSessions is GET /api/billing/checkout-sessions.

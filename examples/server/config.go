@@ -99,7 +99,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL URL; empty runs everything in memory (env "+envDatabaseURL+")")
 	fs.Var(durationFlag{&cfg.orderLatency}, "order-latency", "simulated fill latency, e.g. 300ms (env "+envOrderLatency+")")
 	fs.Var(durationFlag{&cfg.lease}, "lease", "how long a claimed idempotency key is owned; also the shutdown drain limit (env "+envLease+")")
-	fs.Var(durationFlag{&cfg.storeTimeout}, "store-timeout", "deadline of every idempotency store call (env "+envStoreTimeout+")")
+	fs.Var(durationFlag{&cfg.storeTimeout}, "store-timeout", "deadline of every idempotency store call, and of the example's own database calls (env "+envStoreTimeout+")")
 	return fs
 }
 

@@ -20,6 +20,10 @@ import (
 // records and replays audits need their own.
 const minPoolConns = 20
 
+// connectTimeout bounds dialling the database, including the pool's own
+// background connections, unless the DSN sets connect_timeout.
+const connectTimeout = 5 * time.Second
+
 // schemaSQL creates the example's own tables. The idempotency_keys table is
 // the library's (idempotency.Migrate).
 const schemaSQL = `
@@ -59,6 +63,9 @@ func poolConfig(dsn string) (*pgxpool.Config, error) {
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		pc.MaxConns = max(pc.MaxConns, minPoolConns)
+	}
+	if pc.ConnConfig.ConnectTimeout == 0 { // the DSN's connect_timeout wins
+		pc.ConnConfig.ConnectTimeout = connectTimeout
 	}
 	return pc, nil
 }
@@ -131,10 +138,22 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// pgRepo is the repo of the PostgreSQL mode.
-type pgRepo struct{ pool *pgxpool.Pool }
+// pgRepo is the repo of the PostgreSQL mode. Every call runs under timeout
+// (the store timeout), so a database that stops answering turns into 503
+// database_unavailable, never a hung request.
+type pgRepo struct {
+	pool    *pgxpool.Pool
+	timeout time.Duration
+}
+
+// bound returns ctx with the repo's deadline.
+func (p *pgRepo) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.timeout)
+}
 
 func (p *pgRepo) createUser(ctx context.Context, name string) (int64, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	var id int64
 	err := p.pool.QueryRow(ctx, `INSERT INTO demo_users (name) VALUES ($1) RETURNING id`, name).Scan(&id)
 	return id, err
@@ -156,6 +175,8 @@ const insertOrderPlacedSQL = `INSERT INTO audit_log (user_id, action, context) V
 // order, its audit row and the key's completed record commit together, or
 // none of them. Without one (a caller outside that route) it opens its own.
 func (p *pgRepo) placeOrder(ctx context.Context, o order) (order, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	write := func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, insertOrderSQL,
 			o.UserID, o.Symbol, o.Side, o.Qty, o.Status, o.FillPrice, o.ClientOrderID,
@@ -183,6 +204,8 @@ func scanOrder(row pgx.Row) (order, error) {
 }
 
 func (p *pgRepo) orders(ctx context.Context, userID int64) ([]order, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	rows, err := p.pool.Query(ctx, `SELECT `+orderColumns+` FROM paper_orders WHERE user_id = $1 ORDER BY id`, userID)
 	if err != nil {
 		return nil, err
@@ -195,6 +218,8 @@ func (p *pgRepo) orders(ctx context.Context, userID int64) ([]order, error) {
 }
 
 func (p *pgRepo) order(ctx context.Context, userID, id int64) (order, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	o, err := scanOrder(p.pool.QueryRow(ctx, `SELECT `+orderColumns+` FROM paper_orders WHERE id = $1 AND user_id = $2`, id, userID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return order{}, errNotFound
@@ -203,6 +228,8 @@ func (p *pgRepo) order(ctx context.Context, userID, id int64) (order, error) {
 }
 
 func (p *pgRepo) audit(ctx context.Context, userID int64, action string, details any) error {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	var uid *int64
 	if userID != 0 {
 		uid = &userID
@@ -212,6 +239,8 @@ func (p *pgRepo) audit(ctx context.Context, userID int64, action string, details
 }
 
 func (p *pgRepo) auditLog(ctx context.Context, userID int64) ([]auditEntry, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
 	rows, err := p.pool.Query(ctx, `SELECT id, user_id, action, context, created_at FROM audit_log WHERE user_id = $1 ORDER BY id`, userID)
 	if err != nil {
 		return nil, err

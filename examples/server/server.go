@@ -105,7 +105,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		if err := migrate(ctx, pool); err != nil {
 			return nil, nil, err
 		}
-		s.data = &pgRepo{pool: pool}
+		s.data = &pgRepo{pool: pool, timeout: cfg.storeTimeout}
 		store = idempotency.NewPostgresStore(pool)
 	}
 
