@@ -362,29 +362,37 @@ func (s *PostgresStore) DeleteExpired(ctx context.Context, limit int) (int64, er
 // the live in_flight rows it skips are read from one snapshot.
 func (s *PostgresStore) DeleteScope(ctx context.Context, scope string) (ErasureResult, error) {
 	var res ErasureResult
+	// REPEATABLE READ: a row that changed after the statement's snapshot
+	// (a takeover or reclaim committing while the DELETE waited for its
+	// lock) fails the statement with a serialization error instead of
+	// being skipped by the DELETE's re-check while the snapshot read still
+	// sees it as deletable: every row is then deleted or reported, never
+	// neither. The retry takes a new snapshot.
 	err := retrySerialization(ctx, func() error {
 		res = ErasureResult{}
-		rows, err := s.pool.Query(ctx, pgDeleteScopeSQL, scope)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var (
-				deleted int64
-				rec     nullRecord
-			)
-			if err := rows.Scan(append([]any{&deleted}, rec.dest()...)...); err != nil {
+		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
+			if err != nil {
 				return err
 			}
-			res.Deleted = deleted
-			if r, ok, err := rec.record(); err != nil {
-				return err
-			} else if ok {
-				res.Skipped = append(res.Skipped, r)
+			defer rows.Close()
+			for rows.Next() {
+				var (
+					deleted int64
+					rec     nullRecord
+				)
+				if err := rows.Scan(append([]any{&deleted}, rec.dest()...)...); err != nil {
+					return err
+				}
+				res.Deleted = deleted
+				if r, ok, err := rec.record(); err != nil {
+					return err
+				} else if ok {
+					res.Skipped = append(res.Skipped, r)
+				}
 			}
-		}
-		return rows.Err()
+			return rows.Err()
+		})
 	})
 	if err != nil {
 		return ErasureResult{}, pgStoreError("erase", err)
