@@ -31,9 +31,13 @@ var Migrations embed.FS
 // table. The pool stays the caller's and is not closed; the connections
 // Migrate borrows are closed rather than returned, so no lock stays behind.
 //
-// ctx bounds the wait for another replica's lock; once ctx is done no
-// further migration starts, but one already running finishes (each runs in
-// one transaction).
+// ctx bounds it all: the wait for another replica's lock ends when ctx
+// ends; every statement gives up at ctx's deadline (lock_timeout and
+// statement_timeout on the migration's session), so a migration waiting
+// behind live traffic or a pg_dump never hangs start-up; and a statement
+// running when ctx is cancelled is cancelled. A migration that fails so
+// rolls back whole (each runs in one transaction) and the recorded version
+// stays where it was, not dirty; the next call tries again.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	src, err := fs.Sub(Migrations, "migrations")
 	if err != nil {

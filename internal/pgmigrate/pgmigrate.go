@@ -6,9 +6,15 @@
 // advisory lock (pg_advisory_lock) that it waits for without a bound. A
 // Migrator therefore (1) bounds the wait for that lock with the caller's
 // context, by cancelling the waiting statement and closing its connection
-// when the context ends; and (2) closes every
-// connection it used instead of returning it to the pool, so a session lock
-// can never stay behind on a pooled connection.
+// when the context ends; (2) bounds every other lock wait (the history
+// table's TRUNCATE, a migration's DROP or ALTER behind live traffic) by the
+// context's deadline, with lock_timeout on its session, and cancels the
+// running statement when the context ends; (3) puts the version back when
+// a migration fails that way (golang-migrate would leave it "dirty": each
+// of these migrations runs in one implicit transaction, so a failed one
+// applied nothing); and (4) closes every connection it used instead of
+// returning it to the pool, so a session lock can never stay behind on a
+// pooled connection.
 package pgmigrate
 
 import (
@@ -17,6 +23,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"sync"
 	"time"
@@ -25,6 +32,7 @@ import (
 	"github.com/golang-migrate/migrate/v4/database"
 	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -119,27 +127,98 @@ func (g *Migrator) Up(ctx context.Context) error {
 
 // Run calls op with the underlying golang-migrate runner (for Up, Down,
 // Steps, Version, Force), bounded by ctx: the wait for the migration lock
-// ends when ctx ends, and once ctx has ended no further migration starts.
-// A migration already running finishes; each runs in one implicit
-// transaction. When ctx ended before op returned, Run returns ctx's error,
-// and if it ended during the lock wait, the Migrator can only be closed.
+// ends when ctx ends; every other lock wait gives up at ctx's deadline
+// (lock_timeout); the statement running when ctx ends is cancelled; and
+// once ctx has ended no further migration starts. A migration that fails
+// (each runs in one implicit transaction, so it applied nothing) leaves the
+// version where it was, not dirty. When ctx ended before op returned, Run
+// returns ctx's error with op's, and if it ended during the lock wait, the
+// Migrator can only be closed.
 func (g *Migrator) Run(ctx context.Context, op func(m *migrate.Migrate) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	g.lock.setContext(ctx)
+	var limit time.Duration // 0: none
+	if d, ok := ctx.Deadline(); ok {
+		limit = max(time.Until(d), time.Millisecond)
+	}
+	if err := g.conns.setTimeouts(ctx, limit); err != nil {
+		return fmt.Errorf("pgmigrate: set the session's timeouts: %w", err)
+	}
+	if err := g.lock.begin(ctx); err != nil {
+		return err
+	}
 	defer g.lock.clearContext()
+	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
 		select {
 		case g.m.GracefulStop <- true:
 		default:
 		}
+		// A deadline is the session's own timeouts' business; a cancel
+		// (Ctrl-C) comes early and must reach the running statement.
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			g.conns.cancelStatements()
+		}
 	})
 	err := op(g.m)
-	if !stop() {
+	ended := !stop()
+	if ended {
+		// A stop signal op did not consume would stop the next Run's op
+		// before it starts, silently.
+		<-fired
+		select {
+		case <-g.m.GracefulStop:
+		default:
+		}
+	}
+	if err != nil {
+		err = errors.Join(err, g.repair(ctx))
+	}
+	if ended {
 		return errors.Join(ctx.Err(), err)
 	}
 	return err
+}
+
+// repairTimeout bounds putting the version back after a failed migration.
+const repairTimeout = 5 * time.Second
+
+// repair puts the version back after op failed part-way through a step:
+// golang-migrate marks the version dirty before a migration and clean
+// after it, so a failed step leaves it dirty. When the migration's body
+// failed, nothing of it was applied (one implicit transaction): the version
+// goes back to the last clean one. When only the clean mark failed, the
+// body was applied: the version is marked clean. Anything else is left as
+// it is. The repair has its own deadline: ctx may be what ended.
+func (g *Migrator) repair(ctx context.Context) error {
+	target, ok := g.lock.repairTarget()
+	if !ok {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), repairTimeout)
+	defer cancel()
+	g.lock.setContext(rctx)
+	var err error
+	// The cancel request sent when ctx was cancelled can reach the server
+	// after the statement it was meant for failed, and cancel the next one
+	// instead. It cancels one statement only: when that was one of the
+	// repair's, try again. (When it was golang-migrate's unlock, golang-
+	// migrate believes itself still locked and Force fails: the version is
+	// left dirty, and the error says so.)
+	for range 3 {
+		if err = g.conns.setTimeouts(rctx, repairTimeout); err == nil {
+			if err = g.m.Force(target); err == nil {
+				return nil
+			}
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57014" { // query_canceled
+			break
+		}
+	}
+	return fmt.Errorf("pgmigrate: could not put the version back to %d (it is left dirty): %w", target, err)
 }
 
 // Close closes the connections the Migrator opened. The pool stays open.
@@ -149,13 +228,75 @@ func (g *Migrator) Close() error {
 }
 
 // lockDriver is golang-migrate's pgx driver with its Lock bounded by the
-// context of the Run in progress.
+// context of the Run in progress, and the steps of that Run tracked so a
+// failed one can be undone (Migrator.repair).
 type lockDriver struct {
 	database.Driver
 	conns *connSet
 
 	mu  sync.Mutex
 	ctx context.Context // of the Run in progress; nil outside Run
+
+	// Steps of the Run in progress.
+	dirtyAtStart bool
+	clean        int  // the last version known clean
+	bodyFailed   bool // a migration's body failed: nothing of it applied
+	markFailed   *int // marking this version clean failed after its body ran
+}
+
+// begin starts a Run: it records the version and whether it was dirty.
+func (d *lockDriver) begin(ctx context.Context) error {
+	v, dirty, err := d.Driver.Version()
+	if err != nil {
+		return fmt.Errorf("pgmigrate: read the version: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ctx = ctx
+	d.dirtyAtStart, d.clean, d.bodyFailed, d.markFailed = dirty, v, false, nil
+	return nil
+}
+
+// Run runs a migration's body, noting a failure.
+func (d *lockDriver) Run(migration io.Reader) error {
+	err := d.Driver.Run(migration)
+	if err != nil {
+		d.mu.Lock()
+		d.bodyFailed = true
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// SetVersion records the version, noting what is known clean.
+func (d *lockDriver) SetVersion(version int, dirty bool) error {
+	err := d.Driver.SetVersion(version, dirty)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case err == nil && !dirty:
+		d.clean = version
+	case err != nil && !dirty:
+		d.markFailed = &version
+	}
+	return err
+}
+
+// repairTarget returns the version a failed Run should be put back to, if
+// the failure left it dirty and the Run did not start dirty.
+func (d *lockDriver) repairTarget() (int, bool) {
+	v, dirty, err := d.Driver.Version()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case err != nil || !dirty || d.dirtyAtStart:
+		return 0, false
+	case d.bodyFailed:
+		return d.clean, true
+	case d.markFailed != nil && *d.markFailed == v:
+		return v, true
+	}
+	return 0, false
 }
 
 func (d *lockDriver) setContext(ctx context.Context) {
@@ -197,6 +338,38 @@ type connSet struct {
 
 // cancelTimeout bounds sending a cancel request when a wait is abandoned.
 const cancelTimeout = 2 * time.Second
+
+// setTimeouts sets lock_timeout and statement_timeout on every connection
+// held (0: none), so no statement runs or waits for a lock past the
+// caller's deadline.
+func (s *connSet) setTimeouts(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ms := max(d.Milliseconds(), 0)
+	if d > 0 {
+		ms = max(ms, 1)
+	}
+	sql := fmt.Sprintf("SET lock_timeout = %d; SET statement_timeout = %d", ms, ms)
+	for c := range s.conns {
+		if _, err := c.Conn.Conn().Exec(ctx, sql); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cancelStatements asks the server to cancel whatever each held connection
+// is running, keeping the connections (a cancelled migration rolls back,
+// and the version can then be put back on the same connection).
+func (s *connSet) cancelStatements() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+		_ = c.Conn.Conn().PgConn().CancelRequest(ctx)
+		cancel()
+	}
+}
 
 // abort makes every connection held give up what it is waiting for: it asks
 // the server to cancel the statement (a backend waiting for a lock does not
