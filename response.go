@@ -183,7 +183,8 @@ type recorder struct {
 	limit     int64
 	overflow  bool // the body outgrew limit: recorded without body
 	streaming bool
-	holdBack  bool // transactional: nothing is sent before the commit
+	holdBack  bool        // transactional: nothing is sent before the commit
+	sent      http.Header // streaming: the headers as they went out
 }
 
 func newRecorder(w http.ResponseWriter, limit int64, holdBack bool) *recorder {
@@ -252,6 +253,20 @@ func (r *recorder) startStreaming() {
 		r.status = http.StatusOK
 	}
 	r.streaming = true
+	// The headers go out now: record them as sent, not as the handler may
+	// change them later (net/http ignores that). Without a Content-Type,
+	// net/http sniffs one from the first bytes written, or sends none when
+	// there are none yet: the record says the same, so a replay (whose
+	// body goes out whole) is not sniffed differently.
+	r.sent = r.w.Header().Clone()
+	if _, ok := r.sent["Content-Type"]; !ok && bodyAllowed(r.status) &&
+		r.sent.Get("Content-Encoding") == "" && r.sent.Get("Transfer-Encoding") == "" {
+		if r.buf.Len() > 0 {
+			r.sent["Content-Type"] = []string{http.DetectContentType(r.buf.Bytes())}
+		} else {
+			r.sent["Content-Type"] = nil // none: and none sniffed on replay
+		}
+	}
 	r.w.WriteHeader(r.status)
 	if r.buf.Len() > 0 {
 		_, _ = r.w.Write(r.buf.Bytes())
@@ -301,6 +316,9 @@ func (r *recorder) statusCode() int {
 func (r *recorder) response(allow []string) Response {
 	resp := Response{Status: r.statusCode()}
 	h := r.w.Header()
+	if r.streaming {
+		h = r.sent
+	}
 	for _, name := range allow {
 		if v, ok := h[name]; ok {
 			if resp.Header == nil {
@@ -327,13 +345,28 @@ func (r *recorder) finish() {
 	}
 	status := r.statusCode()
 	h := r.w.Header()
-	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
+	// No Content-Length with trailers: HTTP/1.1 carries them only in a
+	// chunked body.
+	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" && !hasTrailers(h) {
 		h.Set("Content-Length", strconv.Itoa(r.buf.Len()))
 	}
 	r.w.WriteHeader(status)
 	if r.buf.Len() > 0 {
 		_, _ = r.w.Write(r.buf.Bytes())
 	}
+}
+
+// hasTrailers reports whether the handler declared trailers.
+func hasTrailers(h http.Header) bool {
+	if _, ok := h["Trailer"]; ok {
+		return true
+	}
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 func bodyAllowed(status int) bool {
