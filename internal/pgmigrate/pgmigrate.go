@@ -127,13 +127,15 @@ func (g *Migrator) Up(ctx context.Context) error {
 
 // Run calls op with the underlying golang-migrate runner (for Up, Down,
 // Steps, Version, Force), bounded by ctx: the wait for the migration lock
-// ends when ctx ends; every other lock wait gives up at ctx's deadline
-// (lock_timeout); the statement running when ctx ends is cancelled; and
-// once ctx has ended no further migration starts. A migration that fails
+// ends when ctx ends; every statement gives up at ctx's deadline
+// (lock_timeout, statement_timeout); the statement running when ctx is
+// cancelled is cancelled; and once ctx has ended no further migration
+// starts. A migration that fails
 // (each runs in one implicit transaction, so it applied nothing) leaves the
-// version where it was, not dirty. When ctx ended before op returned, Run
-// returns ctx's error with op's, and if it ended during the lock wait, the
-// Migrator can only be closed.
+// version where it was, not dirty: it is put back before the lock is
+// released, to the version read under the lock. When ctx ended before op
+// returned, Run returns ctx's error with op's, and the Migrator can only be
+// closed (golang-migrate remembers a stop for good).
 func (g *Migrator) Run(ctx context.Context, op func(m *migrate.Migrate) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -145,9 +147,7 @@ func (g *Migrator) Run(ctx context.Context, op func(m *migrate.Migrate) error) e
 	if err := g.conns.setTimeouts(ctx, limit); err != nil {
 		return fmt.Errorf("pgmigrate: set the session's timeouts: %w", err)
 	}
-	if err := g.lock.begin(ctx); err != nil {
-		return err
-	}
+	g.lock.begin(ctx)
 	defer g.lock.clearContext()
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
@@ -173,52 +173,11 @@ func (g *Migrator) Run(ctx context.Context, op func(m *migrate.Migrate) error) e
 		default:
 		}
 	}
-	if err != nil {
-		err = errors.Join(err, g.repair(ctx))
-	}
+	err = errors.Join(err, g.lock.takeRepairError())
 	if ended {
 		return errors.Join(ctx.Err(), err)
 	}
 	return err
-}
-
-// repairTimeout bounds putting the version back after a failed migration.
-const repairTimeout = 5 * time.Second
-
-// repair puts the version back after op failed part-way through a step:
-// golang-migrate marks the version dirty before a migration and clean
-// after it, so a failed step leaves it dirty. When the migration's body
-// failed, nothing of it was applied (one implicit transaction): the version
-// goes back to the last clean one. When only the clean mark failed, the
-// body was applied: the version is marked clean. Anything else is left as
-// it is. The repair has its own deadline: ctx may be what ended.
-func (g *Migrator) repair(ctx context.Context) error {
-	target, ok := g.lock.repairTarget()
-	if !ok {
-		return nil
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), repairTimeout)
-	defer cancel()
-	g.lock.setContext(rctx)
-	var err error
-	// The cancel request sent when ctx was cancelled can reach the server
-	// after the statement it was meant for failed, and cancel the next one
-	// instead. It cancels one statement only: when that was one of the
-	// repair's, try again. (When it was golang-migrate's unlock, golang-
-	// migrate believes itself still locked and Force fails: the version is
-	// left dirty, and the error says so.)
-	for range 3 {
-		if err = g.conns.setTimeouts(rctx, repairTimeout); err == nil {
-			if err = g.m.Force(target); err == nil {
-				return nil
-			}
-		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "57014" { // query_canceled
-			break
-		}
-	}
-	return fmt.Errorf("pgmigrate: could not put the version back to %d (it is left dirty): %w", target, err)
 }
 
 // Close closes the connections the Migrator opened. The pool stays open.
@@ -228,8 +187,9 @@ func (g *Migrator) Close() error {
 }
 
 // lockDriver is golang-migrate's pgx driver with its Lock bounded by the
-// context of the Run in progress, and the steps of that Run tracked so a
-// failed one can be undone (Migrator.repair).
+// context of the Run in progress, and the steps of that Run tracked, so
+// that a step that failed part-way can be undone before the lock is
+// released (Unlock): no other replica ever sees the dirty version.
 type lockDriver struct {
 	database.Driver
 	conns *connSet
@@ -237,24 +197,30 @@ type lockDriver struct {
 	mu  sync.Mutex
 	ctx context.Context // of the Run in progress; nil outside Run
 
-	// Steps of the Run in progress.
+	// Steps of the Run in progress, from its first Lock on.
+	locked       bool
 	dirtyAtStart bool
-	clean        int  // the last version known clean
-	bodyFailed   bool // a migration's body failed: nothing of it applied
-	markFailed   *int // marking this version clean failed after its body ran
+	clean        int   // the last version known clean
+	bodyFailed   bool  // a migration's body failed: nothing of it applied
+	markFailed   *int  // marking this version clean failed after its body ran
+	repairErr    error // a repair that failed, for Run to report
 }
 
-// begin starts a Run: it records the version and whether it was dirty.
-func (d *lockDriver) begin(ctx context.Context) error {
-	v, dirty, err := d.Driver.Version()
-	if err != nil {
-		return fmt.Errorf("pgmigrate: read the version: %w", err)
-	}
+// begin starts a Run.
+func (d *lockDriver) begin(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.ctx = ctx
-	d.dirtyAtStart, d.clean, d.bodyFailed, d.markFailed = dirty, v, false, nil
-	return nil
+	d.locked, d.bodyFailed, d.markFailed, d.repairErr = false, false, nil, nil
+}
+
+// takeRepairError returns, and forgets, the error of a failed repair.
+func (d *lockDriver) takeRepairError() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := d.repairErr
+	d.repairErr = nil
+	return err
 }
 
 // Run runs a migration's body, noting a failure.
@@ -282,21 +248,70 @@ func (d *lockDriver) SetVersion(version int, dirty bool) error {
 	return err
 }
 
-// repairTarget returns the version a failed Run should be put back to, if
-// the failure left it dirty and the Run did not start dirty.
-func (d *lockDriver) repairTarget() (int, bool) {
-	v, dirty, err := d.Driver.Version()
+// repairTimeout bounds putting the version back after a failed step.
+const repairTimeout = 5 * time.Second
+
+// Unlock puts the version back after a step that failed part-way, then
+// releases golang-migrate's lock. golang-migrate marks the version dirty
+// before a migration and clean after it, so a failed step leaves it dirty.
+// When the migration's body failed, nothing of it was applied (one
+// implicit transaction): the version goes back to the last clean one. When
+// only the clean mark failed, the body was applied: the version is marked
+// clean. A Run that started dirty is left as it is (an operator's case).
+func (d *lockDriver) Unlock() error {
+	d.repair()
+	return d.Driver.Unlock()
+}
+
+func (d *lockDriver) repair() {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	switch {
-	case err != nil || !dirty || d.dirtyAtStart:
-		return 0, false
-	case d.bodyFailed:
-		return d.clean, true
-	case d.markFailed != nil && *d.markFailed == v:
-		return v, true
+	locked, dirtyAtStart, clean, bodyFailed, markFailed, ctx := d.locked, d.dirtyAtStart, d.clean, d.bodyFailed, d.markFailed, d.ctx
+	d.mu.Unlock()
+	if !locked || dirtyAtStart || (!bodyFailed && markFailed == nil) {
+		return
 	}
-	return 0, false
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), repairTimeout)
+	defer cancel()
+	var err error
+	// The cancel request sent when ctx was cancelled can reach the server
+	// after the statement it was meant for failed, and cancel the next one
+	// instead: it cancels one statement only, so try again.
+	for range 3 {
+		// The session's timeouts may be spent: the repair has its own.
+		if err = d.conns.setTimeouts(rctx, repairTimeout); err == nil {
+			err = d.putBack(clean, bodyFailed, markFailed)
+		}
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "57014" { // query_canceled
+			break
+		}
+	}
+	d.mu.Lock()
+	d.bodyFailed, d.markFailed = false, nil
+	if err != nil {
+		d.repairErr = fmt.Errorf("pgmigrate: could not put the version back (it is left dirty): %w", err)
+	}
+	d.mu.Unlock()
+}
+
+// putBack reads the version, under the lock, and sets the one the failed
+// step leaves.
+func (d *lockDriver) putBack(clean int, bodyFailed bool, markFailed *int) error {
+	v, dirty, err := d.Driver.Version()
+	switch {
+	case err != nil:
+		return err
+	case !dirty:
+		return nil
+	case bodyFailed:
+		return d.Driver.SetVersion(clean, false)
+	case markFailed != nil && *markFailed == v:
+		return d.Driver.SetVersion(v, false)
+	}
+	return nil
 }
 
 func (d *lockDriver) setContext(ctx context.Context) {
@@ -327,7 +342,29 @@ func (d *lockDriver) Lock() error {
 	if !stop() {
 		return errors.Join(ctx.Err(), err)
 	}
+	if err == nil {
+		err = d.recordStart()
+	}
 	return err
+}
+
+// recordStart records, on the Run's first Lock, the version as it stands under
+// the lock: what a failed step is put back to.
+func (d *lockDriver) recordStart() error {
+	d.mu.Lock()
+	first := !d.locked
+	d.mu.Unlock()
+	if !first {
+		return nil
+	}
+	v, dirty, err := d.Driver.Version()
+	if err != nil {
+		return errors.Join(fmt.Errorf("pgmigrate: read the version: %w", err), d.Driver.Unlock())
+	}
+	d.mu.Lock()
+	d.locked, d.dirtyAtStart, d.clean = true, dirty, v
+	d.mu.Unlock()
+	return nil
 }
 
 // connSet tracks the connections a Migrator's database/sql handle holds.
