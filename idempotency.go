@@ -778,7 +778,10 @@ func (rt *route) tooLate(leaseEnd time.Time) bool {
 // to retry.
 func (rt *route) giveBack(w http.ResponseWriter, r *http.Request, req ClaimRequest, f Fence, rm *routeMetrics) {
 	m := rt.m
-	rt.record(r, req, f, time.Time{}, rm, outcomeRelease, Response{}) // one attempt: a zero deadline
+	// Nothing ran, so the release may be retried (fenced) for a while: a
+	// key left in flight would answer outcome_unknown for its whole TTL.
+	// Bounded, so the client still gets its 503 soon.
+	rt.record(r, req, f, time.Now().Add(2*m.cfg.StoreTimeout), rm, outcomeRelease, Response{})
 	m.log.Warn("idempotency: the store was too slow to leave the handler any time; key released",
 		"endpoint", req.Endpoint, "key", req.Key)
 	_, label := rt.endpoint(r)

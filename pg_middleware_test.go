@@ -477,3 +477,62 @@ func TestPostgresMaintenanceHonoursItsContext(t *testing.T) {
 		t.Errorf("rows after the cancelled erase: %d, want 1", rows)
 	}
 }
+
+// slowThenFailingStore answers its first claim late (a loaded pool) and fails
+// its first release (the same congestion, one call later).
+type slowThenFailingStore struct {
+	*idempotency.PostgresStore
+	delay    time.Duration
+	slowed   atomic.Bool
+	released atomic.Int64
+}
+
+func (s *slowThenFailingStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	res, err := s.PostgresStore.Claim(ctx, req)
+	if s.slowed.CompareAndSwap(false, true) {
+		time.Sleep(s.delay) // a slow reply, not synchronisation
+	}
+	return res, err
+}
+
+func (s *slowThenFailingStore) Release(ctx context.Context, f idempotency.Fence) error {
+	if s.released.Add(1) == 1 {
+		return &idempotency.StoreError{Op: "release", Reason: idempotency.ReasonTimeout, Err: context.DeadlineExceeded}
+	}
+	return s.PostgresStore.Release(ctx, f)
+}
+
+// TestPostgresTooLateReleaseRetried: when the claim left the handler no
+// time, the key is released (nothing ran) and the client gets 503; a
+// release that fails once is tried again, so the key is not stranded in
+// flight (which would answer outcome_unknown for its whole TTL although
+// the handler never ran). Found by a review: the release had one attempt.
+func TestPostgresTooLateReleaseRetried(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	s := &slowThenFailingStore{PostgresStore: idempotency.NewPostgresStore(pool), delay: 150 * time.Millisecond}
+	mw, err := idempotency.New(s, idempotency.Config{Lease: 300 * time.Millisecond, StoreTimeout: 200 * time.Millisecond,
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != http.StatusServiceUnavailable || calls.Load() != 0 {
+		t.Fatalf("setup: first answer %d %s, %d executions; want 503 and none", w.Code, w.Body, calls.Load())
+	}
+	// As if the lease had passed (the client retried a little later).
+	if _, err := pool.Exec(context.Background(),
+		`UPDATE idempotency_keys SET locked_until = now() - interval '1 millisecond' WHERE idem_key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	w := do(h, key, `{}`)
+	if w.Code != http.StatusCreated || calls.Load() != 1 {
+		t.Errorf("retry of a request answered 503 (handler not run): %d %s, %d executions; the key is stranded in flight",
+			w.Code, w.Body, calls.Load())
+	}
+}

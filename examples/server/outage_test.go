@@ -23,7 +23,7 @@ func TestDatabaseBlackholedPostgres(t *testing.T) {
 	proxy, host, port := proxyTo(t)
 	e := postgresBackend(t, envOptions{lease: 5 * time.Second, storeTimeout: storeTimeout,
 		poolOptions: []testdb.Option{testdb.Configure(func(c *pgxpool.Config) {
-			// As poolConfig leaves it: no connect timeout.
+			// Through the proxy; the test bounds the client, not the pool.
 			c.ConnConfig.Host, c.ConnConfig.Port = host, port
 		})}})
 	_, tok := e.newUser(t)
