@@ -314,12 +314,6 @@ func (d *lockDriver) putBack(clean int, bodyFailed bool, markFailed *int) error 
 	return nil
 }
 
-func (d *lockDriver) setContext(ctx context.Context) {
-	d.mu.Lock()
-	d.ctx = ctx
-	d.mu.Unlock()
-}
-
 // clearContext ends a Run: a later Lock waits without a bound, as
 // golang-migrate's own would.
 func (d *lockDriver) clearContext() {
