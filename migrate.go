@@ -32,8 +32,10 @@ var Migrations embed.FS
 // Migrate borrows are closed rather than returned, so no lock stays behind.
 //
 // ctx bounds it all: the wait for another replica's lock ends when ctx
-// ends; every statement gives up at ctx's deadline (lock_timeout and
-// statement_timeout on the migration's session), so a migration waiting
+// ends; no statement runs or waits for a lock longer than the time ctx had
+// left when Migrate began (lock_timeout and statement_timeout on the
+// migration's session; a run of several statements can therefore end
+// somewhat past the deadline, never without bound), so a migration waiting
 // behind live traffic or a pg_dump never hangs start-up; and a statement
 // running when ctx is cancelled is cancelled. A migration that fails so
 // rolls back whole (each runs in one transaction) and the recorded version

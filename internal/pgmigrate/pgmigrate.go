@@ -127,8 +127,10 @@ func (g *Migrator) Up(ctx context.Context) error {
 
 // Run calls op with the underlying golang-migrate runner (for Up, Down,
 // Steps, Version, Force), bounded by ctx: the wait for the migration lock
-// ends when ctx ends; every statement gives up at ctx's deadline
-// (lock_timeout, statement_timeout); the statement running when ctx is
+// ends when ctx ends; no statement runs or waits for a lock longer than
+// the time ctx had left when Run began (lock_timeout, statement_timeout:
+// a Run of several statements can end somewhat past the deadline, never
+// without bound); the statement running when ctx is
 // cancelled is cancelled; and once ctx has ended no further migration
 // starts. A migration that fails
 // (each runs in one implicit transaction, so it applied nothing) leaves the
