@@ -409,14 +409,11 @@ func (s *connSet) cancelStatements() {
 // notice a closed socket until the lock is granted) and closes the socket,
 // so the caller returns at once.
 func (s *connSet) abort() {
+	s.cancelStatements()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
-		pg := c.Conn.Conn().PgConn()
-		ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
-		_ = pg.CancelRequest(ctx)
-		cancel()
-		_ = pg.Conn().Close()
+		_ = c.Conn.Conn().PgConn().Conn().Close()
 	}
 }
 
