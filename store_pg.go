@@ -261,10 +261,11 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 		return fenced(ctx, s.pool, pgCompleteSQL, f, resp.Status, jsonBody, rawBody, headers)
 	}
 	err = exec()
-	if rawBody == nil && jsonBody != nil && isJSONRejected(err) {
-		// The body is JSON Postgres will not store as JSONB (an escape it
-		// refuses, or the database encoding cannot represent a character):
-		// the update changed nothing, so store the bytes raw instead.
+	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
+		// Postgres refused a value (ReasonData): the body is JSON it will
+		// not store as JSONB (\u0000, a character the database encoding
+		// lacks, a number beyond numeric's range, a value past JSONB's
+		// limits). The update changed nothing, so store the bytes raw.
 		jsonBody, rawBody = jsonStoredRaw, jsonBody
 		err = exec()
 	}
@@ -631,15 +632,6 @@ func jsonbMayRefuse(body []byte) bool {
 		}
 	}
 	return false
-}
-
-// isJSONRejected reports whether err is Postgres refusing a value: a data
-// exception (class 22), such as JSON it will not hold as JSONB (\u0000,
-// a character the database encoding lacks, a number beyond numeric's
-// range).
-func isJSONRejected(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // retrySerialization runs f again, a bounded number of times, while it fails
