@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/migrations"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -96,7 +97,7 @@ func Example_transactionalRoute() {
 		panic(err)
 	}
 	defer pool.Close()
-	if err := idempotency.Migrate(ctx, pool); err != nil {
+	if err := migrations.Migrate(ctx, pool); err != nil {
 		panic(err)
 	}
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{})

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idempotency/internal/storetest"
 	"github.com/idemkit/idempotency/internal/tcpproxy"
 	"github.com/idemkit/idempotency/internal/testdb"
+	"github.com/idemkit/idempotency/migrations"
 )
 
 func TestPostgresStore(t *testing.T) {
@@ -126,7 +127,7 @@ func TestPostgresMigrations(t *testing.T) {
 		if tableExists(t, pool, "idempotency_keys") {
 			t.Fatal("the empty schema already has idempotency_keys")
 		}
-		if err := idempotency.Migrate(ctx, pool); err != nil {
+		if err := migrations.Migrate(ctx, pool); err != nil {
 			t.Fatalf("Migrate: %v", err)
 		}
 		if !tableExists(t, pool, "idempotency_keys") {
@@ -135,7 +136,7 @@ func TestPostgresMigrations(t *testing.T) {
 		if v, dirty := version(t, pool); v != 1 || dirty {
 			t.Fatalf("history: version %d dirty %v, want 1 clean", v, dirty)
 		}
-		if err := idempotency.Migrate(ctx, pool); err != nil {
+		if err := migrations.Migrate(ctx, pool); err != nil {
 			t.Fatalf("second Migrate: %v", err)
 		}
 		if v, dirty := version(t, pool); v != 1 || dirty {
@@ -154,7 +155,7 @@ func TestPostgresMigrations(t *testing.T) {
 		if err != nil {
 			t.Fatalf("create the host's history: %v", err)
 		}
-		if err := idempotency.Migrate(ctx, pool); err != nil {
+		if err := migrations.Migrate(ctx, pool); err != nil {
 			t.Fatalf("Migrate: %v", err)
 		}
 		rows, err := pool.Query(ctx, `SELECT version, dirty FROM schema_migrations`)
@@ -177,11 +178,7 @@ func TestPostgresMigrations(t *testing.T) {
 	t.Run("DownDropsEverything", func(t *testing.T) {
 		t.Parallel()
 		pool := testdb.New(t)
-		src, err := fs.Sub(idempotency.Migrations, "migrations")
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := pgmigrate.New(ctx, pool, src)
+		m, err := pgmigrate.New(ctx, pool, migrations.FS)
 		if err != nil {
 			t.Fatalf("pgmigrate.New: %v", err)
 		}
@@ -224,10 +221,10 @@ func TestPostgresMigrations(t *testing.T) {
 	t.Run("SentinelComment", func(t *testing.T) {
 		t.Parallel()
 		for _, name := range []string{
-			"migrations/000001_create_idempotency_keys.up.sql",
-			"migrations/000001_create_idempotency_keys.down.sql",
+			"000001_create_idempotency_keys.up.sql",
+			"000001_create_idempotency_keys.down.sql",
 		} {
-			b, err := fs.ReadFile(idempotency.Migrations, name)
+			b, err := fs.ReadFile(migrations.FS, name)
 			if err != nil {
 				t.Fatalf("embedded %s: %v", name, err)
 			}
@@ -351,7 +348,7 @@ func TestPostgresMigrations(t *testing.T) {
 		for i, p := range pools {
 			wg.Go(func() {
 				<-start
-				errs[i] = idempotency.Migrate(ctx, p)
+				errs[i] = migrations.Migrate(ctx, p)
 			})
 		}
 		close(start)
@@ -373,7 +370,7 @@ func TestPostgresMigrations(t *testing.T) {
 		for _, migrated := range []bool{false, true} {
 			pool := testdb.NewEmpty(t)
 			if migrated {
-				if err := idempotency.Migrate(ctx, pool); err != nil {
+				if err := migrations.Migrate(ctx, pool); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -397,7 +394,7 @@ func TestPostgresMigrations(t *testing.T) {
 			const deadline = 300 * time.Millisecond
 			wait, cancel := context.WithTimeout(ctx, deadline)
 			start := time.Now()
-			err = idempotency.Migrate(wait, pool)
+			err = migrations.Migrate(wait, pool)
 			elapsed := time.Since(start)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
@@ -430,7 +427,7 @@ func TestPostgresMigrations(t *testing.T) {
 					t.Fatal("the abandoned lock request still holds the lock after 5s")
 				}
 			}
-			if err := idempotency.Migrate(ctx, pool); err != nil {
+			if err := migrations.Migrate(ctx, pool); err != nil {
 				t.Fatalf("Migrate once the lock is free: %v", err)
 			}
 			if v, dirty := version(t, pool); v != 1 || dirty {
@@ -444,7 +441,7 @@ func TestPostgresMigrations(t *testing.T) {
 		pool := testdb.NewEmpty(t)
 		done, cancel := context.WithCancel(ctx)
 		cancel()
-		if err := idempotency.Migrate(done, pool); !errors.Is(err, context.Canceled) {
+		if err := migrations.Migrate(done, pool); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Migrate with a cancelled context: %v, want context.Canceled", err)
 		}
 		if tableExists(t, pool, "idempotency_keys") {

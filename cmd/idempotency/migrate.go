@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 
 	"github.com/golang-migrate/migrate/v4"
 
-	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/pgmigrate"
+	"github.com/idemkit/idempotency/migrations"
 )
 
 func migrateHelp(w io.Writer) {
@@ -63,11 +62,7 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 
 	mctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	src, err := fs.Sub(idempotency.Migrations, "migrations")
-	if err != nil {
-		return err
-	}
-	m, err := pgmigrate.New(mctx, pool, src)
+	m, err := pgmigrate.New(mctx, pool, migrations.FS)
 	if err != nil {
 		return c.dbError(ctx, "open migrations", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/migrations"
 )
 
 // minPoolConns is the pool size unless the DSN sets pool_max_conns: a
@@ -25,7 +26,7 @@ const minPoolConns = 20
 const connectTimeout = 5 * time.Second
 
 // schemaSQL creates the example's own tables. The idempotency_keys table is
-// the library's (idempotency.Migrate).
+// the library's (migrations.Migrate).
 const schemaSQL = `
 CREATE TABLE IF NOT EXISTS demo_users (
     id         BIGSERIAL   PRIMARY KEY,
@@ -122,7 +123,7 @@ func connectPostgres(ctx context.Context, dsn string, wait time.Duration, log *s
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := idempotency.Migrate(ctx, pool); err != nil {
+	if err := migrations.Migrate(ctx, pool); err != nil {
 		return err
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -26,7 +26,7 @@ import (
 	tclog "github.com/testcontainers/testcontainers-go/log"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
-	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/migrations"
 )
 
 // Environment variables read by this package.
@@ -69,7 +69,7 @@ func Configure(f func(*pgxpool.Config)) Option {
 }
 
 // New returns a pool whose connections use a new, empty schema with the
-// idempotency migrations applied (idempotency.Migrate). The schema is
+// idempotency migrations applied (migrations.Migrate). The schema is
 // dropped, and the pool closed, when the test and its subtests end. Without
 // a database it skips the test, or fails it when IDEMPOTENCY_REQUIRE_DB=1.
 func New(tb testing.TB, opts ...Option) *pgxpool.Pool {
@@ -77,7 +77,7 @@ func New(tb testing.TB, opts ...Option) *pgxpool.Pool {
 	pool := NewEmpty(tb, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
-	if err := idempotency.Migrate(ctx, pool); err != nil {
+	if err := migrations.Migrate(ctx, pool); err != nil {
 		tb.Fatalf("testdb: migrate schema: %v", err)
 	}
 	return pool
@@ -119,7 +119,7 @@ func NewDSN(tb testing.TB) string {
 	pool := NewEmpty(tb, MaxConns(2))
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
-	if err := idempotency.Migrate(ctx, pool); err != nil {
+	if err := migrations.Migrate(ctx, pool); err != nil {
 		tb.Fatalf("testdb: migrate schema: %v", err)
 	}
 	schema := pool.Config().ConnConfig.RuntimeParams["search_path"]

@@ -5,7 +5,7 @@
 // prints the same SUMMARY line.
 //
 // It works in a schema of its own (-schema), dropped and created afresh and
-// migrated with idempotency.Migrate, and drops it again at the end unless
+// migrated with migrations.Migrate, and drops it again at the end unless
 // -keep. The database must be on this machine (loopback or a socket).
 //
 // Modes:
@@ -36,6 +36,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/bench/internal/result"
+	"github.com/idemkit/idempotency/migrations"
 )
 
 // The recorded response: the size and shape of the example's order answer.
@@ -181,7 +182,7 @@ func run(ctx context.Context, o options) (result.Summary, error) {
 			}
 		}()
 	}
-	if err := idempotency.Migrate(ctx, pool); err != nil {
+	if err := migrations.Migrate(ctx, pool); err != nil {
 		return s, err
 	}
 	// Migrate closes the connections it borrowed; start the load on a

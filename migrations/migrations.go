@@ -1,27 +1,32 @@
-package idempotency
+// Package migrations holds the SQL migrations of the idempotency_keys table
+// and applies them with golang-migrate.
+//
+// It is a package of its own so that a program that uses only the root
+// package (the middleware and the memory store) never imports golang-migrate
+// and its dependencies.
+package migrations
 
 import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/internal/pgmigrate"
 )
 
-// Migrations holds the SQL migrations that create the idempotency_keys table,
-// as golang-migrate files under migrations/ (000001_name.up.sql and
-// .down.sql). It is for hosts that run their own migrator: point it at this
-// file system (for golang-migrate, iofs.New(Migrations, "migrations")) and
-// give it a history table of its own, or copy the files into the host's
-// migrations. Hosts without a migrator call Migrate instead.
+// FS holds the SQL migrations that create the idempotency_keys table, as
+// golang-migrate files at its root (000001_name.up.sql and .down.sql). It is
+// for hosts that run their own migrator: point it at this file system (for
+// golang-migrate, iofs.New(migrations.FS, ".")) and give it a history table
+// of its own, or copy the files into the host's migrations. Hosts without a
+// migrator call Migrate instead.
 //
-//go:embed migrations/*.sql
-var Migrations embed.FS
+//go:embed *.sql
+var FS embed.FS
 
-// Migrate applies every migration in Migrations that is not yet applied, to
+// Migrate applies every migration in FS that is not yet applied, to
 // the current schema of pool's connections (the first existing schema of
 // their search_path), with golang-migrate. It records applied versions in
 // its own history table, idempotency_schema_migrations, never the host's
@@ -41,11 +46,7 @@ var Migrations embed.FS
 // rolls back whole (each runs in one transaction) and the recorded version
 // stays where it was, not dirty; the next call tries again.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
-	src, err := fs.Sub(Migrations, "migrations")
-	if err != nil {
-		return fmt.Errorf("idempotency: migrate: %w", err)
-	}
-	m, err := pgmigrate.New(ctx, pool, src)
+	m, err := pgmigrate.New(ctx, pool, FS)
 	if err != nil {
 		return fmt.Errorf("idempotency: migrate: %w", err)
 	}
