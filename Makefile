@@ -7,11 +7,16 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_/.-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
+# Every module of the repository: the root, bench/ and each contrib/* (go test
+# ./... does not enter nested modules).
+MODULES := $(patsubst %/go.mod,%,$(shell find . -name go.mod -not -path '*/testdata/*' | sort))
+
 .PHONY: test
-test: ## go vet, then every test with the race detector (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker); then the bench tools' own
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 15m ./...
-	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+test: ## go vet, then every test with the race detector, in every module (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker)
+	@set -e; for m in $(MODULES); do \
+		echo "== $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...); \
+	done
 
 .PHONY: test/short
 test/short: ## Fast tests only, without the race detector
@@ -32,13 +37,14 @@ bench/load: ## Load benchmark of the example server on the local Postgres (DATAB
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-	cd bench && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	@set -e; for m in $(MODULES); do \
+		echo "== $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...); \
+	done
 
 .PHONY: tidy
-tidy: ## go mod tidy
-	$(GO) mod tidy
+tidy: ## go mod tidy in every module
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
 
 .PHONY: example
 example: ## Run the example paper-trading server (in memory; set DATABASE_URL for Postgres)
