@@ -469,6 +469,7 @@ var (
 	bodyPreviousFailed = []byte(`{"error":"idempotency_previous_failed"}`)
 	bodyInFlight       = []byte(`{"error":"idempotency_in_flight","retry_after_ms":5000}`)
 	bodyOutcomeUnknown = []byte(`{"error":"idempotency_outcome_unknown"}`)
+	bodyRespTooLarge   = []byte(`{"error":"idempotency_response_too_large"}`)
 )
 
 // maxClaimRounds bounds the claim loop: a takeover or reclaim that loses
