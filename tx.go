@@ -226,8 +226,12 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 			return
 		}
 		p := recover()
+		failed := t.failed(rt)
+		if t.checkState(rt, r, tx, rec, req.Scope, req.Key) == txIdle {
+			failed = outcomeFail // what it committed itself stays: never free the key
+		}
 		t.rollback(rt, tx, r.Context())
-		rt.record(r, req, fence, once, rm, t.failed(rt), Response{})
+		rt.record(r, req, fence, once, rm, failed, Response{})
 		if p != nil { // nil: runtime.Goexit, which carries on by itself
 			panic(p)
 		}

@@ -631,23 +631,36 @@ func TestTxHandlerEndsTransaction(t *testing.T) {
 		{"ROLLBACK then 201", "ROLLBACK", idempotency.RouteConfig{}, 201, 201, 0},
 		{"COMMIT then 500 under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 500, 409, 1},
 		{"COMMIT then 429", "COMMIT", idempotency.RouteConfig{}, 429, 429, 1},
+		{"COMMIT then panic under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 0, 409, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			logs := &logBuffer{}
 			f, h := newTxFixture(t, idempotency.Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}, c.rc)
-			f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+			f.behave = func(n int64, w http.ResponseWriter, r *http.Request) bool {
 				tx, _ := idempotency.TxFromContext(r.Context())
 				if _, err := tx.Exec(r.Context(), c.sql); err != nil {
 					t.Errorf("%s: %v", c.sql, err)
 				}
+				status := c.status
+				if status == 0 {
+					if n == 1 {
+						panic("after " + c.sql)
+					}
+					status = http.StatusCreated // a re-execution, which must not happen
+				}
 				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(c.status)
+				w.WriteHeader(status)
 				fmt.Fprint(w, `{"done":true}`)
 				return true
 			}
 			key := uuid.NewString()
-			if w := do(h, key, `{}`); w.Code != c.status {
+			if c.status == 0 {
+				func() {
+					defer func() { _ = recover() }()
+					do(h, key, `{}`)
+				}()
+			} else if w := do(h, key, `{}`); w.Code != c.status {
 				t.Fatalf("first: %d %s", w.Code, w.Body)
 			}
 			if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "ended the route's transaction") {
