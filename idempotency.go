@@ -469,6 +469,7 @@ var (
 	bodyPreviousFailed = []byte(`{"error":"idempotency_previous_failed"}`)
 	bodyInFlight       = []byte(`{"error":"idempotency_in_flight","retry_after_ms":5000}`)
 	bodyOutcomeUnknown = []byte(`{"error":"idempotency_outcome_unknown"}`)
+	bodyRespTooLarge   = []byte(`{"error":"idempotency_response_too_large"}`)
 )
 
 // maxClaimRounds bounds the claim loop: a takeover or reclaim that loses
@@ -654,6 +655,16 @@ func (rt *route) replay(w http.ResponseWriter, r *http.Request, req ClaimRequest
 // storeUnavailable applies the route's policy to a failed claim.
 func (rt *route) storeUnavailable(w http.ResponseWriter, r *http.Request, label, op string, err error) {
 	reason := storeReason(err)
+	if reason == ReasonConflict {
+		// Contention, not an outage: other requests keep changing this
+		// key's row (serialization failures past the retries, a takeover
+		// lost every round). One of them owns the key, so a fail-open
+		// bypass would run the handler beside it: the key is in flight.
+		rt.m.metrics.conflicts.WithLabelValues(label, reasonInFlight).Inc()
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusConflict, bodyInFlight)
+		return
+	}
 	// A store that refuses this request's values is not down: it would
 	// refuse every retry alike, so a fail-open bypass would run each one.
 	if rt.failOpen && reason != ReasonData {

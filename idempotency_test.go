@@ -1310,3 +1310,63 @@ func TestBodyLongerThanDeclared(t *testing.T) {
 		}
 	}
 }
+
+// contentionStore loses every claim to contention: with expired set, the
+// claim reads an expired row and the takeover fails with the conflict
+// reason; otherwise the claim itself does.
+type contentionStore struct {
+	*MemoryStore
+	expired bool
+}
+
+var errContention = &StoreError{Op: "claim", Reason: ReasonConflict, Err: errors.New("serialization failures past the retries")}
+
+func (s *contentionStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	if !s.expired {
+		return ClaimResult{}, errContention
+	}
+	return ClaimResult{Record: Record{ID: 1, Attempt: 1, Status: StatusCompleted, Expired: true, RequestHash: req.RequestHash}}, nil
+}
+
+func (s *contentionStore) Takeover(context.Context, Fence, ClaimRequest) (ClaimResult, error) {
+	return ClaimResult{}, errContention
+}
+
+// TestContentionIsInFlight: a claim that loses to contention (the store's
+// conflict reason) answers 409 in flight on both policies: never a
+// fail-open bypass, which would run the handler while another request owns
+// the key, and never 503.
+func TestContentionIsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, expired := range []bool{false, true} {
+		for _, failOpen := range []bool{false, true} {
+			t.Run(fmt.Sprintf("takeover=%v/FailOpen=%v", expired, failOpen), func(t *testing.T) {
+				t.Parallel()
+				mw, err := New(&contentionStore{MemoryStore: NewMemoryStore(), expired: expired},
+					Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var calls atomic.Int64
+				rt := mw.MustRoute(RouteConfig{Name: "billing", FailOpen: failOpen})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					calls.Add(1)
+					w.WriteHeader(http.StatusCreated)
+				}))
+				w := send(t, rt, "POST", "/billing", testKey, `{}`)
+				assertJSONError(t, w, 409, `{"error":"idempotency_in_flight","retry_after_ms":5000}`)
+				if w.Header().Get("Retry-After") != "5" {
+					t.Errorf("Retry-After = %q, want 5", w.Header().Get("Retry-After"))
+				}
+				if calls.Load() != 0 {
+					t.Errorf("handler ran %d times while another request owned the key", calls.Load())
+				}
+				if n := testutil.ToFloat64(mw.metrics.bypasses.WithLabelValues("billing", reasonStoreUnavailable)); n != 0 {
+					t.Errorf("bypasses = %v, want 0", n)
+				}
+				if n := testutil.ToFloat64(mw.metrics.conflicts.WithLabelValues("billing", reasonInFlight)); n != 1 {
+					t.Errorf("in-flight conflicts = %v, want 1", n)
+				}
+			})
+		}
+	}
+}

@@ -18,6 +18,7 @@ type metrics struct {
 	recordFailures *prometheus.CounterVec
 	storeDuration  *prometheus.HistogramVec
 	storeErrors    *prometheus.CounterVec
+	tooLarge       *prometheus.CounterVec
 	cleanupDeleted prometheus.Counter
 }
 
@@ -59,6 +60,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"operation"}),
 		storeErrors: counter("idempotency_store_errors_total", "Store errors by operation and kind.", "operation", "reason"),
+		tooLarge: counter("idempotency_response_too_large_total",
+			"Transactional responses over the buffer cap (answered 500, writes rolled back, key failed).", "endpoint"),
 		cleanupDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_cleanup_deleted_total",
 			Help: "Rows removed by cleanup.",
@@ -68,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.miss, m.hit, m.replay, m.conflicts, m.rejections,
-		m.bypasses, m.recordFailures, m.storeDuration, m.storeErrors, m.cleanupDeleted} {
+		m.bypasses, m.recordFailures, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("idempotency: Config.Registerer: cannot register metrics"), err)
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -534,5 +535,89 @@ func TestPostgresTooLateReleaseRetried(t *testing.T) {
 	if w.Code != http.StatusCreated || calls.Load() != 1 {
 		t.Errorf("retry of a request answered 503 (handler not run): %d %s, %d executions; the key is stranded in flight",
 			w.Code, w.Body, calls.Load())
+	}
+}
+
+// TestPostgresContentionIsInFlight: host sessions at SERIALIZABLE or
+// REPEATABLE READ on a hot key whose row is deleted again and again (a
+// NoStore route releases it on every completion, a 429 releases it too)
+// make claims lose to serialization failures past their retries. That is
+// contention, not an outage: 409 in flight on a fail-open route too, never
+// a bypass that runs the handler while another request owns the key.
+func TestPostgresContentionIsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		isolation string
+		rc        idempotency.RouteConfig
+		status    int
+	}{
+		{"serializable", idempotency.RouteConfig{Name: "profile", FailOpen: true, NoStore: true}, 200},
+		{"repeatable read", idempotency.RouteConfig{Name: "billing", FailOpen: true}, 429},
+	} {
+		t.Run(c.isolation, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.New(t, testdb.MaxConns(8), testdb.Configure(func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = c.isolation
+			}))
+			reg := prometheus.NewRegistry()
+			mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+				Registerer: reg, Logger: quiet, Enabled: func(*http.Request) bool { return true },
+				StoreTimeout: 10 * time.Second, Lease: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var running, overlaps, calls atomic.Int64
+			h := mw.MustRoute(c.rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				if running.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				runtime.Gosched() // let another run start, if one can
+				running.Add(-1)
+				w.WriteHeader(c.status)
+			}))
+			key := uuid.NewString()
+			var wg sync.WaitGroup
+			stop := time.Now().Add(4 * time.Second)
+			unexpected := make(chan string, 1)
+			for range 32 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(stop) {
+						w := do(h, key, `{}`)
+						if w.Code != c.status && !(w.Code == 409 && strings.Contains(w.Body.String(), "idempotency_in_flight")) {
+							select {
+							case unexpected <- fmt.Sprintf("%d %s", w.Code, w.Body):
+							default:
+							}
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(unexpected)
+			for u := range unexpected {
+				t.Errorf("unexpected answer: %s", u)
+			}
+			var bypasses float64
+			families, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range families {
+				if f.GetName() == "idempotency_bypasses_total" {
+					for _, m := range f.GetMetric() {
+						bypasses += m.GetCounter().GetValue()
+					}
+				}
+			}
+			if bypasses != 0 || overlaps.Load() != 0 {
+				t.Fatalf("%v bypasses, %d overlapping handler runs for one key (of %d runs); want none", bypasses, overlaps.Load(), calls.Load())
+			}
+			if calls.Load() == 0 {
+				t.Fatal("the handler never ran")
+			}
+		})
 	}
 }

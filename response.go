@@ -166,6 +166,10 @@ func markReplayed(body []byte) []byte {
 	return out
 }
 
+// errResponseTooLarge is returned by a transactional route's Write once the
+// response outgrew its buffer cap.
+var errResponseTooLarge = errors.New("idempotency: the response is over the transactional route's buffer cap")
+
 // errHijack is returned by a wrapped route's Hijack: its response must be
 // recorded, which a hijacked connection makes impossible.
 var errHijack = errors.New("idempotency: hijacking a connection is not allowed on an idempotency-wrapped route")
@@ -184,6 +188,8 @@ type recorder struct {
 	overflow  bool // the body outgrew limit: recorded without body
 	streaming bool
 	holdBack  bool        // transactional: nothing is sent before the commit
+	holdCap   int64       // holdBack: the most it buffers (0: no cap)
+	tooLarge  bool        // holdBack: the body outgrew holdCap and was dropped
 	sent      http.Header // streaming: the headers as they went out
 }
 
@@ -223,6 +229,13 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.streaming {
 		r.capture(p)
 		return r.w.Write(p)
+	}
+	if r.tooLarge || r.holdBack && r.holdCap > 0 && int64(r.buf.Len())+int64(len(p)) > r.holdCap {
+		// Nothing may be sent before the commit, and memory stays bounded:
+		// the response is dropped and the route answers 500.
+		r.tooLarge = true
+		r.buf = bytes.Buffer{}
+		return 0, errResponseTooLarge
 	}
 	if !r.overflow && int64(r.buf.Len()+len(p)) > r.limit {
 		r.overflow = true

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"time"
 
@@ -77,9 +78,47 @@ func (t *txRunner) rollback(rt *route, tx pgx.Tx, parent context.Context) {
 	_ = tx.Rollback(ctx)
 }
 
+// Transaction states as the server reports them after each statement
+// (pgconn's TxStatus).
+const (
+	txIdle    byte = 'I' // no transaction open: the handler ended it with SQL
+	txOpen    byte = 'T' // open, as the handler must leave it
+	txAborted byte = 'E' // a statement failed and the handler carried on
+)
+
+// txState is how the handler left the route's transaction. The handler has
+// returned, so nothing else uses the connection.
+func txState(tx pgx.Tx) byte { return tx.Conn().PgConn().TxStatus() }
+
+// txBufferFactor is how many times its MaxResponseBytes a transactional
+// route buffers at most: nothing may be sent before the commit, so the
+// whole response waits in memory.
+const txBufferFactor = 4
+
+// bufferCap is a transactional route's buffer cap for a response limit.
+func bufferCap(maxResponse int64) int64 {
+	if maxResponse > math.MaxInt64/txBufferFactor {
+		return math.MaxInt64
+	}
+	return txBufferFactor * maxResponse
+}
+
+// restoreHeader drops every header the handler set, keeping those set
+// before it ran (CORS, request ids, HSTS from outer middleware), before the
+// middleware answers instead of the handler.
+func restoreHeader(h, before http.Header) {
+	clear(h)
+	for k, v := range before {
+		h[k] = v
+	}
+}
+
 // passThrough gives a request without idempotency tracking its
 // transaction too, so the handler has one shape: committed when the handler
-// answers below 500 (except 429), rolled back otherwise.
+// answers below 500 (except 429) from an open transaction, rolled back
+// otherwise. A handler that answered from an aborted transaction is
+// believed: its answer came after the failed statement, whose writes did
+// not happen.
 func (t *txRunner) passThrough(rt *route, w http.ResponseWriter, r *http.Request) {
 	tx, err := t.begin(rt, r.Context())
 	if err != nil {
@@ -88,7 +127,9 @@ func (t *txRunner) passThrough(rt *route, w http.ResponseWriter, r *http.Request
 		writeJSON(w, http.StatusServiceUnavailable, bodyUnavailable)
 		return
 	}
+	before := w.Header().Clone()
 	rec := newRecorder(w, 0, true)
+	rec.holdCap = bufferCap(rt.maxResponse)
 	finished := false
 	defer func() {
 		if !finished {
@@ -97,7 +138,13 @@ func (t *txRunner) passThrough(rt *route, w http.ResponseWriter, r *http.Request
 	}()
 	rt.next.ServeHTTP(rec, r.WithContext(withTx(r.Context(), tx)))
 	finished = true
-	if status := rec.statusCode(); status >= 500 || status == http.StatusTooManyRequests {
+	state := t.checkState(rt, r, tx, rec, "", "")
+	switch status := rec.statusCode(); {
+	case rec.tooLarge:
+		t.rollback(rt, tx, r.Context())
+		t.answerTooLarge(rt, w, r, before)
+		return
+	case state != txOpen, status >= 500, status == http.StatusTooManyRequests:
 		t.rollback(rt, tx, r.Context())
 		rec.finish()
 		return
@@ -107,12 +154,40 @@ func (t *txRunner) passThrough(rt *route, w http.ResponseWriter, r *http.Request
 	if err := tx.Commit(ctx); err != nil {
 		t.rollback(rt, tx, r.Context())
 		rt.m.log.Error("idempotency: commit failed", "endpoint", rt.label(r), "error", err)
-		clear(w.Header())
+		restoreHeader(w.Header(), before)
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, bodyUnavailable)
 		return
 	}
 	rec.finish()
+}
+
+// checkState reads how the handler left its transaction and logs what it
+// must not do: end the transaction itself with SQL (its writes so far may
+// have committed outside the key's fence), or answer success from an
+// aborted transaction (its writes did not happen).
+func (t *txRunner) checkState(rt *route, r *http.Request, tx pgx.Tx, rec *recorder, scope, key string) byte {
+	state := txState(tx)
+	switch {
+	case state == txIdle:
+		rt.m.log.Error("idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
+			"its writes escaped the key's fence", "endpoint", rt.label(r), "scope", scope, "key", key, "status", rec.statusCode())
+	case state == txAborted && rec.statusCode() < 400 && !rec.tooLarge:
+		rt.m.log.Warn("idempotency: the handler answered success from an aborted transaction; its writes did not happen",
+			"endpoint", rt.label(r), "scope", scope, "key", key, "status", rec.statusCode())
+	}
+	return state
+}
+
+// answerTooLarge answers a transactional response over the buffer cap,
+// whose writes were rolled back.
+func (t *txRunner) answerTooLarge(rt *route, w http.ResponseWriter, r *http.Request, before http.Header) {
+	label := rt.label(r)
+	rt.m.log.Error("idempotency: response over the transactional route's buffer cap; writes rolled back",
+		"endpoint", label, "cap_bytes", bufferCap(rt.maxResponse))
+	rt.m.metrics.tooLarge.WithLabelValues(label).Inc()
+	restoreHeader(w.Header(), before)
+	writeJSON(w, http.StatusInternalServerError, bodyRespTooLarge)
 }
 
 // execute runs the handler of a won claim inside a transaction.
@@ -142,17 +217,19 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), leaseEnd.Add(-m.cfg.StoreTimeout))
 	defer cancel()
 	ctx = withTx(ctx, tx)
+	before := w.Header().Clone()
 	rec := newRecorder(w, rt.maxResponse, true)
-	failed := outcomeFail
-	if rt.releaseOnError {
-		failed = outcomeRelease // the rollback proves nothing happened
-	}
+	rec.holdCap = bufferCap(rt.maxResponse)
 	finished := false
 	defer func() {
 		if finished {
 			return
 		}
 		p := recover()
+		failed := t.failed(rt)
+		if t.checkState(rt, r, tx, rec, req.Scope, req.Key) == txIdle {
+			failed = outcomeFail // what it committed itself stays: never free the key
+		}
 		t.rollback(rt, tx, r.Context())
 		rt.record(r, req, fence, once, rm, failed, Response{})
 		if p != nil { // nil: runtime.Goexit, which carries on by itself
@@ -162,36 +239,76 @@ func (t *txRunner) execute(rt *route, w http.ResponseWriter, r *http.Request, re
 	rt.next.ServeHTTP(rec, r.WithContext(ctx))
 	finished = true
 	cancel()
+	t.settle(rt, w, r, req, tx, rec, before, fence, leaseEnd, rm)
+}
 
-	switch status := rec.statusCode(); {
+// failed is the outcome of a handler error whose writes rolled back.
+func (t *txRunner) failed(rt *route) outcome {
+	if rt.releaseOnError {
+		return outcomeRelease // the rollback proves nothing happened
+	}
+	return outcomeFail
+}
+
+// settle ends the route's transaction once its handler returned, records
+// the outcome and answers. An aborted transaction (a statement failed and
+// the handler caught the error) cannot record anything: it is rolled back
+// and the handler's answer recorded outside it. So is one the handler ended
+// itself, whose writes may have committed already, so its key is never
+// given back.
+func (t *txRunner) settle(rt *route, w http.ResponseWriter, r *http.Request, req ClaimRequest, tx pgx.Tx,
+	rec *recorder, before http.Header, fence Fence, leaseEnd time.Time, rm *routeMetrics) {
+	var once time.Time
+	state := t.checkState(rt, r, tx, rec, req.Scope, req.Key)
+	status := rec.statusCode()
+	switch {
+	case rec.tooLarge:
+		t.rollback(rt, tx, r.Context())
+		rt.record(r, req, fence, once, rm, outcomeFail, Response{})
+		t.answerTooLarge(rt, w, r, before)
+		return
+	case state == txIdle && status >= 500:
+		t.rollback(rt, tx, r.Context()) // closes the pgx.Tx; the server has nothing to roll back
+		rt.record(r, req, fence, once, rm, outcomeFail, Response{})
+	case state == txIdle:
+		t.rollback(rt, tx, r.Context())
+		rt.record(r, req, fence, leaseEnd, rm, outcomeComplete, rec.response(rt.replayHeaders))
 	case status == http.StatusTooManyRequests:
 		t.rollback(rt, tx, r.Context())
 		rt.record(r, req, fence, once, rm, outcomeRelease, Response{})
-		rec.finish()
-		return
 	case status >= 500:
 		t.rollback(rt, tx, r.Context())
-		rt.record(r, req, fence, once, rm, failed, Response{})
-		rec.finish()
-		return
+		rt.record(r, req, fence, once, rm, t.failed(rt), Response{})
+	case state == txAborted:
+		t.rollback(rt, tx, r.Context())
+		rt.record(r, req, fence, leaseEnd, rm, outcomeComplete, rec.response(rt.replayHeaders))
+	default:
+		if err := t.commit(rt, r.Context(), tx, fence, rec.response(rt.replayHeaders)); err != nil {
+			t.answerUncommitted(rt, w, r, req, rm, before, err)
+			return
+		}
 	}
+	rec.finish()
+}
 
-	err = t.commit(rt, r.Context(), tx, fence, rec.response(rt.replayHeaders))
+// answerUncommitted answers instead of the handler when its writes and
+// record could not be committed.
+func (t *txRunner) answerUncommitted(rt *route, w http.ResponseWriter, r *http.Request, req ClaimRequest, rm *routeMetrics,
+	before http.Header, err error) {
+	m := rt.m
 	switch {
-	case err == nil:
-		rec.finish()
 	case errors.Is(err, ErrNotOwner):
 		// The key was reclaimed while this handler ran: its writes rolled
 		// back, and the client gets what any duplicate would.
 		m.log.Warn("idempotency: key reclaimed while its handler ran; writes rolled back",
 			"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key)
-		clear(w.Header())
+		restoreHeader(w.Header(), before)
 		t.answerAsLoser(rt, w, r, req, rm)
 	default:
 		m.log.Error("idempotency: commit failed; the key is reclaimable after its lease",
 			"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key, "reason", storeReason(err), "error", err)
 		rm.recordFailures.Inc()
-		clear(w.Header())
+		restoreHeader(w.Header(), before)
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, bodyUnavailable)
 	}

@@ -1,19 +1,24 @@
 package idempotency_test
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,6 +30,7 @@ import (
 // orders table the handler writes through the route's transaction.
 type txFixture struct {
 	pool  *pgxpool.Pool
+	reg   *prometheus.Registry
 	calls atomic.Int64
 	// behave decides each execution's answer; nil writes an order and
 	// answers 201.
@@ -33,12 +39,12 @@ type txFixture struct {
 
 func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig) (*txFixture, http.Handler) {
 	t.Helper()
-	f := &txFixture{pool: testdb.New(t, testdb.MaxConns(16))}
+	f := &txFixture{pool: testdb.New(t, testdb.MaxConns(16)), reg: prometheus.NewRegistry()}
 	if _, err := f.pool.Exec(context.Background(),
 		`CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, execution BIGINT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), quiet
+	cfg.Registerer, cfg.Logger = f.reg, cmp.Or(cfg.Logger, quiet)
 	cfg.Enabled = func(r *http.Request) bool { return r.Header.Get("X-Disabled") == "" }
 	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
 	if err != nil {
@@ -492,5 +498,315 @@ func TestTxNeverReclaimsAnOrdinaryClaim(t *testing.T) {
 	<-stuck
 	if f.calls.Load() != 0 || f.orders(t) != 0 {
 		t.Fatalf("the transactional route executed a key an ordinary route owned: calls %d, orders %d", f.calls.Load(), f.orders(t))
+	}
+}
+
+// logBuffer collects a logger's output for tests that check an event was
+// logged.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// gathered sums the series of a counter in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// keyStatus reads a key's row status.
+func (f *txFixture) keyStatus(t *testing.T, key string) string {
+	t.Helper()
+	var status string
+	if err := f.pool.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE idem_key = $1`, key).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	return status
+}
+
+// emailTaken makes the fixture's handler insert an e-mail address that is
+// already taken, catch the unique violation and answer 409 email_taken from
+// the aborted transaction, as a sign-up handler would.
+func emailTaken(t *testing.T, f *txFixture) {
+	t.Helper()
+	if _, err := f.pool.Exec(context.Background(), `CREATE TABLE users (email TEXT PRIMARY KEY);
+		INSERT INTO users VALUES ('taken@example.com')`); err != nil {
+		t.Fatal(err)
+	}
+	f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		_, err := tx.Exec(r.Context(), `INSERT INTO users VALUES ('taken@example.com')`)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+			t.Errorf("insert of a taken address: %v", err)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprint(w, `{"error":"email_taken"}`)
+		return true
+	}
+}
+
+// TestTxAbortedTransaction: a handler that catches a failed statement and
+// answers 409 from the aborted transaction gets its answer sent and
+// recorded (outside the transaction): its writes rolled back, the retry
+// replays the 409 and never runs the handler again. It used to get 503 and
+// leave the key in flight, to be reclaimed and re-run after every lease.
+func TestTxAbortedTransaction(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	emailTaken(t, f)
+	key := uuid.NewString()
+	first := do(h, key, `{}`)
+	if first.Code != http.StatusConflict || first.Body.String() != `{"error":"email_taken"}` {
+		t.Fatalf("first: %d %s, want the handler's 409 email_taken", first.Code, first.Body)
+	}
+	if st := f.keyStatus(t, key); st != "completed" {
+		t.Fatalf("key status %q, want completed", st)
+	}
+	retry := do(h, key, `{}`)
+	if retry.Code != http.StatusConflict || retry.Header().Get(idempotency.HeaderReplayed) != "true" ||
+		!isReplayOf(retry.Body.String(), first.Body.String()) {
+		t.Fatalf("retry: %d %s, want the replay of the 409", retry.Code, retry.Body)
+	}
+	if f.calls.Load() != 1 || f.orders(t) != 0 {
+		t.Fatalf("executions %d, orders %d; want 1 and none (the aborted transaction's insert rolled back)", f.calls.Load(), f.orders(t))
+	}
+}
+
+// TestTxPassThroughAbortedTransaction: without a key, a handler answering
+// 409 from an aborted transaction gets its answer sent (its writes rolled
+// back), not a 503 claiming the store failed.
+func TestTxPassThroughAbortedTransaction(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	emailTaken(t, f)
+	if w := do(h, "", `{}`); w.Code != http.StatusConflict || w.Body.String() != `{"error":"email_taken"}` {
+		t.Fatalf("no key: %d %s, want the handler's 409 email_taken", w.Code, w.Body)
+	}
+	if f.orders(t) != 0 {
+		t.Fatalf("orders %d, want none", f.orders(t))
+	}
+}
+
+// TestTxHandlerEndsTransaction: a handler that ends the route's transaction
+// itself with SQL is detected afterwards: an ERROR is logged, its answer is
+// recorded with an ordinary fenced statement, and its key is never given
+// back (what it committed stays committed, so a retry must not run again).
+func TestTxHandlerEndsTransaction(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		sql        string
+		rc         idempotency.RouteConfig
+		status     int
+		wantRetry  int
+		wantOrders int
+	}{
+		{"COMMIT then 201", "COMMIT", idempotency.RouteConfig{}, 201, 201, 1},
+		{"ROLLBACK then 201", "ROLLBACK", idempotency.RouteConfig{}, 201, 201, 0},
+		{"COMMIT then 500 under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 500, 409, 1},
+		{"COMMIT then 429", "COMMIT", idempotency.RouteConfig{}, 429, 429, 1},
+		{"COMMIT then panic under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 0, 409, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			logs := &logBuffer{}
+			f, h := newTxFixture(t, idempotency.Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}, c.rc)
+			f.behave = func(n int64, w http.ResponseWriter, r *http.Request) bool {
+				tx, _ := idempotency.TxFromContext(r.Context())
+				if _, err := tx.Exec(r.Context(), c.sql); err != nil {
+					t.Errorf("%s: %v", c.sql, err)
+				}
+				status := c.status
+				if status == 0 {
+					if n == 1 {
+						panic("after " + c.sql)
+					}
+					status = http.StatusCreated // a re-execution, which must not happen
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(status)
+				fmt.Fprint(w, `{"done":true}`)
+				return true
+			}
+			key := uuid.NewString()
+			if c.status == 0 {
+				func() {
+					defer func() { _ = recover() }()
+					do(h, key, `{}`)
+				}()
+			} else if w := do(h, key, `{}`); w.Code != c.status {
+				t.Fatalf("first: %d %s", w.Code, w.Body)
+			}
+			if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "ended the route's transaction") {
+				t.Errorf("no ERROR logged; logs:\n%s", logs)
+			}
+			w := do(h, key, `{}`)
+			if w.Code != c.wantRetry || c.wantRetry != 409 && w.Header().Get(idempotency.HeaderReplayed) != "true" {
+				t.Fatalf("retry: %d %s, want %d replayed", w.Code, w.Body, c.wantRetry)
+			}
+			if f.calls.Load() != 1 || f.orders(t) != c.wantOrders {
+				t.Fatalf("executions %d, orders %d; want 1 and %d", f.calls.Load(), f.orders(t), c.wantOrders)
+			}
+		})
+	}
+}
+
+// TestTxAnswersKeepOuterHeaders: when the middleware answers instead of the
+// handler (503 after a failed commit, with and without a key; the loser's
+// answer after the key was taken over), it drops only the headers the
+// handler set, not those outer middleware set before (CORS, request id).
+func TestTxAnswersKeepOuterHeaders(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		key    bool
+		fenced bool // the key's attempt moves under the handler: its record is fenced out
+		want   int
+	}{
+		{"failed commit", true, false, 503},
+		{"failed commit without a key", false, false, 503},
+		{"key taken over", true, true, 409},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+			if _, err := f.pool.Exec(context.Background(),
+				`CREATE TABLE deferred (id INT, CONSTRAINT deferred_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+				t.Fatal(err)
+			}
+			f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+				tx, _ := idempotency.TxFromContext(r.Context())
+				key, _ := idempotency.KeyFromContext(r.Context())
+				var err error
+				if c.fenced {
+					_, err = f.pool.Exec(r.Context(), `UPDATE idempotency_keys SET attempt = attempt + 1 WHERE idem_key = $1`, key)
+				} else {
+					// Violates a deferred constraint: the COMMIT fails.
+					_, err = tx.Exec(r.Context(), `INSERT INTO deferred VALUES (1), (1)`)
+				}
+				if err != nil {
+					t.Error(err)
+				}
+				w.Header().Set("X-Handler", "1")
+				return false
+			}
+			outer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Access-Control-Allow-Origin", "https://app.example")
+				w.Header().Set("X-Request-Id", "req-1")
+				h.ServeHTTP(w, r)
+			})
+			key := ""
+			if c.key {
+				key = uuid.NewString()
+			}
+			w := do(outer, key, `{}`)
+			if w.Code != c.want {
+				t.Fatalf("answer %d %s, want %d", w.Code, w.Body, c.want)
+			}
+			hdr := w.Header()
+			if hdr.Get("Access-Control-Allow-Origin") != "https://app.example" || hdr.Get("X-Request-Id") != "req-1" {
+				t.Errorf("outer middleware's headers lost: %v", hdr)
+			}
+			if hdr.Get("X-Handler") != "" || hdr.Get("Location") != "" {
+				t.Errorf("the handler's headers went out with the middleware's answer: %v", hdr)
+			}
+			if f.orders(t) != 0 {
+				t.Errorf("orders %d, want none", f.orders(t))
+			}
+		})
+	}
+}
+
+// TestTxResponseOverBufferCap: a transactional response over four times
+// MaxResponseBytes is not buffered on: the handler's writes roll back, the
+// key is failed, the client gets 500 idempotency_response_too_large, and
+// the metric counts it. A response between the limit and the cap is sent
+// and recorded without its body, as on any route.
+func TestTxResponseOverBufferCap(t *testing.T) {
+	t.Parallel()
+	const limit = 1024
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{MaxResponseBytes: limit})
+	var writeErr atomic.Pointer[error]
+	f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		size := 3 * limit // between the limit and the cap
+		if r.Header.Get("X-Huge") != "" {
+			size = 64 * limit
+		}
+		w.Header().Set("X-Handler", "1")
+		chunk := bytes.Repeat([]byte("x"), 512)
+		for written := 0; written < size; written += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				writeErr.Store(&err)
+				break
+			}
+		}
+		return true
+	}
+	huge := func(key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`))
+		if key != "" {
+			r.Header.Set(idempotency.HeaderKey, key)
+		}
+		r.Header.Set("X-Huge", "1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	key := uuid.NewString()
+	w := huge(key)
+	if w.Code != 500 || w.Body.String() != `{"error":"idempotency_response_too_large"}` || w.Header().Get("X-Handler") != "" {
+		t.Fatalf("over the cap: %d %v %.100s", w.Code, w.Header(), w.Body)
+	}
+	if writeErr.Load() == nil {
+		t.Error("the handler's Write past the cap returned no error")
+	}
+	if st := f.keyStatus(t, key); st != "failed" {
+		t.Fatalf("key status %q, want failed", st)
+	}
+	if w := huge(key); w.Code != 409 || !strings.Contains(w.Body.String(), "idempotency_previous_failed") {
+		t.Fatalf("retry: %d %.100s", w.Code, w.Body)
+	}
+	if w := huge(""); w.Code != 500 || w.Body.String() != `{"error":"idempotency_response_too_large"}` {
+		t.Fatalf("over the cap without a key: %d %.100s", w.Code, w.Body)
+	}
+	if f.orders(t) != 0 || f.calls.Load() != 2 {
+		t.Fatalf("orders %d, executions %d; want none and 2", f.orders(t), f.calls.Load())
+	}
+	if n := gathered(t, f.reg, "idempotency_response_too_large_total"); n != 2 {
+		t.Fatalf("idempotency_response_too_large_total = %v, want 2", n)
+	}
+
+	key = uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 200 || w.Body.Len() != 3*limit {
+		t.Fatalf("under the cap: %d, %d bytes", w.Code, w.Body.Len())
+	}
+	if w := do(h, key, `{}`); w.Code != 409 || !strings.Contains(w.Body.String(), "idempotency_response_not_stored") {
+		t.Fatalf("retry under the cap: %d %s", w.Code, w.Body)
 	}
 }
