@@ -667,7 +667,9 @@ func (rt *route) storeUnavailable(w http.ResponseWriter, r *http.Request, label,
 	}
 	// A store that refuses this request's values is not down: it would
 	// refuse every retry alike, so a fail-open bypass would run each one.
-	if rt.failOpen && reason != ReasonData {
+	// Nor is a full memory store: any client can fill it on purpose, and
+	// must not earn a bypass by doing so.
+	if rt.failOpen && reason != ReasonData && reason != ReasonFull {
 		rt.m.log.Warn("idempotency: store unavailable, running without deduplication",
 			"endpoint", label, "operation", op, "reason", reason, "error", err)
 		rt.m.metrics.bypasses.WithLabelValues(label, reasonStoreUnavailable).Inc()

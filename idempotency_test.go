@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -888,6 +889,56 @@ func TestDataErrors(t *testing.T) {
 				t.Errorf("bypasses = %v, want 0", n)
 			}
 		})
+	}
+}
+
+// TestMemoryStoreFull: a full memory store refuses new keys with 503 on a
+// fail-open route too, without running the handler: a client that fills
+// the store on purpose must not earn a bypass. Stored keys still replay.
+func TestMemoryStoreFull(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	MemoryMaxRows(2)(h.store.MemoryStore)
+	billing := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
+	orders := h.route(RouteConfig{Name: "orders"}, orderHandler)
+	keys := []string{uuid.NewString(), uuid.NewString()}
+	for _, k := range keys {
+		if w := send(t, billing, "POST", "/billing", k, `{"plan":"pro"}`); w.Code != 201 {
+			t.Fatalf("below the cap: %d %s", w.Code, w.Body)
+		}
+	}
+
+	for _, rt := range []struct {
+		name string
+		h    http.Handler
+	}{{"billing", billing}, {"orders", orders}} {
+		w := send(t, rt.h, "POST", "/x", uuid.NewString(), `{"plan":"pro"}`)
+		assertJSONError(t, w, 503, `{"error":"idempotency_store_unavailable"}`)
+		if w.Header().Get("Retry-After") != "1" {
+			t.Errorf("%s: Retry-After %q, want 1", rt.name, w.Header().Get("Retry-After"))
+		}
+		if n := counter(t, h.mw.metrics.rejections.WithLabelValues(rt.name, reasonStoreUnavailable)); n != 1 {
+			t.Errorf("%s: store_unavailable rejections = %v, want 1", rt.name, n)
+		}
+	}
+	if n := h.calls.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2: a full store was bypassed", n)
+	}
+	if n := counter(t, h.mw.metrics.bypasses.WithLabelValues("billing", reasonStoreUnavailable)); n != 0 {
+		t.Errorf("bypasses = %v, want 0", n)
+	}
+	if n := counter(t, h.mw.metrics.storeErrors.WithLabelValues("claim", ReasonFull)); n != 2 {
+		t.Errorf("store errors (claim, full) = %v, want 2", n)
+	}
+
+	// The stored keys replay; once they expire, new keys are served again.
+	w := send(t, billing, "POST", "/billing", keys[0], `{"plan":"pro"}`)
+	if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" {
+		t.Errorf("replay in a full store: %d, replayed %q", w.Code, w.Header().Get(HeaderReplayed))
+	}
+	h.clock.Advance(DefaultTTL + time.Minute)
+	if w := send(t, billing, "POST", "/billing", uuid.NewString(), `{"plan":"pro"}`); w.Code != 201 || h.calls.Load() != 3 {
+		t.Errorf("after the keys expired: %d, %d handler runs", w.Code, h.calls.Load())
 	}
 }
 

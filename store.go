@@ -167,6 +167,7 @@ const (
 	ReasonPermission = "permission" // the database role lacks a privilege
 	ReasonConflict   = "conflict"   // serialization failures persisted past the retries
 	ReasonData       = "data"       // the store refused the values themselves (e.g. a scope Postgres cannot hold): retrying cannot help
+	ReasonFull       = "full"       // a MemoryStore holds its MemoryMaxRows: a new key is refused on both policies, never bypassed
 	ReasonOther      = "other"      // anything else
 )
 

@@ -3,7 +3,9 @@ package idempotency
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -17,15 +19,34 @@ import (
 // never see each other's keys, so it gives no protection across replicas,
 // and it loses every key when the process exits.
 //
+// Memory is bounded only by MemoryMaxRows: without it, a client that sends
+// new keys fills the process's memory for the keys' TTL. Cleanup
+// (DeleteExpired) costs in proportion to the rows it deletes, erasure and
+// export to the rows of the scope, never to the whole store.
+//
 // A MemoryStore is safe for concurrent use. The zero value is an empty store
-// ready to use; NewMemoryStore returns one too.
+// ready to use, without a cap; NewMemoryStore returns one too.
 type MemoryStore struct {
-	now func() time.Time // the store's clock; nil means time.Now
+	now     func() time.Time // the store's clock; nil means time.Now
+	maxRows int              // 0: no cap
 
 	mu     sync.Mutex
 	lastID int64
 	ids    map[memoryKey]int64
-	rows   map[int64]*Record // Expired and LeaseOver are never set here
+	rows   map[int64]*memoryRow
+	scopes map[string]map[int64]*memoryRow // the rows of each scope, for erasure and export
+	expiry memoryExpiry                    // every row, the first cleanup may delete on top
+	visits int                             // rows cleanup looked at (tests)
+}
+
+// memoryRow is a stored row with its place in the cleanup order.
+type memoryRow struct {
+	Record // Expired and LeaseOver are never set here
+	// due is when cleanup may delete the row: its expiry, or for an
+	// in_flight row the later of its expiry and its lease end (a running
+	// lease keeps a row). The row may go once due is before now.
+	due   time.Time
+	index int // its index in MemoryStore.expiry
 }
 
 // memoryKey is the unique (key, scope, endpoint) of a row.
@@ -35,9 +56,34 @@ type memoryKey struct {
 
 var _ Store = (*MemoryStore)(nil)
 
-// NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{now: time.Now}
+// NewMemoryStore returns an empty MemoryStore configured by opts.
+func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
+	s := &MemoryStore{now: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// MemoryOption configures a MemoryStore built by NewMemoryStore.
+type MemoryOption func(*MemoryStore)
+
+// MemoryMaxRows caps the rows the store holds at n, expired rows that
+// cleanup has not deleted yet included. When the store is full, a claim of
+// a new key first deletes the row whose time ran out first, if cleanup
+// could delete it; otherwise the claim fails with a *StoreError of reason
+// ReasonFull, which the middleware answers with 503
+// idempotency_store_unavailable on fail-closed and fail-open routes alike:
+// a full store is never bypassed, since any client can fill it on purpose.
+// Keys already stored are still answered (replays, conflicts, takeovers of
+// expired keys). A row takes about 600 bytes plus its recorded response
+// (measured: 540 bytes with a short scope and endpoint). n of 0 means no
+// cap, the default; MemoryMaxRows panics when n is negative.
+func MemoryMaxRows(n int) MemoryOption {
+	if n < 0 {
+		panic(fmt.Sprintf("idempotency: MemoryMaxRows must not be negative, got %d", n))
+	}
+	return func(s *MemoryStore) { s.maxRows = n }
 }
 
 // Stored responses are never modified in place: Complete stores a fresh copy
@@ -54,16 +100,17 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 	s.mu.Lock()
 	now := s.clock()
 	if id, ok := s.ids[k]; ok {
-		rec := *s.rows[id]
+		rec := s.rows[id].Record
 		s.mu.Unlock()
 		return ClaimResult{Record: memoryReadRecord(rec, now)}, nil
 	}
-	if s.rows == nil {
-		s.ids = make(map[memoryKey]int64)
-		s.rows = make(map[int64]*Record)
+	if s.maxRows > 0 && len(s.rows) >= s.maxRows && !s.deleteFirstExpired(now) {
+		s.mu.Unlock()
+		return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonFull,
+			Err: fmt.Errorf("the memory store holds its maximum of %d rows, none of them expired", s.maxRows)}
 	}
 	s.lastID++
-	row := &Record{
+	row := &memoryRow{Record: Record{
 		ID:          s.lastID,
 		Key:         req.Key,
 		Scope:       req.Scope,
@@ -76,10 +123,9 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		LockedUntil: now.Add(req.Lease),
 		ExpiresAt:   now.Add(req.TTL),
 		Reclaimable: req.Reclaimable,
-	}
-	s.ids[k] = row.ID
-	s.rows[row.ID] = row
-	rec := *row
+	}}
+	s.insert(k, row)
+	rec := row.Record
 	s.mu.Unlock()
 	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
 }
@@ -95,7 +141,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(row, now) {
+	if !ok || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
 		s.mu.Unlock()
 		return ClaimResult{}, nil
 	}
@@ -108,7 +154,8 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = now.Add(req.TTL)
 	row.Reclaimable = req.Reclaimable
-	rec := *row
+	s.reorder(row)
+	rec := row.Record
 	s.mu.Unlock()
 	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
 }
@@ -130,7 +177,8 @@ func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (C
 	row.LockedAt = now
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = maxTime(row.ExpiresAt, now.Add(req.TTL))
-	rec := *row
+	s.reorder(row)
+	rec := row.Record
 	s.mu.Unlock()
 	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
 }
@@ -147,15 +195,19 @@ func maxTime(a, b time.Time) time.Time {
 // reuse resp's header and body afterwards.
 func (s *MemoryStore) Complete(ctx context.Context, f Fence, resp Response) error {
 	resp = memoryCloneResponse(resp)
-	return s.finish(ctx, "complete", f, func(row *Record) {
+	return s.finish(ctx, "complete", f, func(row *memoryRow) {
 		row.Status = StatusCompleted
 		row.Response = resp
+		s.reorder(row) // no longer held by its lease
 	})
 }
 
 // Fail implements Store.
 func (s *MemoryStore) Fail(ctx context.Context, f Fence) error {
-	return s.finish(ctx, "fail", f, func(row *Record) { row.Status = StatusFailed })
+	return s.finish(ctx, "fail", f, func(row *memoryRow) {
+		row.Status = StatusFailed
+		s.reorder(row) // no longer held by its lease
+	})
 }
 
 // Release implements Store.
@@ -165,7 +217,7 @@ func (s *MemoryStore) Release(ctx context.Context, f Fence) error {
 
 // finish applies an owner's state change to the row f owns in flight, or
 // returns ErrNotOwner when f no longer owns it.
-func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change func(*Record)) error {
+func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change func(*memoryRow)) error {
 	if err := memoryCtxError(ctx, op); err != nil {
 		return err
 	}
@@ -179,8 +231,9 @@ func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change fun
 	return nil
 }
 
-// DeleteExpired implements Store. It deletes the rows that expired first;
-// a limit of zero or less deletes nothing.
+// DeleteExpired implements Store. It deletes the rows whose time ran out
+// first; a limit of zero or less deletes nothing. Its cost is proportional
+// to the rows it deletes, whatever the store holds.
 func (s *MemoryStore) DeleteExpired(ctx context.Context, limit int) (int64, error) {
 	if err := memoryCtxError(ctx, "cleanup"); err != nil {
 		return 0, err
@@ -192,22 +245,27 @@ func (s *MemoryStore) DeleteExpired(ctx context.Context, limit int) (int64, erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	var expired []*Record
-	for _, row := range s.rows {
-		if row.ExpiresAt.Before(now) && !memoryLeaseRunning(row, now) {
-			expired = append(expired, row)
-		}
+	var n int64
+	for n < int64(limit) && s.deleteFirstExpired(now) {
+		n++
 	}
-	if len(expired) > limit {
-		slices.SortFunc(expired, func(a, b *Record) int {
-			return cmp.Or(a.ExpiresAt.Compare(b.ExpiresAt), cmp.Compare(a.ID, b.ID))
-		})
-		expired = expired[:limit]
+	return n, nil
+}
+
+// deleteFirstExpired deletes the row whose time ran out first, when cleanup
+// may delete it (expired, and not in_flight inside its lease), and reports
+// whether it did. s.mu must be held.
+func (s *MemoryStore) deleteFirstExpired(now time.Time) bool {
+	if len(s.expiry) == 0 {
+		return false
 	}
-	for _, row := range expired {
-		s.delete(row)
+	s.visits++
+	row := s.expiry[0]
+	if !row.due.Before(now) {
+		return false
 	}
-	return int64(len(expired)), nil
+	s.delete(row)
+	return true
 }
 
 // DeleteScope implements Store. The skipped rows are reported oldest first.
@@ -219,11 +277,10 @@ func (s *MemoryStore) DeleteScope(ctx context.Context, scope string) (ErasureRes
 	var res ErasureResult
 	s.mu.Lock()
 	now := s.clock()
-	for _, row := range s.rows {
+	for _, row := range s.scopes[scope] {
 		switch {
-		case row.Scope != scope:
-		case memoryLeaseRunning(row, now):
-			res.Skipped = append(res.Skipped, *row)
+		case memoryLeaseRunning(&row.Record, now):
+			res.Skipped = append(res.Skipped, row.Record)
 		default:
 			s.delete(row)
 			res.Deleted++
@@ -247,10 +304,8 @@ func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, 
 	var recs []Record
 	s.mu.Lock()
 	now := s.clock()
-	for _, row := range s.rows {
-		if row.Scope == scope {
-			recs = append(recs, *row)
-		}
+	for _, row := range s.scopes[scope] {
+		recs = append(recs, row.Record)
 	}
 	s.mu.Unlock()
 
@@ -271,7 +326,7 @@ func (s *MemoryStore) clock() time.Time {
 }
 
 // owned returns the row f owns in_flight, or nil. s.mu must be held.
-func (s *MemoryStore) owned(f Fence) *Record {
+func (s *MemoryStore) owned(f Fence) *memoryRow {
 	row, ok := s.rows[f.ID]
 	if !ok || row.Status != StatusInFlight || row.Attempt != f.Attempt {
 		return nil
@@ -279,10 +334,79 @@ func (s *MemoryStore) owned(f Fence) *Record {
 	return row
 }
 
+// insert adds a new row under k. s.mu must be held.
+func (s *MemoryStore) insert(k memoryKey, row *memoryRow) {
+	if s.rows == nil {
+		s.ids = make(map[memoryKey]int64)
+		s.rows = make(map[int64]*memoryRow)
+		s.scopes = make(map[string]map[int64]*memoryRow)
+	}
+	s.ids[k] = row.ID
+	s.rows[row.ID] = row
+	scope := s.scopes[row.Scope]
+	if scope == nil {
+		scope = make(map[int64]*memoryRow)
+		s.scopes[row.Scope] = scope
+	}
+	scope[row.ID] = row
+	row.due = memoryDue(&row.Record)
+	heap.Push(&s.expiry, row)
+}
+
+// reorder moves row to its place in the cleanup order after a change of
+// its status, expiry or lease. s.mu must be held.
+func (s *MemoryStore) reorder(row *memoryRow) {
+	row.due = memoryDue(&row.Record)
+	heap.Fix(&s.expiry, row.index)
+}
+
 // delete removes row. s.mu must be held.
-func (s *MemoryStore) delete(row *Record) {
+func (s *MemoryStore) delete(row *memoryRow) {
 	delete(s.ids, memoryKey{key: row.Key, scope: row.Scope, endpoint: row.Endpoint})
 	delete(s.rows, row.ID)
+	if scope := s.scopes[row.Scope]; len(scope) <= 1 {
+		delete(s.scopes, row.Scope)
+	} else {
+		delete(scope, row.ID)
+	}
+	heap.Remove(&s.expiry, row.index)
+}
+
+// memoryDue returns when cleanup may delete row: see memoryRow.due.
+func memoryDue(row *Record) time.Time {
+	if row.Status == StatusInFlight {
+		return maxTime(row.ExpiresAt, row.LockedUntil)
+	}
+	return row.ExpiresAt
+}
+
+// memoryExpiry is a min-heap of rows by due time, then id
+// (container/heap), so the row cleanup may delete first is always on top.
+type memoryExpiry []*memoryRow
+
+func (h memoryExpiry) Len() int { return len(h) }
+
+func (h memoryExpiry) Less(i, j int) bool {
+	return cmp.Or(h[i].due.Compare(h[j].due), cmp.Compare(h[i].ID, h[j].ID)) < 0
+}
+
+func (h memoryExpiry) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+
+func (h *memoryExpiry) Push(x any) {
+	row := x.(*memoryRow)
+	row.index = len(*h)
+	*h = append(*h, row)
+}
+
+func (h *memoryExpiry) Pop() any {
+	old := *h
+	row := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return row
 }
 
 // memoryLeaseRunning reports whether row is in_flight with its lease not over:

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency/internal/storedbody"
 )
 
 // PostgresStore is a Store on a PostgreSQL table, idempotency_keys (see
@@ -524,19 +526,20 @@ var jsonStoredRaw = []byte(`null`)
 
 // decodeResponse rebuilds a recorded response from its columns: a JSONB
 // body is BodyJSON; both a JSONB and a raw body are a BodyJSON kept raw
-// (see Complete); a raw body alone is BodyRaw; neither is BodyNone.
+// (see Complete); a raw body alone is BodyRaw; neither is BodyNone. The
+// CLI's inspect decodes the body columns with the same storedbody.Decode.
 func decodeResponse(code *int16, body, raw, headers []byte) (Response, error) {
 	var resp Response
 	if code != nil {
 		resp.Status = int(*code)
 	}
-	switch {
-	case body != nil && raw != nil:
-		resp.Body, resp.BodyKind = raw, BodyJSON
-	case body != nil:
-		resp.Body, resp.BodyKind = body, BodyJSON
-	case raw != nil:
-		resp.Body, resp.BodyKind = raw, BodyRaw
+	var kind storedbody.Kind
+	resp.Body, kind = storedbody.Decode(body, raw)
+	switch kind {
+	case storedbody.JSON:
+		resp.BodyKind = BodyJSON
+	case storedbody.Raw:
+		resp.BodyKind = BodyRaw
 	}
 	if headers != nil {
 		if err := json.Unmarshal(headers, &resp.Header); err != nil {

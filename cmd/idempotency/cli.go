@@ -181,21 +181,31 @@ func checkUser(u string) error {
 	return nil
 }
 
-// requireUser returns the --user value of erase and export, which must be
-// given explicitly (an empty --user for the unscoped scope).
-func requireUser(cmd string, u optString) (string, error) {
-	if !u.set {
-		return "", usagef("--user is required (the user scope to %s; --user '' for keys stored without a user)", cmd)
+// scopeFlags returns the user scope of erase and export, which must be
+// named explicitly: --user with a non-empty ID, or --unscoped for the keys
+// stored without a user. An empty --user is refused, so that an empty
+// shell variable (--user "$USER_ID") never selects every unscoped key.
+func scopeFlags(cmd string, u optString, unscoped bool) (string, error) {
+	switch {
+	case unscoped && u.set:
+		return "", usagef("--user and --unscoped exclude each other (see idempotency %s --help)", cmd)
+	case unscoped:
+		return "", nil
+	case !u.set:
+		return "", usagef("--user ID or --unscoped is required (the user scope to %s; --unscoped for keys stored without a user)", cmd)
+	case u.v == "":
+		return "", usagef("--user is empty: give a user ID, or --unscoped for keys stored without a user")
 	}
 	return u.v, checkUser(u.v)
 }
 
 // parseScopeCommand parses the flags of a command that acts on one user
-// scope (erase, export): --user is required, and nothing else is taken.
+// scope (erase, export): --user ID or --unscoped, and nothing else.
 func parseScopeCommand(c *cli, cmd string, args []string, help func(io.Writer), verb string) (string, error) {
 	flags := c.flagSet(cmd)
 	var user optString
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to "+verb+"; required, '' for unscoped keys")
+	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to "+verb+"; required unless --unscoped; never empty")
+	unscoped := flags.Bool("unscoped", false, verb+" the keys stored without a user (the '' scope) instead of a user's")
 	pos, err := c.parse(flags, args, help)
 	if err != nil {
 		return "", err
@@ -203,7 +213,7 @@ func parseScopeCommand(c *cli, cmd string, args []string, help func(io.Writer), 
 	if err := noArgs(cmd, pos); err != nil {
 		return "", err
 	}
-	return requireUser(cmd, user)
+	return scopeFlags(cmd, user, *unscoped)
 }
 
 // describeUser names a user scope for messages.

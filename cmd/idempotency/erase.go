@@ -11,11 +11,13 @@ import (
 )
 
 func eraseHelp(w io.Writer) {
-	fmt.Fprint(w, `Usage: idempotency erase --user ID [flags]
+	fmt.Fprint(w, `Usage: idempotency erase (--user ID | --unscoped) [flags]
 
 Deletes every stored key of one user scope, with its recorded request hash and
-response: the erasure step of a GDPR request. --user is required; --user ''
-erases the keys stored without a user.
+response: the erasure step of a GDPR request. --user ID names the user;
+--unscoped erases the keys stored without a user instead. An empty --user is
+refused (exit status 2), so an unset variable in --user "$USER_ID" never
+erases every unscoped key.
 
 A key whose request is running right now (in_flight, lease not over) is left
 in place, so the running request can still finish; such keys are listed (key,

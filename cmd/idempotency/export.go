@@ -11,12 +11,13 @@ import (
 )
 
 func exportHelp(w io.Writer) {
-	fmt.Fprint(w, `Usage: idempotency export --user ID [flags]
+	fmt.Fprint(w, `Usage: idempotency export (--user ID | --unscoped) [flags]
 
 Writes every stored key of one user scope, oldest first, as JSON lines on
 stdout (one object per key), for a GDPR access or portability request.
---user is required; --user '' exports the keys stored without a user. The
-output is always JSON lines, --json or not; a count goes to stderr.
+--user ID names the user; --unscoped exports the keys stored without a user
+instead. An empty --user is refused (exit status 2). The output is always
+JSON lines, --json or not; a count goes to stderr.
 
 Fields: key, user, endpoint, request_hash, status (in_flight, completed,
 failed), attempt, response_code (null when none is recorded),

@@ -35,11 +35,13 @@ Example:
 }
 
 // inspectSQL reads the rows of a key in a scope ($1 key, $2 scope, $3
-// endpoint or NULL for all); bodies and headers only when $4.
+// endpoint or NULL for all); bodies and headers only when $4. A JSON body
+// JSONB refused is in the raw column (with a marker in the JSONB column),
+// so the raw column's length comes first; storedBody decodes the bodies.
 const inspectSQL = `SELECT idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	response_code,
 	CASE WHEN response_body IS NOT NULL THEN 'json' WHEN response_body_raw IS NOT NULL THEN 'raw' ELSE 'none' END,
-	coalesce(octet_length(response_body::text), octet_length(response_body_raw), 0),
+	coalesce(octet_length(response_body_raw), octet_length(response_body::text), 0),
 	CASE WHEN $4::boolean THEN response_body END,
 	CASE WHEN $4::boolean THEN response_body_raw END,
 	CASE WHEN $4::boolean THEN response_headers END,
@@ -135,12 +137,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		r.LockedUntil, r.ExpiresAt = r.LockedUntil.UTC(), r.ExpiresAt.UTC()
 		if *showBody {
 			r.ResponseHeaders = headers
-			switch {
-			case body != nil:
-				r.setBody(idempotency.BodyJSON, body)
-			case raw != nil:
-				r.setBody(idempotency.BodyRaw, raw)
-			}
+			r.setBody(storedBody(body, raw))
 		}
 		out = append(out, r)
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +155,74 @@ func TestInspectStaleVerdict(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out.Rows) != 1 ||
 			!out.Rows[0].Stale || out.Rows[0].Reclaimable != c.reclaimable {
 			t.Errorf("inspect --json %s (want reclaimable %v): %v\n%s", c.key, c.reclaimable, err, r.stdout)
+		}
+	}
+}
+
+// TestInspectJSONStoredRaw: a JSON body JSONB refuses (a \u0000 escape, a
+// number beyond numeric's range) is kept byte for byte in the raw column,
+// with a marker in the JSONB column. inspect --show-body decodes it as
+// export does: the body itself and its length, never the marker.
+func TestInspectJSONStoredRaw(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	const ep = "POST /api/reports"
+	for _, body := range []string{`{"note":"a\u0000b","id":7}`, `{"big":1e400000,"id":8}`} {
+		key := newKey()
+		db.complete(t, key, "9", ep, time.Hour, jsonResp(200, body))
+
+		r := runDB(t, db.dsn, "inspect", "--user", "9", "--key", key, "--show-body")
+		wantCode(t, r, exitOK)
+		for _, want := range []string{
+			fmt.Sprintf("response   200, json body, %d bytes\n", len(body)),
+			"body       " + body + "\n",
+		} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("inspect --show-body of %s lacks %q:\n%s", body, want, r.stdout)
+			}
+		}
+
+		r = runDB(t, db.dsn, "inspect", "--json", "--user", "9", "--key", key, "--show-body")
+		wantCode(t, r, exitOK)
+		var out struct {
+			Rows []struct {
+				Kind  string          `json:"response_body_kind"`
+				Body  json.RawMessage `json:"response_body"`
+				Bytes int64           `json:"response_body_bytes"`
+			}
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out.Rows) != 1 {
+			t.Fatalf("inspect --json: %v\n%s", err, r.stdout)
+		}
+		var got bytes.Buffer
+		if err := json.Compact(&got, out.Rows[0].Body); err != nil || got.String() != body ||
+			out.Rows[0].Kind != "json" || out.Rows[0].Bytes != int64(len(body)) {
+			t.Errorf("inspect --json of %s: kind %q, %d bytes, body %s (%v)",
+				body, out.Rows[0].Kind, out.Rows[0].Bytes, out.Rows[0].Body, err)
+		}
+
+		// export says the same.
+		r = runDB(t, db.dsn, "export", "--user", "9")
+		wantCode(t, r, exitOK)
+		var exported struct {
+			Key  string          `json:"key"`
+			Kind string          `json:"response_body_kind"`
+			Body json.RawMessage `json:"response_body"`
+		}
+		found := false
+		for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+			if err := json.Unmarshal([]byte(l), &exported); err != nil {
+				t.Fatalf("export line %q: %v", l, err)
+			}
+			if exported.Key == key {
+				found = true
+				if exported.Kind != "json" || string(exported.Body) != body {
+					t.Errorf("export of %s: kind %q, body %s", body, exported.Kind, exported.Body)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("export lacks key %s:\n%s", key, r.stdout)
 		}
 	}
 }

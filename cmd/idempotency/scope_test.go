@@ -73,13 +73,39 @@ func TestErase(t *testing.T) {
 	}
 
 	// The unscoped scope is erased only when asked for explicitly.
-	r = runDB(t, db.dsn, "erase", "--user", "")
+	r = runDB(t, db.dsn, "erase", "--unscoped")
 	wantCode(t, r, exitOK)
 	if r.stdout != "erased 1 row of the unscoped ('') scope\n" {
-		t.Errorf("erase --user '' printed %q", r.stdout)
+		t.Errorf("erase --unscoped printed %q", r.stdout)
 	}
 	if n := db.count(t, "scope_user_id = 'u2'"); n != 1 {
 		t.Errorf("erase of '' touched u2")
+	}
+}
+
+// TestEmptyUserRefused: --user "$USER_ID" with an empty variable must not
+// select the unscoped scope: erase would delete every key stored without a
+// user. An empty --user is a usage error and touches nothing; the unscoped
+// scope takes --unscoped.
+func TestEmptyUserRefused(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	eraseFixture(t, db)
+	before := db.count(t, "true")
+	for _, args := range [][]string{
+		{"erase", "--user", ""}, {"erase", "--user="}, {"--json", "erase", "--user", ""}, {"export", "--user", ""},
+	} {
+		r := runDB(t, db.dsn, args...)
+		wantCode(t, r, exitUsage)
+		if !strings.Contains(r.stderr, "--user is empty: give a user ID, or --unscoped") || r.stdout != "" {
+			t.Errorf("%q: stdout %q, stderr %q", args, r.stdout, r.stderr)
+		}
+	}
+	if n := db.count(t, "scope_user_id = ''"); n != 1 {
+		t.Errorf("%d unscoped rows left, want 1: an empty --user erased them", n)
+	}
+	if n := db.count(t, "true"); n != before {
+		t.Errorf("%d rows left of %d", n, before)
 	}
 }
 
@@ -169,15 +195,15 @@ func TestExport(t *testing.T) {
 		t.Errorf("in-flight row exported as %v", f)
 	}
 
-	// --json changes nothing; the unscoped scope needs --user ''.
+	// --json changes nothing; the unscoped scope needs --unscoped.
 	r2 := runDB(t, db.dsn, "export", "--user", "42", "--json")
 	wantCode(t, r2, exitOK)
 	if r2.stdout != r.stdout {
 		t.Errorf("export --json differs from export")
 	}
-	r = runDB(t, db.dsn, "export", "--user", "")
+	r = runDB(t, db.dsn, "export", "--unscoped")
 	wantCode(t, r, exitOK)
-	if r.stdout != "" || !strings.Contains(r.stderr, "exported 0 rows") {
-		t.Errorf("export --user '' = %q, %q", r.stdout, r.stderr)
+	if r.stdout != "" || !strings.Contains(r.stderr, "exported 0 rows of the unscoped ('') scope") {
+		t.Errorf("export --unscoped = %q, %q", r.stdout, r.stderr)
 	}
 }

@@ -27,6 +27,10 @@ const (
 // janitorInterval is how often expired idempotency keys are deleted.
 const janitorInterval = 10 * time.Minute
 
+// memoryStoreMaxRows caps the in-memory idempotency store (memory mode):
+// past it, new keys get 503 until rows expire, on the billing route too.
+const memoryStoreMaxRows = 100_000
+
 // server is the example's HTTP handler with everything it serves from.
 type server struct {
 	cfg      config
@@ -92,7 +96,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 	case pool == nil && cfg.databaseURL == "":
 		s.mode = "memory"
 		s.data = newMemoryRepo()
-		store = idempotency.NewMemoryStore()
+		store = idempotency.NewMemoryStore(idempotency.MemoryMaxRows(memoryStoreMaxRows))
 	default:
 		s.mode = "postgres"
 		if pool == nil {
