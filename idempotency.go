@@ -665,11 +665,19 @@ func (rt *route) storeUnavailable(w http.ResponseWriter, r *http.Request, label,
 		writeJSON(w, http.StatusConflict, bodyInFlight)
 		return
 	}
-	// A store that refuses this request's values is not down: it would
-	// refuse every retry alike, so a fail-open bypass would run each one.
-	// Nor is a full memory store: any client can fill it on purpose, and
-	// must not earn a bypass by doing so.
-	if rt.failOpen && reason != ReasonData && reason != ReasonFull {
+	if reason == ReasonData {
+		// A store that refuses this request's values is not down: it
+		// would refuse every retry alike, so a fail-open bypass would run
+		// each one, and a 503 would invite retries that cannot succeed.
+		rt.m.log.Warn("idempotency: the store refused the request's scope or endpoint",
+			"endpoint", label, "operation", op, "error", err)
+		rt.m.metrics.rejections.WithLabelValues(label, reasonInvalidScope).Inc()
+		writeJSON(w, http.StatusBadRequest, bodyInvalidScope)
+		return
+	}
+	// Nor is a full memory store down: any client can fill it on purpose,
+	// and must not earn a bypass by doing so.
+	if rt.failOpen && reason != ReasonFull {
 		rt.m.log.Warn("idempotency: store unavailable, running without deduplication",
 			"endpoint", label, "operation", op, "reason", reason, "error", err)
 		rt.m.metrics.bypasses.WithLabelValues(label, reasonStoreUnavailable).Inc()

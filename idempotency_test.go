@@ -842,7 +842,8 @@ func (s *dataErrorStore) Complete(context.Context, Fence, Response) error {
 
 // TestDataErrors: a store that refuses a request's values is not down. The
 // record is not retried until the lease runs out (the client would wait for
-// nothing), and a fail-open route does not bypass (every retry would run).
+// nothing), and a refused claim is a 400 on both policies: a fail-open route
+// does not bypass (every retry would run).
 func TestDataErrors(t *testing.T) {
 	t.Parallel()
 	quietLog := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -881,7 +882,12 @@ func TestDataErrors(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 			}))
 			w := send(t, rt, "POST", "/billing", testKey, `{}`)
-			assertJSONError(t, w, 503, `{"error":"idempotency_store_unavailable"}`)
+			// DESIGN.md: a value the store refuses is 400 on both
+			// policies: a 503 would invite retries that cannot succeed.
+			assertJSONError(t, w, 400, `{"error":"idempotency_scope_invalid"}`)
+			if n := testutil.ToFloat64(mw.metrics.rejections.WithLabelValues("billing", reasonInvalidScope)); n != 1 {
+				t.Errorf("invalid_scope rejections = %v, want 1", n)
+			}
 			if calls.Load() != 0 {
 				t.Errorf("handler ran %d times on a refused claim", calls.Load())
 			}
