@@ -17,7 +17,7 @@ const HeaderKey = "Idempotency-Key"
 // must send the same key.
 func NewKey() string {
 	var u [16]byte
-	_, _ = rand.Read(u[:]) // never fails (crypto/rand crashes the program instead)
+	_, _ = rand.Read(u[:])  // never fails (crypto/rand crashes the program instead)
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
 	var s [36]byte
