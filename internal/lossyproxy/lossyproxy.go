@@ -57,8 +57,10 @@ type Proxy struct {
 	// Transport sends the requests to Target. Defaults to a transport of
 	// the proxy's own, closed by Close.
 	Transport http.RoundTripper
-	// OnFault, when set, is called for each request after its fault was
-	// applied, with the server's status (0 when the server never answered).
+	// OnFault, when set, is called for each request once its fault is
+	// decided and before the client sees anything, with the server's status
+	// (0 when the server never answered: the request was dropped, or the
+	// client or the server went away).
 	OnFault func(n int, r *http.Request, f Fault, status int)
 
 	once sync.Once
@@ -88,22 +90,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.Plan != nil {
 		f = p.Plan(n, r)
 	}
-	status := 0
-	defer func() {
+	note := func(status int) {
 		if p.OnFault != nil {
 			p.OnFault(n, r, f, status)
 		}
-	}()
+	}
 	if f == DropRequest {
+		note(0)
 		hangUp(w)
 		return
 	}
 	resp, body, err := p.forward(r)
 	if err != nil {
+		note(0)
 		http.Error(w, "lossyproxy: "+err.Error(), http.StatusBadGateway)
 		return
 	}
-	status = resp.StatusCode
+	// Noted before the client can see anything, so that what a client
+	// saw was always noted first.
+	note(resp.StatusCode)
 	switch f {
 	case DropAnswer:
 		hangUp(w)
