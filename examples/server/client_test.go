@@ -36,11 +36,11 @@ type arrival struct {
 
 // recorder wraps the server and records every order request.
 type recorder struct {
-	next     http.Handler
-	answered chan arrival // every order's answer, buffered
+	next http.Handler
 
-	mu   sync.Mutex
-	seen []arrival
+	mu      sync.Mutex
+	seen    []arrival
+	changed chan struct{} // closed and replaced on every new arrival
 }
 
 func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -65,8 +65,32 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.mu.Lock()
 	rec.seen = append(rec.seen, a)
+	close(rec.changed)
+	rec.changed = make(chan struct{})
 	rec.mu.Unlock()
-	rec.answered <- a
+}
+
+// wait returns the first recorded answer that match accepts, waiting up
+// to waitLimit for it.
+func (rec *recorder) wait(t *testing.T, match func(arrival) bool) arrival {
+	t.Helper()
+	timeout := time.After(waitLimit)
+	for {
+		rec.mu.Lock()
+		for _, a := range rec.seen {
+			if match(a) {
+				rec.mu.Unlock()
+				return a
+			}
+		}
+		changed := rec.changed
+		rec.mu.Unlock()
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("no matching answer within %v", waitLimit)
+		}
+	}
 }
 
 // byKey returns the recorded order requests that carried key.
@@ -136,7 +160,7 @@ func startClientEnv(t *testing.T, o envOptions, pg bool) *clientEnv {
 	if err != nil {
 		t.Fatalf("newServer: %v", err)
 	}
-	rec := &recorder{next: srv, answered: make(chan arrival, 100)}
+	rec := &recorder{next: srv, changed: make(chan struct{})}
 	ts := httptest.NewServer(rec)
 	t.Cleanup(func() {
 		ts.Close()
@@ -270,14 +294,8 @@ func testClientLossyNetwork(t *testing.T, pg bool) {
 			if n := e.auditCounts(t, uid)["order_placed"]; n != 1 {
 				t.Fatalf("%d order_placed audit rows, want 1", n)
 			}
-			e.rec.mu.Lock()
-			var mine []arrival
-			for _, a := range e.rec.seen {
-				if len(a.keys) == 1 && a.keys[0] == got["client_order_id"] {
-					mine = append(mine, a)
-				}
-			}
-			e.rec.mu.Unlock()
+			key, _ := got["client_order_id"].(string)
+			mine := e.rec.byKey(key)
 			if len(mine) != tc.wantArrivals {
 				t.Fatalf("the server saw %d requests with the order's key, want %d", len(mine), tc.wantArrivals)
 			}
@@ -329,7 +347,7 @@ func TestClientWaitsOutInFlight(t *testing.T) {
 
 	// The server answers the client 409 in flight; then the first order
 	// may finish.
-	a := waitAnswer(t, e.rec, func(a arrival) bool { return a.status == http.StatusConflict })
+	a := e.rec.wait(t, func(a arrival) bool { return a.status == http.StatusConflict })
 	if a.code != idemclient.CodeInFlight {
 		t.Fatalf("duplicate answered %d %q, want 409 %s", a.status, a.code, idemclient.CodeInFlight)
 	}
@@ -523,7 +541,7 @@ func TestClientRetriesStoreUnavailablePostgres(t *testing.T) {
 		resp, body := e.mustPlace(t, idemclient.WithKey(context.Background(), key), tok, strings.NewReader(aaplBody))
 		done <- result{resp, body}
 	}()
-	a := waitAnswer(t, e.rec, func(a arrival) bool { return a.status != 0 })
+	a := e.rec.wait(t, func(a arrival) bool { return a.status != 0 })
 	if a.status != http.StatusServiceUnavailable || a.code != idemclient.CodeStoreUnavailable {
 		t.Fatalf("with the database cut: %d %q, want 503 %s", a.status, a.code, idemclient.CodeStoreUnavailable)
 	}
@@ -545,23 +563,6 @@ func TestClientRetriesStoreUnavailablePostgres(t *testing.T) {
 	}
 	if n := len(e.orders(t, tok)); n != 1 {
 		t.Fatalf("%d orders, want 1", n)
-	}
-}
-
-// waitAnswer returns the first recorded answer from now on that match
-// accepts, within waitLimit.
-func waitAnswer(t *testing.T, rec *recorder, match func(arrival) bool) arrival {
-	t.Helper()
-	timeout := time.After(waitLimit)
-	for {
-		select {
-		case a := <-rec.answered:
-			if match(a) {
-				return a
-			}
-		case <-timeout:
-			t.Fatalf("no matching answer within %v", waitLimit)
-		}
 	}
 }
 
