@@ -502,6 +502,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := readBody(w, r, rt.maxBody, m.cfg.BodyTimeout)
 	if err != nil {
+		// The rest of the body stays unread: the connection cannot carry
+		// another request.
+		w.Header().Set("Connection", "close")
 		if errors.Is(err, errBodyTooLarge) {
 			rt.reject(w, r, http.StatusRequestEntityTooLarge, reasonBodyTooLarge, bodyTooLarge)
 		} else {
