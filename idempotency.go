@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
@@ -114,7 +115,9 @@ type RouteConfig struct {
 	// Defaults to false: such requests pass through.
 	RequireKey bool
 	// MaxBodyBytes limits a keyed request's body; larger bodies get 413.
-	// Defaults to 1 MiB.
+	// The body is held in memory while it is hashed. math.MaxInt64 means no
+	// limit but memory: values above math.MaxInt64-1 are clamped to it, so
+	// one byte past the limit can still be read and seen. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// MaxResponseBytes limits the response body that is recorded; a larger
 	// response is sent as it is and recorded without its body, so
@@ -416,7 +419,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		failOpen:       rc.FailOpen,
 		ttl:            cmp.Or(rc.TTL, DefaultTTL),
 		requireKey:     rc.RequireKey,
-		maxBody:        cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes),
+		maxBody:        min(cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes), math.MaxInt64-1),
 		maxResponse:    cmp.Or(rc.MaxResponseBytes, DefaultMaxResponseBytes),
 		noStore:        rc.NoStore,
 		releaseOnError: rc.ReleaseOnError,
@@ -469,6 +472,7 @@ var (
 	bodyPreviousFailed = []byte(`{"error":"idempotency_previous_failed"}`)
 	bodyInFlight       = []byte(`{"error":"idempotency_in_flight","retry_after_ms":5000}`)
 	bodyOutcomeUnknown = []byte(`{"error":"idempotency_outcome_unknown"}`)
+	bodyRespTooLarge   = []byte(`{"error":"idempotency_response_too_large"}`)
 )
 
 // maxClaimRounds bounds the claim loop: a takeover or reclaim that loses
@@ -502,9 +506,6 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := readBody(w, r, rt.maxBody, m.cfg.BodyTimeout)
 	if err != nil {
-		// The rest of the body stays unread: the connection cannot carry
-		// another request.
-		w.Header().Set("Connection", "close")
 		if errors.Is(err, errBodyTooLarge) {
 			rt.reject(w, r, http.StatusRequestEntityTooLarge, reasonBodyTooLarge, bodyTooLarge)
 		} else {
