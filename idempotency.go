@@ -124,7 +124,7 @@ type RouteConfig struct {
 	// duplicates get 409 idempotency_response_not_stored. Defaults to 1 MiB.
 	MaxResponseBytes int64
 	// ReplayHeaders are response headers replayed in addition to
-	// Content-Type, Location and Content-Language. Set-Cookie,
+	// Content-Type, Content-Encoding, Location and Content-Language. Set-Cookie,
 	// Authorization, WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and
 	// Content-Length are refused. Defaults to none.
 	ReplayHeaders []string

@@ -74,8 +74,9 @@ func notStoredBody(original int) []byte {
 	return []byte(`{"error":"idempotency_response_not_stored","original_status":` + itoa(original) + `}`)
 }
 
-// Replayable headers: these three always, plus each route's allow-list.
-var defaultReplayHeaders = []string{"Content-Type", "Location", "Content-Language"}
+// Replayable headers: these always, plus each route's allow-list.
+// Content-Encoding describes the stored bytes, so it travels with them.
+var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location", "Content-Language"}
 
 // neverReplayed are headers that must never be stored: credentials,
 // cookies, per-connection and per-message headers.
@@ -326,7 +327,10 @@ func (r *recorder) response(allow []string) Response {
 	switch {
 	case r.overflow:
 		resp.BodyKind = BodyNone
-	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && utf8.Valid(r.buf.Bytes()) && json.Valid(r.buf.Bytes()):
+	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && h.Get("Content-Encoding") == "" &&
+		utf8.Valid(r.buf.Bytes()) && json.Valid(r.buf.Bytes()):
+		// Encoded bytes are not JSON text, whatever Content-Type says of
+		// the decoded body.
 		resp.BodyKind, resp.Body = BodyJSON, r.buf.Bytes()
 	default:
 		resp.BodyKind, resp.Body = BodyRaw, r.buf.Bytes()

@@ -129,3 +129,18 @@ func TestBodyBufferFollowsArrivingBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodedBodyIsRecordedRaw: a body with a content coding is bytes, not
+// JSON text, even when they happen to parse: it is recorded raw, so a replay
+// neither re-encodes it through JSONB nor adds "idempotency_replayed" to it.
+func TestEncodedBodyIsRecordedRaw(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(httptest.NewRecorder(), DefaultMaxResponseBytes, false)
+	rec.Header().Set("Content-Type", "application/json")
+	rec.Header().Set("Content-Encoding", "x-custom")
+	_, _ = io.WriteString(rec, `{"b":1, "a":2}`)
+	resp := rec.response(defaultReplayHeaders)
+	if resp.BodyKind != BodyRaw || string(resp.Body) != `{"b":1, "a":2}` || resp.Header.Get("Content-Encoding") != "x-custom" {
+		t.Fatalf("recorded %v %q with headers %v, want the raw bytes with their Content-Encoding", resp.BodyKind, resp.Body, resp.Header)
+	}
+}
