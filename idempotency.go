@@ -67,7 +67,10 @@ type Config struct {
 	// time is unavailable. Defaults to 2s.
 	StoreTimeout time.Duration
 	// BodyTimeout bounds reading a keyed request's body, where the
-	// connection supports read deadlines. Defaults to 10s.
+	// connection supports read deadlines (http.ResponseController). A body
+	// not read whole in time is answered 400 idempotency_body_unreadable
+	// with Connection: close, and nothing more of it is read. Defaults to
+	// 10s.
 	BodyTimeout time.Duration
 	// Scope returns the user scope of a request: keys of different scopes
 	// never meet. "" means unscoped. Run the middleware after the session
