@@ -475,7 +475,6 @@ var (
 	bodyPreviousFailed = []byte(`{"error":"idempotency_previous_failed"}`)
 	bodyInFlight       = []byte(`{"error":"idempotency_in_flight","retry_after_ms":5000}`)
 	bodyOutcomeUnknown = []byte(`{"error":"idempotency_outcome_unknown"}`)
-	bodyRespTooLarge   = []byte(`{"error":"idempotency_response_too_large"}`)
 )
 
 // maxClaimRounds bounds the claim loop: a takeover or reclaim that loses
@@ -509,6 +508,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := readBody(w, r, rt.maxBody, m.cfg.BodyTimeout)
 	if err != nil {
+		// The rest of the body stays unread: the connection cannot carry
+		// another request.
+		w.Header().Set("Connection", "close")
 		if errors.Is(err, errBodyTooLarge) {
 			rt.reject(w, r, http.StatusRequestEntityTooLarge, reasonBodyTooLarge, bodyTooLarge)
 		} else {
