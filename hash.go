@@ -9,6 +9,7 @@ import (
 	"hash"
 	"slices"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -99,6 +100,8 @@ type canonicalizer struct {
 	stack    []frame   // the open arrays and objects, innermost last
 	reorders []reorder // the closed objects whose members are out of order
 	sorted   []span    // their members, in canonical order
+	folded   []byte    // case-folded member names of one large object
+	folds    []span    // their spans in folded
 	spans    []emit    // the work list of reorder
 	scratch  []byte    // the reordered text, swapped with out
 	hdr      []byte    // the hash framing of the text fields
@@ -146,6 +149,8 @@ func (c *canonicalizer) release() {
 	c.scratch = trimPooled(c.scratch, maxPooledBytes)
 	c.reorders = trimPooled(c.reorders, maxPooledMembers)
 	c.sorted = trimPooled(c.sorted, maxPooledMembers)
+	c.folded = trimPooled(c.folded, maxPooledBytes)
+	c.folds = trimPooled(c.folds, maxPooledMembers)
 	c.spans = c.spans[:0] // at most 2*maxJSONDepth+1 long
 	c.hdr = trimPooled(c.hdr, maxPooledBytes)
 	c.members = trimPooled(c.members, maxPooledMembers)
@@ -164,9 +169,9 @@ func trimPooled[S ~[]E, E any](s S, limit int) S {
 // canonicalize writes the canonical form of body to c.out and reports whether
 // body is JSON this package canonicalises: exactly one JSON value by the RFC
 // 8259 grammar, optionally surrounded by white space, in valid UTF-8, with
-// no lone surrogate escapes, no duplicate member names (compared after
-// unescaping) in any object, and no more than maxJSONDepth levels of arrays
-// and objects.
+// no lone surrogate escapes, no two member names of one object that are
+// equal, exactly or under Unicode case folding (compared after unescaping:
+// foldsAlike), and no more than maxJSONDepth levels of arrays and objects.
 //
 // The canonical form follows RFC 8785 (JCS) for member order (names sorted by
 // their UTF-16 code units) and string escaping, without white space, but keeps
@@ -314,8 +319,11 @@ func (c *canonicalizer) memberName(in []byte, i int) (int, bool) {
 
 // closeObject sorts the members ms of the object being closed, notes the
 // object for reordering when they were out of order, and reports false when
-// two of them share a name.
+// two of them share a name, exactly or under case folding (foldsAlike).
 func (c *canonicalizer) closeObject(ms []member) bool {
+	if c.foldsAlike(ms) {
+		return false
+	}
 	inOrder := true
 	for k := 1; k < len(ms); k++ {
 		if compareUTF16(c.key(ms[k-1]), c.key(ms[k])) >= 0 {
@@ -323,21 +331,83 @@ func (c *canonicalizer) closeObject(ms []member) bool {
 			break
 		}
 	}
-	if inOrder { // the common case: nothing to move, and no duplicates
+	if inOrder { // the common case: nothing to move
 		return true
 	}
 	start := ms[0].start
 	slices.SortFunc(ms, func(a, b member) int { return compareUTF16(c.key(a), c.key(b)) })
-	for k := 1; k < len(ms); k++ {
-		if bytes.Equal(c.key(ms[k-1]), c.key(ms[k])) {
-			return false
-		}
-	}
 	c.reorders = append(c.reorders, reorder{start: start, end: len(c.out), mem: len(c.sorted), n: len(ms)})
 	for _, m := range ms {
 		c.sorted = append(c.sorted, span{m.start, m.end})
 	}
 	return true
+}
+
+// foldsAlike reports whether two of the names of ms are equal under Unicode
+// simple case folding, as strings.EqualFold compares them (exact duplicates
+// included). encoding/json matches names to struct fields that way, with
+// Unicode folding (K and the Kelvin sign, s and the long s), and the last
+// match wins: {"qty":1,"QTY":1000} and {"QTY":1000,"qty":1} decode to
+// different orders, so sorting them into one canonical text would make two
+// different requests one. Such objects are hashed raw instead.
+func (c *canonicalizer) foldsAlike(ms []member) bool {
+	if len(ms) <= smallObject {
+		for i := 1; i < len(ms); i++ {
+			for j := range i {
+				if bytes.EqualFold(c.key(ms[i]), c.key(ms[j])) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	// Larger objects: sort the folded names, so alike ones are neighbours.
+	c.folded, c.folds = c.folded[:0], c.folds[:0]
+	for _, m := range ms {
+		start := len(c.folded)
+		c.folded = appendFolded(c.folded, c.key(m))
+		c.folds = append(c.folds, span{start, len(c.folded)})
+	}
+	name := func(s span) []byte { return c.folded[s.start:s.end] }
+	slices.SortFunc(c.folds, func(a, b span) int { return bytes.Compare(name(a), name(b)) })
+	for k := 1; k < len(c.folds); k++ {
+		if bytes.Equal(name(c.folds[k-1]), name(c.folds[k])) {
+			return true
+		}
+	}
+	return false
+}
+
+// smallObject is the member count up to which foldsAlike compares every
+// pair of names, which is cheaper than folding and sorting them.
+const smallObject = 16
+
+// appendFolded appends name with every rune replaced by the smallest rune of
+// its simple case folding orbit, so two names are equal under
+// strings.EqualFold exactly when their folded forms are equal.
+func appendFolded(out, name []byte) []byte {
+	for i := 0; i < len(name); {
+		if b := name[i]; b < utf8.RuneSelf {
+			if 'a' <= b && b <= 'z' {
+				b -= 'a' - 'A'
+			}
+			out = append(out, b)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(name[i:])
+		for {
+			f := unicode.SimpleFold(r)
+			if f <= r { // wrapped around: f is the orbit's smallest
+				r = f
+				break
+			}
+			r = f
+		}
+		out = utf8.AppendRune(out, r)
+		i += n
+	}
+	return out
 }
 
 // key returns the unescaped name of m.

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"reflect"
 	"regexp"
@@ -325,6 +326,98 @@ func TestCompareUTF16(t *testing.T) {
 	}
 }
 
+// TestFoldAlikeNamesAreAnotherRequest: a handler decoding with
+// encoding/json matches member names case-insensitively, last match wins,
+// so {"qty":1,"QTY":1000} orders 1000 and {"QTY":1000,"qty":1} orders 1.
+// The second sent under the first's key must get 422, not the first's
+// replay; both used to canonicalise to one text and so one hash.
+func TestFoldAlikeNamesAreAnotherRequest(t *testing.T) {
+	t.Parallel()
+	first, second := `{"qty":1,"QTY":1000}`, `{"QTY":1000,"qty":1}`
+	var order struct{ Qty int }
+	for body, want := range map[string]int{first: 1000, second: 1} {
+		if err := json.Unmarshal([]byte(body), &order); err != nil || order.Qty != want {
+			t.Fatalf("encoding/json decodes %s to qty %d (%v), the premise says %d", body, order.Qty, err, want)
+		}
+	}
+	h := newHarness(t, Config{})
+	rt := h.route(RouteConfig{Name: "orders"}, orderHandler)
+	if w := send(t, rt, "POST", "/orders", testKey, first); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := send(t, rt, "POST", "/orders", testKey, second)
+	assertJSONError(t, w, http.StatusUnprocessableEntity, `{"error":"idempotency_key_body_mismatch"}`)
+	if h.calls.Load() != 1 {
+		t.Fatalf("calls = %d, want 1", h.calls.Load())
+	}
+}
+
+// TestAppendFoldedMatchesEqualFold checks the folded form that large objects
+// are compared by against strings.EqualFold, which small objects (and
+// encoding/json) use: for every rune, the runes of its folding orbit fold to
+// one form, and no rune outside the orbit folds to it.
+func TestAppendFoldedMatchesEqualFold(t *testing.T) {
+	t.Parallel()
+	byForm := make(map[string]rune)
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if !utf8.ValidRune(r) {
+			continue
+		}
+		s := string(r)
+		form := string(appendFolded(nil, []byte(s)))
+		if first, ok := byForm[form]; !ok {
+			byForm[form] = r
+		} else if !strings.EqualFold(string(first), s) {
+			t.Fatalf("%U and %U fold to the same form %+q, but strings.EqualFold says they differ", first, r, form)
+		}
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			if other := string(appendFolded(nil, []byte(string(f)))); other != form {
+				t.Fatalf("%U folds to %+q, %U of its orbit to %+q", r, form, f, other)
+			}
+		}
+	}
+}
+
+// TestFoldsAlikeBothPaths: small objects compare names pairwise, large ones
+// sort their folded names; both find the same pairs.
+func TestFoldsAlikeBothPaths(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"qty", "QTY", true},
+		{"k", "\u212a", true},      // Kelvin sign
+		{"S", "\u017f", true},      // long s
+		{"\u03a3", "\u03c2", true}, // capital and final sigma
+		{"id", "id", true},
+		{"i", "\u0130", false}, // dotted capital I
+		{"ss", "\u00df", false},
+		{"qty", "qtz", false},
+	}
+	for _, tt := range tests {
+		for _, pad := range []int{0, smallObject} { // pairwise, then sorted
+			names := []string{tt.a}
+			for k := range pad {
+				names = append(names, fmt.Sprintf("pad%02d", k))
+			}
+			names = append(names, tt.b)
+			c := canonicalizers.Get().(*canonicalizer)
+			var ms []member
+			for _, n := range names {
+				start := len(c.keys)
+				c.keys = append(c.keys, n...)
+				ms = append(ms, member{keyStart: start, keyEnd: len(c.keys)})
+			}
+			got := c.foldsAlike(ms)
+			c.release()
+			if got != tt.want {
+				t.Errorf("%+q and %+q among %d names: foldsAlike = %v, want %v", tt.a, tt.b, len(names), got, tt.want)
+			}
+		}
+	}
+}
+
 // TestCanonicalJSONOwnsResult checks that canonicalJSON's result is not a
 // pooled buffer a later call could overwrite.
 func TestCanonicalJSONOwnsResult(t *testing.T) {
@@ -366,7 +459,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 			return
 		}
 		if !ok {
-			return // valid JSON that is too deep, has duplicates, bad UTF-8 or lone surrogates
+			return // valid JSON that is too deep, has names alike under case folding, bad UTF-8 or lone surrogates
 		}
 		again, ok := canonicalJSON(got)
 		if !ok {

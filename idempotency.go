@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
@@ -66,7 +67,10 @@ type Config struct {
 	// time is unavailable. Defaults to 2s.
 	StoreTimeout time.Duration
 	// BodyTimeout bounds reading a keyed request's body, where the
-	// connection supports read deadlines. Defaults to 10s.
+	// connection supports read deadlines (http.ResponseController). A body
+	// not read whole in time is answered 400 idempotency_body_unreadable
+	// with Connection: close, and nothing more of it is read. Defaults to
+	// 10s.
 	BodyTimeout time.Duration
 	// Scope returns the user scope of a request: keys of different scopes
 	// never meet. "" means unscoped. Run the middleware after the session
@@ -114,14 +118,16 @@ type RouteConfig struct {
 	// Defaults to false: such requests pass through.
 	RequireKey bool
 	// MaxBodyBytes limits a keyed request's body; larger bodies get 413.
-	// Defaults to 1 MiB.
+	// The body is held in memory while it is hashed. math.MaxInt64 means no
+	// limit but memory: values above math.MaxInt64-1 are clamped to it, so
+	// one byte past the limit can still be read and seen. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// MaxResponseBytes limits the response body that is recorded; a larger
 	// response is sent as it is and recorded without its body, so
 	// duplicates get 409 idempotency_response_not_stored. Defaults to 1 MiB.
 	MaxResponseBytes int64
 	// ReplayHeaders are response headers replayed in addition to
-	// Content-Type, Location and Content-Language. Set-Cookie,
+	// Content-Type, Content-Encoding, Location and Content-Language. Set-Cookie,
 	// Authorization, WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and
 	// Content-Length are refused. Defaults to none.
 	ReplayHeaders []string
@@ -416,7 +422,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		failOpen:       rc.FailOpen,
 		ttl:            cmp.Or(rc.TTL, DefaultTTL),
 		requireKey:     rc.RequireKey,
-		maxBody:        cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes),
+		maxBody:        min(cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes), math.MaxInt64-1),
 		maxResponse:    cmp.Or(rc.MaxResponseBytes, DefaultMaxResponseBytes),
 		noStore:        rc.NoStore,
 		releaseOnError: rc.ReleaseOnError,
@@ -503,6 +509,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := readBody(w, r, rt.maxBody, m.cfg.BodyTimeout)
 	if err != nil {
+		// The rest of the body stays unread: the connection cannot carry
+		// another request.
+		w.Header().Set("Connection", "close")
 		if errors.Is(err, errBodyTooLarge) {
 			rt.reject(w, r, http.StatusRequestEntityTooLarge, reasonBodyTooLarge, bodyTooLarge)
 		} else {

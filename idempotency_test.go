@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -1425,5 +1426,32 @@ func TestContentionIsInFlight(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMaxBodyBytesUnlimited: math.MaxInt64 means no limit. It used to
+// overflow the one byte read past the limit, so every chunked body reached
+// the handler empty and all of them hashed alike.
+func TestMaxBodyBytesUnlimited(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	var got []string
+	rt := h.route(RouteConfig{Name: "orders", MaxBodyBytes: math.MaxInt64}, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, string(b))
+		w.WriteHeader(http.StatusCreated)
+	})
+	for i, body := range []string{`{"qty":1}`, `{"qty":1000}`} {
+		r := httptest.NewRequest("POST", "/orders", io.MultiReader(strings.NewReader(body))) // no length: chunked
+		r.ContentLength = -1
+		r.Header.Set(HeaderKey, testKey)
+		w := httptest.NewRecorder()
+		rt.ServeHTTP(w, r)
+		if want := []int{201, 422}[i]; w.Code != want {
+			t.Fatalf("body %s: %d %s, want %d", body, w.Code, w.Body, want)
+		}
+	}
+	if len(got) != 1 || got[0] != `{"qty":1}` {
+		t.Fatalf("the handler saw %q, want the one body whole", got)
 	}
 }

@@ -4,6 +4,8 @@ package idempotency_test
 // sent. Found by a review pass of response.go.
 
 import (
+	"bytes"
+	"compress/gzip"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -143,4 +145,51 @@ func TestTrailersSurviveWrapping(t *testing.T) {
 		t.Errorf("wrapped original: trailer X-Checksum = %q (header X-Checksum = %q, Content-Length = %q)",
 			got.trailer.Get("X-Checksum"), got.header.Get("X-Checksum"), got.header.Get("Content-Length"))
 	}
+}
+
+// TestReplayKeepsContentEncoding: Content-Encoding describes the stored
+// bytes, so it must travel with them. A gzip-encoded JSON answer used to
+// replay with its Content-Type but without its Content-Encoding: the client
+// got compressed bytes declared as plain JSON.
+func TestReplayKeepsContentEncoding(t *testing.T) {
+	t.Parallel()
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = io.WriteString(zw, `{"id":1}`)
+	_ = zw.Close()
+	forStores(t, func(t *testing.T, store idempotency.Store) {
+		h := fidelityRoute(t, store, "r", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Encoding", "gzip")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(gz.Bytes())
+		})
+		srv := httptest.NewServer(h)
+		defer srv.Close()
+		key := uuid.NewString()
+		send := func() fidelityResp {
+			req, _ := http.NewRequest("POST", srv.URL+"/r", strings.NewReader(`{}`))
+			req.Header.Set(idempotency.HeaderKey, key)
+			req.Header.Set("Accept-Encoding", "gzip") // asked for: the client does not decode it
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return fidelityResp{resp.StatusCode, resp.Header, resp.Trailer, string(b)}
+		}
+		orig, replay := send(), send()
+		if replay.header.Get(idempotency.HeaderReplayed) != "true" {
+			t.Fatalf("second answer is not a replay: %d %q", replay.status, replay.body)
+		}
+		for _, name := range []string{"Content-Type", "Content-Encoding"} {
+			if o, r := orig.header.Get(name), replay.header.Get(name); o != r {
+				t.Errorf("%s: original sent %q, replay sends %q", name, o, r)
+			}
+		}
+		if replay.status != orig.status || replay.body != orig.body {
+			t.Errorf("replay %d %q, original %d %q: want the same bytes", replay.status, replay.body, orig.status, orig.body)
+		}
+	})
 }

@@ -21,45 +21,41 @@ var errBodyTooLarge = errors.New("idempotency: request body too large")
 // readBody reads a keyed request's body whole, bounded in size and (where
 // the connection allows read deadlines) in time, and restores it for the
 // handler. An error means nothing may be claimed: errBodyTooLarge for a body
-// over limit, anything else for a body that could not be read whole.
+// over limit, anything else for a body that could not be read whole. The
+// buffer grows with the bytes that arrive, never ahead of them: a declared
+// Content-Length is a promise, not a reason to allocate.
+//
+// After an error the read deadline is left expired and the caller answers
+// with Connection: close, so nothing more of the body is read: net/http
+// would otherwise drain the rest before sending the answer, and then again
+// when it closes the body, for as long as the client cares to stall.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
+	rc := http.NewResponseController(w)
 	if r.ContentLength > limit {
+		_ = rc.SetReadDeadline(time.Now())
 		return nil, errBodyTooLarge
 	}
-	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
-		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
-	}
-	var body []byte
-	var err error
-	if r.ContentLength > 0 {
-		// Known length (the server enforces it): one exact allocation.
-		body = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, body)
-		var extra [1]byte
-		if n, _ := io.ReadFull(r.Body, extra[:]); err == nil && n > 0 {
-			// A wrapper replaced the body without its length: read the
-			// rest too, within the limit, rather than hash a truncated body.
-			buf := bytes.NewBuffer(append(body, extra[0]))
-			_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1-int64(buf.Len())))
-			body = buf.Bytes()
-		}
-	} else {
-		var buf bytes.Buffer
-		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-		body = buf.Bytes()
-	}
+	armed := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	var maxErr *http.MaxBytesError
 	switch {
-	case errors.As(err, &maxErr):
-		return nil, errBodyTooLarge
-	case err != nil:
+	case errors.As(err, &maxErr), err == nil && int64(len(body)) > limit:
+		err = errBodyTooLarge
+	}
+	if err != nil {
+		if armed {
+			_ = rc.SetReadDeadline(time.Now())
+		}
 		return nil, err
-	case int64(len(body)) > limit:
-		return nil, errBodyTooLarge
+	}
+	if armed {
+		// Read whole: net/http arms its own deadlines for the next request,
+		// and one left in place would fire its background read mid-handler
+		// and cancel the connection's context.
+		_ = rc.SetReadDeadline(time.Time{})
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil
@@ -78,8 +74,9 @@ func notStoredBody(original int) []byte {
 	return []byte(`{"error":"idempotency_response_not_stored","original_status":` + itoa(original) + `}`)
 }
 
-// Replayable headers: these three always, plus each route's allow-list.
-var defaultReplayHeaders = []string{"Content-Type", "Location", "Content-Language"}
+// Replayable headers: these always, plus each route's allow-list.
+// Content-Encoding describes the stored bytes, so it travels with them.
+var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location", "Content-Language"}
 
 // neverReplayed are headers that must never be stored: credentials,
 // cookies, per-connection and per-message headers.
@@ -343,7 +340,10 @@ func (r *recorder) response(allow []string) Response {
 	switch {
 	case r.overflow:
 		resp.BodyKind = BodyNone
-	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && utf8.Valid(r.buf.Bytes()) && json.Valid(r.buf.Bytes()):
+	case r.buf.Len() > 0 && isJSONType(h.Get("Content-Type")) && h.Get("Content-Encoding") == "" &&
+		utf8.Valid(r.buf.Bytes()) && json.Valid(r.buf.Bytes()):
+		// Encoded bytes are not JSON text, whatever Content-Type says of
+		// the decoded body.
 		resp.BodyKind, resp.Body = BodyJSON, r.buf.Bytes()
 	default:
 		resp.BodyKind, resp.Body = BodyRaw, r.buf.Bytes()
