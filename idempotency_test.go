@@ -807,7 +807,7 @@ func TestRecordFailureLeavesKeyInFlight(t *testing.T) {
 	if w.Code != 201 || !strings.HasPrefix(w.Body.String(), `{"id":1`) {
 		t.Fatalf("client did not get the real response: %d %s", w.Code, w.Body)
 	}
-	if testutil.ToFloat64(mw.metrics.recordFailures.WithLabelValues("orders")) != 1 {
+	if testutil.ToFloat64(mw.metrics.settleFailures.WithLabelValues("orders")) != 1 {
 		t.Fatal("record failure not counted")
 	}
 	if w := send(t, rt, "POST", "/orders", testKey, `{}`); w.Code != 409 || !strings.Contains(w.Body.String(), "idempotency_in_flight") {
@@ -864,7 +864,7 @@ func TestDataErrors(t *testing.T) {
 		if n := s.completes.Load(); n != 1 {
 			t.Errorf("Complete called %d times for a refused value, want 1", n)
 		}
-		if testutil.ToFloat64(mw.metrics.recordFailures.WithLabelValues("orders")) != 1 {
+		if testutil.ToFloat64(mw.metrics.settleFailures.WithLabelValues("orders")) != 1 {
 			t.Error("record failure not counted")
 		}
 	})

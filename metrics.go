@@ -1,7 +1,9 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,7 +17,7 @@ type metrics struct {
 	conflicts      *prometheus.CounterVec
 	rejections     *prometheus.CounterVec
 	bypasses       *prometheus.CounterVec
-	recordFailures *prometheus.CounterVec
+	settleFailures *prometheus.CounterVec
 	storeDuration  *prometheus.HistogramVec
 	storeErrors    *prometheus.CounterVec
 	tooLarge       *prometheus.CounterVec
@@ -53,7 +55,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		conflicts:      counter("idempotency_conflicts_total", "409 and 422 answers to requests that found a live row.", "endpoint", "reason"),
 		rejections:     counter("idempotency_rejections_total", "4xx and 503 answers before any claim.", "endpoint", "reason"),
 		bypasses:       counter("idempotency_bypasses_total", "Requests whose handler ran without deduplication.", "endpoint", "reason"),
-		recordFailures: counter("idempotency_record_failures_total", "Responses that could not be recorded.", "endpoint"),
+		settleFailures: counter("idempotency_record_failures_total", "Responses that could not be recorded.", "endpoint"),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idempotency_store_duration_seconds",
 			Help:    "Duration of store calls by operation.",
@@ -71,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.miss, m.hit, m.replay, m.conflicts, m.rejections,
-		m.bypasses, m.recordFailures, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
+		m.bypasses, m.settleFailures, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("idempotency: Config.Registerer: cannot register metrics"), err)
 		}
@@ -84,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // configured name learns its label per request (the ServeMux pattern), so
 // its counters are looked up then.
 type routeMetrics struct {
-	miss, hit, replay, recordFailures prometheus.Counter
+	miss, hit, replay, settleFailures prometheus.Counter
 }
 
 func (m *metrics) forEndpoint(label string) *routeMetrics {
@@ -92,6 +94,41 @@ func (m *metrics) forEndpoint(label string) *routeMetrics {
 		miss:           m.miss.WithLabelValues(label),
 		hit:            m.hit.WithLabelValues(label),
 		replay:         m.replay.WithLabelValues(label),
-		recordFailures: m.recordFailures.WithLabelValues(label),
+		settleFailures: m.settleFailures.WithLabelValues(label),
 	}
+}
+
+// storeOps holds a pre-labelled duration observer per store operation: the
+// operation labels of the metrics table.
+type storeOps map[string]prometheus.Observer
+
+func newStoreOps(met *metrics) storeOps {
+	ops := storeOps{}
+	for _, op := range []string{"claim", "takeover", "reclaim", "complete", "fail", "release",
+		"begin", "commit", "cleanup", "erase"} {
+		ops[op] = met.storeDuration.WithLabelValues(op)
+	}
+	return ops
+}
+
+// storeCall runs one store operation of a request under its own deadline,
+// detached from the client's connection, and records its duration and any
+// error.
+func storeCall[T any](m *Middleware, parent context.Context, op string, fn func(context.Context) (T, error)) (T, error) {
+	return timedCall(m, context.WithoutCancel(parent), op, fn)
+}
+
+// timedCall runs one store operation under ctx and the store timeout, and
+// records its duration and any error. Cleanup and Erase use it directly:
+// their caller's cancellation and deadline apply too.
+func timedCall[T any](m *Middleware, ctx context.Context, op string, fn func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	start := time.Now()
+	v, err := fn(ctx)
+	cancel()
+	m.ops[op].Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, ErrNotOwner) {
+		m.metrics.storeErrors.WithLabelValues(op, storeReason(err)).Inc()
+	}
+	return v, err
 }

@@ -152,7 +152,7 @@ func TestBodyBufferFollowsArrivingBytes(t *testing.T) {
 // neither re-encodes it through JSONB nor adds "idempotency_replayed" to it.
 func TestEncodedBodyIsRecordedRaw(t *testing.T) {
 	t.Parallel()
-	rec := newRecorder(httptest.NewRecorder(), DefaultMaxResponseBytes, false)
+	rec := newResponseBuffer(httptest.NewRecorder(), DefaultMaxResponseBytes, false)
 	rec.Header().Set("Content-Type", "application/json")
 	rec.Header().Set("Content-Encoding", "x-custom")
 	_, _ = io.WriteString(rec, `{"b":1, "a":2}`)

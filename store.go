@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Status is the state of a stored key.
@@ -148,6 +150,58 @@ type Store interface {
 	// recorded responses (GDPR access and portability).
 	ExportScope(ctx context.Context, scope string) ([]Record, error)
 }
+
+// TxStore is a Store that can back a transactional route
+// (RouteConfig.Transactional): it begins the transaction a handler writes
+// through, which commits together with the handler's completed record.
+// PostgresStore implements it; a store that wraps one can too, by
+// delegating.
+type TxStore interface {
+	Store
+	// Begin starts a transaction for one request's handler.
+	Begin(ctx context.Context) (RouteTx, error)
+}
+
+// RouteTx is one transactional route's transaction, begun by
+// TxStore.Begin and used by one request at a time. Its errors, other than
+// ErrNotOwner, are *StoreError.
+type RouteTx interface {
+	// Tx returns the transaction the handler writes through; TxFromContext
+	// hands it out with Commit and Rollback refused.
+	Tx() pgx.Tx
+	// State reports how the handler left the transaction.
+	State() TxState
+	// Commit commits the transaction. With a Settlement it first completes
+	// the claimed record inside the transaction, fenced on s.Fence; when
+	// the fence fails (the key was reclaimed meanwhile) it returns
+	// ErrNotOwner and commits nothing. The caller calls Abort after any
+	// error.
+	Commit(ctx context.Context, s *Settlement) error
+	// Abort rolls the transaction back. It may be called after Commit
+	// failed, and more than once.
+	Abort(ctx context.Context) error
+}
+
+// Settlement is the completed record a RouteTx commits with the handler's
+// writes: the claim's fence and the response to replay.
+type Settlement struct {
+	Fence    Fence
+	Response Response
+}
+
+// TxState is how a handler left its route's transaction.
+type TxState int
+
+const (
+	// TxOpen: open, as the handler must leave it.
+	TxOpen TxState = iota
+	// TxAborted: a statement failed and the handler carried on; nothing
+	// more can be written in it.
+	TxAborted
+	// TxEnded: the handler ended the transaction itself with SQL (COMMIT
+	// or ROLLBACK through Exec); what it wrote may have committed.
+	TxEnded
+)
 
 // ErrNotOwner is returned by Complete, Fail and Release when the fence no
 // longer matches: the key was taken over, reclaimed, erased or already

@@ -765,7 +765,7 @@ func TestPostgresErrors(t *testing.T) {
 
 	// proxied returns a store whose pool goes through a proxy, with one
 	// connection already open.
-	proxied := func(t *testing.T) (*idempotency.PostgresStore, *tcpproxy.Proxy) {
+	proxied := func(t *testing.T) (*idempotency.PostgresStore, *pgxpool.Pool, *tcpproxy.Proxy) {
 		t.Helper()
 		cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
 		if err != nil {
@@ -781,17 +781,17 @@ func TestPostgresErrors(t *testing.T) {
 		}))
 		s := idempotency.NewPostgresStore(pool)
 		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
-		return s, proxy
+		return s, pool, proxy
 	}
 
 	t.Run("BlackholeIsTimeout", func(t *testing.T) {
 		t.Parallel()
-		s, proxy := proxied(t)
+		s, pool, proxy := proxied(t)
 		proxy.Blackhole()
 		const deadline = 300 * time.Millisecond
 		for _, fresh := range []bool{false, true} {
 			if fresh {
-				s.Pool().Reset() // the next call must connect through the black hole
+				pool.Reset() // the next call must connect through the black hole
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), deadline)
 			start := time.Now()
@@ -811,7 +811,7 @@ func TestPostgresErrors(t *testing.T) {
 
 	t.Run("CutIsConnection", func(t *testing.T) {
 		t.Parallel()
-		s, proxy := proxied(t)
+		s, _, proxy := proxied(t)
 		proxy.Cut()
 		for _, fresh := range []bool{false, true} {
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)

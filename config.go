@@ -1,0 +1,195 @@
+package idempotency
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults and limits of Config and RouteConfig.
+const (
+	DefaultLease            = 30 * time.Second
+	DefaultStoreTimeout     = 2 * time.Second
+	DefaultBodyTimeout      = 10 * time.Second
+	DefaultTTL              = 24 * time.Hour
+	MaxTTL                  = 7 * 24 * time.Hour
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	minTTL                  = time.Minute
+)
+
+// Config configures a Middleware. The zero value is usable: every field has
+// a default.
+type Config struct {
+	// Lease is how long a claim owns its key. A handler gets Lease minus
+	// StoreTimeout to run, so its response can always be recorded within
+	// the lease; an in_flight key whose lease is over is stale. Defaults to
+	// 30s. Must exceed StoreTimeout.
+	Lease time.Duration
+	// StoreTimeout bounds every store call; a store that does not answer in
+	// time is unavailable. Defaults to 2s.
+	StoreTimeout time.Duration
+	// BodyTimeout bounds reading a keyed request's body, where the
+	// connection supports read deadlines (http.ResponseController). A body
+	// not read whole in time is answered 400 idempotency_body_unreadable
+	// with Connection: close, and nothing more of it is read. Defaults to
+	// 10s.
+	BodyTimeout time.Duration
+	// Scope returns the user scope of a request: keys of different scopes
+	// never meet. "" means unscoped. Run the middleware after the session
+	// middleware so the user is known. Defaults to a function returning "".
+	// A scope that is not valid UTF-8, holds a NUL byte or is longer than
+	// 1024 bytes is refused with 400 idempotency_scope_invalid before any
+	// claim: the store could not hold it.
+	Scope func(*http.Request) string
+	// Enabled is the kill-switch, asked on every request: false makes every
+	// route a pure pass-through. Defaults to EnabledFromEnv.
+	Enabled func(*http.Request) bool
+	// OnReplay, when set, is called synchronously before every replay is
+	// sent, so the host can write its own audit row. Its context is
+	// detached from the client and bounded by StoreTimeout. When it returns
+	// an error the replay is not sent on a fail-closed route, which answers
+	// 503 idempotency_store_unavailable (the client retries the same key),
+	// and is sent anyway on a fail-open route, with a WARN log. Defaults to
+	// nil.
+	OnReplay func(context.Context, ReplayEvent) error
+	// Logger receives WARN and ERROR events; bodies are never logged.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics. Defaults to nil: metrics are counted
+	// but registered nowhere (never the global registry).
+	Registerer prometheus.Registerer
+}
+
+// RouteConfig is one route's policy. The zero value is a fail-closed route
+// with the defaults below.
+type RouteConfig struct {
+	// Name is the endpoint name: the key's scope_endpoint and the metrics
+	// label. Defaults to the ServeMux pattern that matched (r.Pattern); with
+	// neither, keys are scoped by method and path and the label is
+	// "unnamed" (a path longer than 1 KiB is then refused with 400
+	// idempotency_scope_invalid). At most 1024 bytes of UTF-8.
+	Name string
+	// FailOpen runs the handler without deduplication when the store is
+	// unavailable (billing, account mutations). Defaults to false: the route
+	// fails closed with 503 and the handler does not run (orders).
+	FailOpen bool
+	// TTL is how long a key is remembered. Defaults to 24h; at most 7 days,
+	// at least the larger of 1 minute and twice the lease.
+	TTL time.Duration
+	// RequireKey answers 400 to requests without an Idempotency-Key.
+	// Defaults to false: such requests pass through.
+	RequireKey bool
+	// MaxBodyBytes limits a keyed request's body; larger bodies get 413.
+	// The body is held in memory while it is hashed. math.MaxInt64 means no
+	// limit but memory: values above math.MaxInt64-1 are clamped to it, so
+	// one byte past the limit can still be read and seen. Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes limits the response body that is recorded; a larger
+	// response is sent as it is and recorded without its body, so
+	// duplicates get 409 idempotency_response_not_stored. Defaults to 1 MiB.
+	MaxResponseBytes int64
+	// ReplayHeaders are response headers replayed in addition to
+	// Content-Type, Content-Encoding, Location and Content-Language. Set-Cookie,
+	// Authorization, WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and
+	// Content-Length are refused. Defaults to none.
+	ReplayHeaders []string
+	// NoStore never records response bodies, for responses that carry
+	// personal data: concurrent duplicates get 409 in flight, and on
+	// completion the key is released, so a later retry executes again. The
+	// route gives up at-most-once for sequential retries. Defaults to false.
+	NoStore bool
+	// Transactional begins a database transaction after the claim and hands
+	// it to the handler (TxFromContext); the handler's writes and the
+	// completed record commit together, and a stale key is reclaimed safely.
+	// Requires a store that implements TxStore (PostgresStore does) and a
+	// fail-closed route. Defaults to false.
+	Transactional bool
+	// ReleaseOnError, on a transactional route, releases the key when the
+	// handler fails (>= 500 or panic) instead of marking it failed: the
+	// rollback proves nothing happened, so a retry may execute. Defaults to
+	// false.
+	ReleaseOnError bool
+}
+
+// withDefaults returns cfg with every unset field at its default.
+func (c Config) withDefaults() Config {
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
+	c.BodyTimeout = cmp.Or(c.BodyTimeout, DefaultBodyTimeout)
+	if c.Scope == nil {
+		c.Scope = func(*http.Request) string { return "" }
+	}
+	if c.Enabled == nil {
+		c.Enabled = EnabledFromEnv
+	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	return c
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Lease < 0:
+		return fmt.Errorf("idempotency: Config.Lease must be positive, got %v", c.Lease)
+	case c.StoreTimeout < 0:
+		return fmt.Errorf("idempotency: Config.StoreTimeout must be positive, got %v", c.StoreTimeout)
+	case c.BodyTimeout < 0:
+		return fmt.Errorf("idempotency: Config.BodyTimeout must be positive, got %v", c.BodyTimeout)
+	case c.Lease <= c.StoreTimeout:
+		return fmt.Errorf("idempotency: Config.Lease (%v) must exceed Config.StoreTimeout (%v)", c.Lease, c.StoreTimeout)
+	}
+	return nil
+}
+
+// withDefaults returns rc with every unset field at its default.
+func (rc RouteConfig) withDefaults() RouteConfig {
+	rc.TTL = cmp.Or(rc.TTL, DefaultTTL)
+	rc.MaxBodyBytes = min(cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes), math.MaxInt64-1)
+	rc.MaxResponseBytes = cmp.Or(rc.MaxResponseBytes, DefaultMaxResponseBytes)
+	return rc
+}
+
+// validate checks a route's policy, defaults filled, under a middleware
+// whose lease is lease.
+func (rc *RouteConfig) validate(lease time.Duration) error {
+	floor := max(minTTL, 2*lease)
+	switch {
+	case !storable(rc.Name):
+		return fmt.Errorf("idempotency: RouteConfig.Name must be valid UTF-8, without NUL bytes, at most %d bytes", maxScopeBytes)
+	case rc.TTL > MaxTTL:
+		return fmt.Errorf("idempotency: RouteConfig.TTL (%v) exceeds the maximum of %v", rc.TTL, MaxTTL)
+	case rc.TTL < floor:
+		return fmt.Errorf("idempotency: RouteConfig.TTL (%v) is below the minimum of %v (the larger of 1m and twice the lease)", rc.TTL, floor)
+	case rc.MaxBodyBytes < 0:
+		return fmt.Errorf("idempotency: RouteConfig.MaxBodyBytes must be positive, got %d", rc.MaxBodyBytes)
+	case rc.MaxResponseBytes < 0:
+		return fmt.Errorf("idempotency: RouteConfig.MaxResponseBytes must be positive, got %d", rc.MaxResponseBytes)
+	case rc.ReleaseOnError && !rc.Transactional:
+		return errors.New("idempotency: RouteConfig.ReleaseOnError needs RouteConfig.Transactional")
+	case rc.Transactional && rc.FailOpen:
+		return errors.New("idempotency: RouteConfig.Transactional requires a fail-closed route (FailOpen false)")
+	case rc.Transactional && rc.NoStore:
+		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
+	}
+	return nil
+}
+
+// txStore returns the TxStore a transactional route needs, nil for any
+// other route.
+func (rc *RouteConfig) txStore(s Store) (TxStore, error) {
+	if !rc.Transactional {
+		return nil, nil
+	}
+	ts, ok := s.(TxStore)
+	if !ok {
+		return nil, errors.New("idempotency: RouteConfig.Transactional needs a store that implements TxStore, such as *PostgresStore")
+	}
+	return ts, nil
+}

@@ -1,0 +1,61 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+)
+
+type ctxKey int
+
+const (
+	keyCtxKey ctxKey = iota
+	txCtxKey
+)
+
+// KeyFromContext returns the request's normalised idempotency key inside a
+// wrapped handler, for example to forward it to a broker as its client
+// order id. It reports false when the request carried no key or the
+// kill-switch was off.
+func KeyFromContext(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(keyCtxKey).(string)
+	return k, ok
+}
+
+// withKey returns r with its idempotency key in the context.
+func withKey(r *http.Request, key string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), keyCtxKey, key))
+}
+
+// TxFromContext returns the transaction a transactional route began for its
+// handler. Write through it: the writes commit together with the key's
+// completed record, or not at all. The middleware owns it: its Commit and
+// Rollback return ErrTxManaged and change nothing (answer >= 500 to roll
+// back); Begin opens a savepoint as usual. It reports false outside a
+// transactional route.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txCtxKey).(pgx.Tx)
+	return tx, ok
+}
+
+// ErrTxManaged is returned by Commit and Rollback on the transaction
+// TxFromContext hands a handler: a handler that committed on its own would
+// commit its writes outside the key's fence, and its key could then be
+// reclaimed and executed again.
+var ErrTxManaged = errors.New("idempotency: the route's transaction is committed or rolled back by the middleware")
+
+// handlerTx is the route's transaction as the handler sees it.
+type handlerTx struct{ pgx.Tx }
+
+// Commit refuses: the middleware commits, together with the record.
+func (handlerTx) Commit(context.Context) error { return ErrTxManaged }
+
+// Rollback refuses: answer >= 500 (or panic) and the middleware rolls back.
+func (handlerTx) Rollback(context.Context) error { return ErrTxManaged }
+
+// withTx returns ctx carrying tx for the handler.
+func withTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txCtxKey, pgx.Tx(handlerTx{tx}))
+}

@@ -1,0 +1,112 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemkit/idempotency"
+)
+
+// TestTxUnavailableIsCounted: every 503 of a transactional route counts as
+// a store_unavailable rejection, like the 503s of any other route: a
+// COMMIT that fails (with and without a key) and a BEGIN that fails (with
+// and without a key), and the failed call counts as a store error of its
+// operation (commit, begin).
+func TestTxUnavailableIsCounted(t *testing.T) {
+	t.Parallel()
+	t.Run("commit", func(t *testing.T) {
+		t.Parallel()
+		f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+		if _, err := f.pool.Exec(context.Background(),
+			`CREATE TABLE deferred (id INT, CONSTRAINT deferred_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+			t.Fatal(err)
+		}
+		f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+			tx, _ := idempotency.TxFromContext(r.Context())
+			// Violates a deferred constraint: the COMMIT fails.
+			if _, err := tx.Exec(r.Context(), `INSERT INTO deferred VALUES (1), (1)`); err != nil {
+				t.Error(err)
+			}
+			return false
+		}
+		for _, key := range []string{uuid.NewString(), ""} {
+			if w := do(h, key, `{}`); w.Code != http.StatusServiceUnavailable {
+				t.Fatalf("key %q: %d %s, want 503", key, w.Code, w.Body)
+			}
+		}
+		if n := gathered(t, f.reg, "idempotency_rejections_total"); n != 2 {
+			t.Errorf("rejections = %v, want 2 (one per 503)", n)
+		}
+		if n := gathered(t, f.reg, "idempotency_store_errors_total"); n != 2 {
+			t.Errorf("store errors = %v, want 2 (the failed commits)", n)
+		}
+	})
+	t.Run("begin", func(t *testing.T) {
+		t.Parallel()
+		reg := prometheus.NewRegistry()
+		store := beginFails{idempotency.NewMemoryStore()}
+		mw, err := idempotency.New(store, idempotency.Config{Registerer: reg, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls int
+		h := mw.MustRoute(idempotency.RouteConfig{Name: "orders", Transactional: true})(
+			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls++ }))
+		key := uuid.NewString()
+		for _, k := range []string{key, ""} {
+			w := do(h, k, `{}`)
+			if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+				t.Fatalf("key %q: %d %v %s, want 503 with Retry-After: 1", k, w.Code, w.Header(), w.Body)
+			}
+		}
+		if calls != 0 {
+			t.Errorf("handler ran %d times without its transaction", calls)
+		}
+		if n := gathered(t, reg, "idempotency_rejections_total"); n != 2 {
+			t.Errorf("rejections = %v, want 2 (one per 503)", n)
+		}
+		if n := storeErrors(t, reg, "begin"); n != 2 {
+			t.Errorf("begin store errors = %v, want 2", n)
+		}
+		// The claimed key was given back: nothing ran under it.
+		if recs, err := store.ExportScope(context.Background(), ""); err != nil || len(recs) != 0 {
+			t.Errorf("rows left: %v, %v; want none", recs, err)
+		}
+	})
+}
+
+// beginFails is a wrapped store that backs a transactional route but
+// cannot begin a transaction.
+type beginFails struct{ *idempotency.MemoryStore }
+
+func (beginFails) Begin(context.Context) (idempotency.RouteTx, error) {
+	return nil, &idempotency.StoreError{Op: "begin", Reason: idempotency.ReasonConnection, Err: errors.New("connection refused")}
+}
+
+// storeErrors returns the store error counter of op, any reason.
+func storeErrors(t *testing.T, reg *prometheus.Registry, op string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != "idempotency_store_errors_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "operation" && l.GetValue() == op {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}

@@ -1,0 +1,33 @@
+package idempotency
+
+import (
+	"net/http"
+	"os"
+	"strings"
+)
+
+// FlagEnv is the environment variable read by EnabledFromEnv: the
+// kill-switch.
+const FlagEnv = "FLAG_IDEMPOTENCY_MIDDLEWARE"
+
+// EnabledFromEnv is the default kill-switch: it reports false when
+// FLAG_IDEMPOTENCY_MIDDLEWARE is "0", "false", "off" or "no" (any case,
+// surrounding white space ignored), and true when it is unset or anything
+// else.
+func EnabledFromEnv(*http.Request) bool {
+	return flagEnabled(os.Getenv(FlagEnv))
+}
+
+// EnabledFrom is EnabledFromEnv reading FLAG_IDEMPOTENCY_MIDDLEWARE through
+// getenv (a flag service, a test's environment) on every request.
+func EnabledFrom(getenv func(string) string) func(*http.Request) bool {
+	return func(*http.Request) bool { return flagEnabled(getenv(FlagEnv)) }
+}
+
+func flagEnabled(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "0", "false", "off", "no":
+		return false
+	}
+	return true
+}

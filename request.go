@@ -1,0 +1,138 @@
+package idempotency
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// request is one request on its way through a route: what the route knows
+// of it so far, computed once and handed from step to step.
+type request struct {
+	rt    *route
+	m     *Middleware
+	w     http.ResponseWriter
+	r     *http.Request
+	label string // the metrics label: a route name or pattern, never a raw path
+	// Set by admit, for a keyed request:
+	endpoint string        // the key's scope_endpoint
+	claim    ClaimRequest  // key, scope, endpoint, request hash, TTL, lease
+	rm       *routeMetrics // the label's counters
+}
+
+func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) *request {
+	rq := &request{rt: rt, m: rt.m, w: w, r: r}
+	rq.endpoint, rq.label = rt.endpoint(r)
+	return rq
+}
+
+// endpoint returns the key's scope_endpoint and the metrics label.
+func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
+	switch {
+	case rt.name != "":
+		return rt.name, rt.name
+	case r.Pattern != "":
+		return r.Pattern, r.Pattern
+	default:
+		return r.Method + " " + r.URL.EscapedPath(), unnamedEndpoint
+	}
+}
+
+// withKey returns the request with its key in the context, for a handler
+// that runs under it.
+func (rq *request) withKey() *http.Request { return withKey(rq.r, rq.claim.Key) }
+
+// parseKey validates an Idempotency-Key header value and returns it in
+// lower case: a UUID in its 36-character form, optionally as a quoted
+// structured-field string; optional white space around it is ignored.
+func parseKey(v string) (string, bool) {
+	v = strings.Trim(v, " \t")
+	if len(v) == 38 && v[0] == '"' && v[37] == '"' {
+		v = v[1:37]
+	}
+	if len(v) != 36 {
+		return "", false
+	}
+	u, err := uuid.Parse(v) // at length 36 only the 8-4-4-4-12 hex form parses
+	if err != nil {
+		return "", false
+	}
+	return u.String(), true
+}
+
+// headerKey returns the request's one Idempotency-Key, normalised. present
+// is false when the header is absent; ok is false when it is not one
+// valid key.
+func headerKey(r *http.Request) (key string, present, ok bool) {
+	values := r.Header.Values(HeaderKey)
+	if len(values) == 0 {
+		return "", false, false
+	}
+	if len(values) == 1 {
+		key, ok = parseKey(values[0])
+	}
+	return key, true, ok
+}
+
+// maxScopeBytes bounds a key's user scope and its endpoint, so that (key,
+// scope, endpoint) always fits the store's unique index (a btree entry
+// holds about 2.7 kB).
+const maxScopeBytes = 1024
+
+// storable reports whether s can be stored as a scope or endpoint: valid
+// UTF-8 without NUL bytes (Postgres TEXT refuses both), at most
+// maxScopeBytes.
+func storable(s string) bool {
+	return len(s) <= maxScopeBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+var errBodyTooLarge = errors.New("idempotency: request body too large")
+
+// readBody reads a keyed request's body whole, bounded in size and (where
+// the connection allows read deadlines) in time, and restores it for the
+// handler. An error means nothing may be claimed: errBodyTooLarge for a body
+// over limit, anything else for a body that could not be read whole. The
+// buffer grows with the bytes that arrive, never ahead of them: a declared
+// Content-Length is a promise, not a reason to allocate.
+//
+// After an error the read deadline is left expired and the caller answers
+// with Connection: close, so nothing more of the body is read: net/http
+// would otherwise drain the rest before sending the answer, and then again
+// when it closes the body, for as long as the client cares to stall.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	rc := http.NewResponseController(w)
+	if r.ContentLength > limit {
+		_ = rc.SetReadDeadline(time.Now())
+		return nil, errBodyTooLarge
+	}
+	armed := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr), err == nil && int64(len(body)) > limit:
+		err = errBodyTooLarge
+	}
+	if err != nil {
+		if armed {
+			_ = rc.SetReadDeadline(time.Now())
+		}
+		return nil, err
+	}
+	if armed {
+		// Read whole: net/http arms its own deadlines for the next request,
+		// and one left in place would fire its background read mid-handler
+		// and cancel the connection's context.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}

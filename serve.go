@@ -1,0 +1,131 @@
+package idempotency
+
+import (
+	"errors"
+	"net/http"
+	"time"
+)
+
+// ServeHTTP takes one request through the route: admit it (the kill-switch,
+// the key, the body, the scope), claim its key, then execute the handler if
+// the claim was won, or answer as the key's record calls for.
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rq := rt.newRequest(w, r)
+	if !rq.admit() {
+		return
+	}
+	res, err := rq.claimKey()
+	switch {
+	case err != nil:
+		rq.claimFailed(err)
+	case res.outcome == claimWon:
+		rq.execute(res.record, res.claimedAt)
+	case res.outcome == claimContended:
+		rq.answer(answerInFlight)
+	default:
+		rq.answerDuplicate(res.record)
+	}
+}
+
+// admit decides whether a request is claimed. It reports false when it has
+// already dealt with the request: passed it through (kill-switch off, no
+// key on an optional route) or refused it (400, 413).
+func (rq *request) admit() bool {
+	if !rq.m.cfg.Enabled(rq.r) {
+		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonDisabled).Inc()
+		rq.passThrough()
+		return false
+	}
+	key, present, ok := headerKey(rq.r)
+	switch {
+	case !present && rq.rt.requireKey:
+		rq.answer(answerMissingKey)
+		return false
+	case !present:
+		rq.passThrough()
+		return false
+	case !ok:
+		rq.answer(answerInvalidKey)
+		return false
+	}
+	body, err := readBody(rq.w, rq.r, rq.rt.maxBody, rq.m.cfg.BodyTimeout)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		rq.answer(answerBodyTooLarge)
+		return false
+	case err != nil:
+		rq.answer(answerBodyUnreadable)
+		return false
+	}
+	return rq.admitScope(key, body)
+}
+
+// admitScope builds the claim of a keyed request whose body was read, or
+// refuses a scope or endpoint the store could not hold.
+func (rq *request) admitScope(key string, body []byte) bool {
+	scope := rq.m.cfg.Scope(rq.r)
+	if !storable(scope) || !storable(rq.endpoint) {
+		// A value the store cannot hold would fail every claim of this
+		// key alike: refuse it rather than treat it as an outage (which a
+		// fail-open route would run without deduplication, every time).
+		rq.m.log.Warn("idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
+			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
+		rq.answer(answerInvalidScope)
+		return false
+	}
+	rq.claim = ClaimRequest{
+		Key:         key,
+		Scope:       scope,
+		Endpoint:    rq.endpoint,
+		RequestHash: requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body),
+		TTL:         rq.rt.ttl,
+		Lease:       rq.m.cfg.Lease,
+		Reclaimable: rq.rt.txStore != nil,
+	}
+	rq.rm = rq.m.metricsFor(rq.label)
+	return true
+}
+
+// claimFailed applies the route's policy to a claim the store could not
+// answer: contention is in flight, a refused value is 400, an outage is 503
+// on a fail-closed route and a bypass on a fail-open one.
+func (rq *request) claimFailed(err error) {
+	reason := storeReason(err)
+	switch {
+	case reason == ReasonConflict:
+		// Contention, not an outage: other requests keep changing this
+		// key's row (serialization failures past the retries, a takeover
+		// lost every round). One of them owns the key, so a fail-open
+		// bypass would run the handler beside it: the key is in flight.
+		rq.answer(answerInFlight)
+	case reason == ReasonData:
+		// A store that refuses this request's values is not down: it
+		// would refuse every retry alike, so a fail-open bypass would run
+		// each one, and a 503 would invite retries that cannot succeed.
+		rq.m.log.Warn("idempotency: the store refused the request's scope or endpoint",
+			"endpoint", rq.label, "operation", "claim", "error", err)
+		rq.answer(answerInvalidScope)
+	case rq.rt.failOpen && reason != ReasonFull:
+		// A full memory store is not down either: any client can fill it
+		// on purpose, and must not earn a bypass by doing so.
+		rq.m.log.Warn("idempotency: store unavailable, running without deduplication",
+			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
+		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
+		rq.rt.next.ServeHTTP(rq.w, rq.withKey())
+	default:
+		rq.m.log.Warn("idempotency: store unavailable, rejecting",
+			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
+		rq.answer(answerUnavailable)
+	}
+}
+
+// passThrough runs the handler with no idempotency tracking. A
+// transactional route still gets its transaction, so the handler has one
+// shape.
+func (rq *request) passThrough() {
+	if rq.rt.txStore == nil {
+		rq.rt.next.ServeHTTP(rq.w, rq.r)
+		return
+	}
+	rq.run(nil, time.Time{})
+}
