@@ -258,7 +258,7 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 		return err
 	}
 	exec := func() error {
-		return fenced(ctx, s.pool, pgCompleteSQL, f, resp.Status, jsonBody, rawBody, headers)
+		return fenced(ctx, s.pool, pgCompleteSQL, f, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers))
 	}
 	err = exec()
 	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
@@ -281,7 +281,7 @@ func (s *PostgresStore) completeIn(ctx context.Context, q execer, f Fence, resp 
 	if err != nil {
 		return err
 	}
-	return pgOwnerError("complete", fenced(ctx, q, pgCompleteSQL, f, resp.Status, jsonBody, rawBody, headers))
+	return pgOwnerError("complete", fenced(ctx, q, pgCompleteSQL, f, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers)))
 }
 
 // completeArgs encodes resp for pgCompleteSQL. A BodyJSON body JSONB cannot
@@ -665,7 +665,7 @@ func pgOwnerError(op string, err error) error {
 
 // pgStoreError wraps a pgx error in a *StoreError for op.
 func pgStoreError(op string, err error) error {
-	return &StoreError{Op: op, Reason: pgReason(err), Err: err}
+	return &StoreError{Op: op, Reason: pgReason(err), Err: explainPooler(err)}
 }
 
 // pgReason classifies a pgx error as one of the Reason constants.
