@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,3 +32,31 @@ func explainPooler(err error) error {
 // and would send plain []byte as bytea (hex text) that JSONB refuses. nil
 // stays NULL.
 func jsonbArg(b []byte) json.RawMessage { return json.RawMessage(b) }
+
+// retryConnLoss runs f, then once more when it failed because its
+// connection was lost or shut down (isConnLoss): after a failover the pool
+// still holds connections to the old primary, and pgx checks
+// target_session_attrs only when it opens a connection, never retrying the
+// statement in flight. Only claims and reads go through it. A claim's
+// retry is safe but not exact: when the lost attempt's INSERT had
+// committed, the retry reads that row as someone else's claim (in flight),
+// so the request answers as a concurrent duplicate would (409) although
+// nothing ran; the key then waits for its lease or TTL as a lost claim
+// reply does (README, "What it does not promise").
+//
+// f is retried as retrySerialization does too.
+func retryConnLoss(ctx context.Context, f func() error) error {
+	err := retrySerialization(ctx, f)
+	if isConnLoss(ctx, err) {
+		err = retrySerialization(ctx, f)
+	}
+	return err
+}
+
+// isConnLoss reports an error from a lost, refused or shut-down connection
+// (SQLSTATE class 08, 57P01 admin_shutdown and its kin, pgx's closed
+// connection and network errors: pgReason's ReasonConnection) while ctx
+// still has time. A deadline that fired is never retried.
+func isConnLoss(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && pgReason(err) == ReasonConnection
+}
