@@ -73,7 +73,7 @@ func TestFailover(t *testing.T) {
 	// Clients retry what failed, once the service is back.
 	retried := ld.retryFailed()
 
-	rep := ld.report(killed)
+	rep := ld.report()
 	t.Logf("requests %d: %v; retried after recovery %d: %v", rep.total, rep.byStatus, len(retried), countStatus(retried))
 	t.Logf("latency max by status: %v (bound %v)", rep.maxLatency, hangBound)
 	fmt.Printf("failover: %.1f seconds without writes (kill -9 of the leader; last write before %+.1fs, first after %+.1fs), first write on the new leader %.1fs after the kill\n",
@@ -99,8 +99,8 @@ func TestFailover(t *testing.T) {
 		t.Fatalf("connect to the new leader: %v", err)
 	}
 	defer conn.Close(context.Background())
-	dups, err := pgx.CollectRows(must(conn.Query(t.Context(),
-		`SELECT client_order_id || ' x' || count(*) FROM paper_orders GROUP BY client_order_id HAVING count(*) > 1`)), pgx.RowTo[string])
+	dups, err := pgx.CollectRows(query(t, conn,
+		`SELECT client_order_id || ' x' || count(*) FROM paper_orders GROUP BY client_order_id HAVING count(*) > 1`), pgx.RowTo[string])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +121,8 @@ func TestFailover(t *testing.T) {
 	for id := range acked {
 		ids = append(ids, id)
 	}
-	found, err := pgx.CollectRows(must(conn.Query(t.Context(),
-		`SELECT id, client_order_id FROM paper_orders WHERE id = ANY($1)`, ids)), pgx.RowToStructByPos[struct {
+	found, err := pgx.CollectRows(query(t, conn,
+		`SELECT id, client_order_id FROM paper_orders WHERE id = ANY($1)`, ids), pgx.RowToStructByPos[struct {
 		ID  int64
 		Key string
 	}])
@@ -141,11 +141,13 @@ func TestFailover(t *testing.T) {
 	t.Logf("%d acknowledged orders all present on the new leader; no key executed twice", len(acked))
 }
 
-func must[T any](v T, err error) T {
+// query runs sql on conn, failing the test on an error.
+func query(t *testing.T, conn *pgx.Conn, sql string, args ...any) pgx.Rows {
+	rows, err := conn.Query(t.Context(), sql, args...)
 	if err != nil {
-		panic(err)
+		t.Fatalf("%s: %v", sql, err)
 	}
-	return v
+	return rows
 }
 
 // ---- the cluster ----
@@ -707,7 +709,7 @@ type report struct {
 	lastBefore, firstAfter time.Time
 }
 
-func (l *load) report(killed time.Time) report {
+func (l *load) report() report {
 	rep := report{byStatus: map[string]int{}, errors: map[string]int{}, maxLatency: map[string]time.Duration{}}
 	var writes []time.Time
 	for _, r := range l.all() {
