@@ -26,6 +26,10 @@ test/short: ## Fast tests only, without the race detector
 test/pg: ## make test against the local Postgres ($(TEST_DATABASE_URL)), failing instead of skipping without it
 	IDEMPOTENCY_TEST_DATABASE_URL='$(TEST_DATABASE_URL)' IDEMPOTENCY_REQUIRE_DB=1 $(MAKE) test
 
+.PHONY: test/failover
+test/failover: ## Kill -9 the Patroni leader under load (needs the patroni, etcd-server and postgresql packages; about a minute)
+	$(GO) test -tags failover -count=1 -timeout 4m -v -run TestFailover ./internal/failover
+
 .PHONY: bench
 bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DATABASE_URL)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
@@ -41,6 +45,7 @@ lint: ## gofmt, go vet and staticcheck
 		echo "== $$m"; \
 		(cd $$m && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...); \
 	done
+	$(GO) vet -tags failover ./internal/failover && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags failover ./internal/failover
 
 .PHONY: tidy
 tidy: ## go mod tidy in every module

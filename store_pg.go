@@ -188,6 +188,7 @@ var errClaimVanished = errors.New("the conflicting row was not visible after rep
 // and the loser's read of the existing row take one round trip.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
 	var last error
+	lossRetried := false // see retryConnLoss
 	for range pgRetries {
 		var (
 			rec Record
@@ -203,6 +204,8 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			last = errClaimVanished
 		case isRetryable(err):
 			last = err
+		case !lossRetried && isConnLoss(ctx, err):
+			lossRetried, last = true, err
 		default:
 			return ClaimResult{}, pgStoreError("claim", err)
 		}
@@ -227,7 +230,7 @@ func (s *PostgresStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) 
 // new owner of an existing row; no row means another caller won.
 func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args ...any) (ClaimResult, error) {
 	var rec Record
-	err := retrySerialization(ctx, func() error {
+	err := retryConnLoss(ctx, func() error {
 		return scanRecord(s.pool.QueryRow(ctx, sql, args...), &rec, nil)
 	})
 	switch {
@@ -253,7 +256,7 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 		return err
 	}
 	exec := func() error {
-		return fenced(ctx, s.pool, pgCompleteSQL, f, resp.Status, jsonBody, rawBody, headers)
+		return fenced(ctx, s.pool, pgCompleteSQL, f, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers))
 	}
 	err = exec()
 	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
@@ -276,7 +279,7 @@ func completeIn(ctx context.Context, q execer, f Fence, resp Response) error {
 	if err != nil {
 		return err
 	}
-	return pgOwnerError("complete", fenced(ctx, q, pgCompleteSQL, f, resp.Status, jsonBody, rawBody, headers))
+	return pgOwnerError("complete", fenced(ctx, q, pgCompleteSQL, f, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers)))
 }
 
 // completeArgs encodes resp for pgCompleteSQL. A BodyJSON body JSONB cannot
@@ -399,7 +402,7 @@ func (s *PostgresStore) DeleteScope(ctx context.Context, scope string) (ErasureR
 // ExportScope implements Store with one SELECT.
 func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record, error) {
 	var recs []Record
-	err := retrySerialization(ctx, func() error {
+	err := retryConnLoss(ctx, func() error {
 		recs = nil
 		rows, err := s.pool.Query(ctx, pgExportScopeSQL, scope)
 		if err != nil {

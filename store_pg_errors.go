@@ -41,7 +41,7 @@ func pgOwnerError(op string, err error) error {
 
 // pgStoreError wraps a pgx error in a *StoreError for op.
 func pgStoreError(op string, err error) error {
-	return &StoreError{Op: op, Reason: pgReason(err), Err: err}
+	return &StoreError{Op: op, Reason: pgReason(err), Err: explainPooler(err)}
 }
 
 // pgReason classifies a pgx error as one of the Reason constants.

@@ -19,6 +19,7 @@ import (
 const (
 	envAddr             = "ADDR"
 	envDatabaseURL      = "DATABASE_URL"
+	envMigrateURL       = "MIGRATE_DATABASE_URL"
 	envOrderLatency     = "ORDER_LATENCY"
 	envLease            = "IDEMPOTENCY_LEASE"
 	envStoreTimeout     = "IDEMPOTENCY_STORE_TIMEOUT"
@@ -41,6 +42,7 @@ const maxOrdersTTL = 24 * time.Hour
 type config struct {
 	addr         string
 	databaseURL  string
+	migrateURL   string // migrations' direct URL when databaseURL goes through a transaction pooler; empty: databaseURL
 	orderLatency time.Duration
 	lease        time.Duration
 	storeTimeout time.Duration
@@ -97,6 +99,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	cfg.storeTimeout = 2 * time.Second
 	fs.StringVar(&cfg.addr, "addr", cfg.addr, "listen address, host:port (env "+envAddr+")")
 	fs.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL URL; empty runs everything in memory (env "+envDatabaseURL+")")
+	fs.StringVar(&cfg.migrateURL, "migrate-database-url", "", "PostgreSQL URL the start-up migrations use, direct (never through a transaction pooler such as PgBouncer); empty uses -database-url (env "+envMigrateURL+")")
 	fs.Var(durationFlag{&cfg.orderLatency}, "order-latency", "simulated fill latency, e.g. 300ms (env "+envOrderLatency+")")
 	fs.Var(durationFlag{&cfg.lease}, "lease", "how long a claimed idempotency key is owned; also the shutdown drain limit (env "+envLease+")")
 	fs.Var(durationFlag{&cfg.storeTimeout}, "store-timeout", "deadline of every idempotency store call, and of the example's own database calls (env "+envStoreTimeout+")")
@@ -154,6 +157,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if v, ok := fromEnv("database-url", envDatabaseURL); ok {
 		cfg.databaseURL = v
 	}
+	if v, ok := fromEnv("migrate-database-url", envMigrateURL); ok {
+		cfg.migrateURL = v
+	}
 	for _, d := range []struct {
 		name, env string
 		dst       *time.Duration
@@ -189,6 +195,14 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if cfg.databaseURL != "" {
 		if _, err := pgxpool.ParseConfig(cfg.databaseURL); err != nil {
 			return cfg, usagef("invalid -database-url (%s): %v", envDatabaseURL, err)
+		}
+	}
+	if cfg.migrateURL != "" {
+		if cfg.databaseURL == "" {
+			return cfg, usagef("-migrate-database-url (%s) needs -database-url (%s)", envMigrateURL, envDatabaseURL)
+		}
+		if _, err := pgxpool.ParseConfig(cfg.migrateURL); err != nil {
+			return cfg, usagef("invalid -migrate-database-url (%s): %v", envMigrateURL, err)
 		}
 	}
 

@@ -26,8 +26,8 @@ func TestParseConfig(t *testing.T) {
 		{
 			name: "environment",
 			env: map[string]string{"ADDR": "0.0.0.0:9000", "DATABASE_URL": "postgres://u@db.invalid/app", "ORDER_LATENCY": "300ms",
-				"IDEMPOTENCY_LEASE": "1m", "IDEMPOTENCY_STORE_TIMEOUT": "5s"},
-			want: config{addr: "0.0.0.0:9000", databaseURL: "postgres://u@db.invalid/app", orderLatency: 300 * time.Millisecond,
+				"IDEMPOTENCY_LEASE": "1m", "IDEMPOTENCY_STORE_TIMEOUT": "5s", "MIGRATE_DATABASE_URL": "postgres://owner@db.invalid/app"},
+			want: config{addr: "0.0.0.0:9000", databaseURL: "postgres://u@db.invalid/app", migrateURL: "postgres://owner@db.invalid/app", orderLatency: 300 * time.Millisecond,
 				lease: time.Minute, storeTimeout: 5 * time.Second},
 		},
 		{
@@ -43,7 +43,7 @@ func TestParseConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.addr != tc.want.addr || got.databaseURL != tc.want.databaseURL || got.orderLatency != tc.want.orderLatency ||
+			if got.addr != tc.want.addr || got.databaseURL != tc.want.databaseURL || got.migrateURL != tc.want.migrateURL || got.orderLatency != tc.want.orderLatency ||
 				got.lease != tc.want.lease || got.storeTimeout != tc.want.storeTimeout {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
@@ -82,6 +82,9 @@ func TestParseConfigErrors(t *testing.T) {
 		{args: []string{"-lease", "13h"}, want: "at most 12h"},
 		{args: []string{"-addr", "localhost"}, want: "host:port"},
 		{args: []string{"-database-url", "postgres://u:hunter2@db.invalid:notaport/app"}, want: "-database-url"},
+		{args: []string{"-migrate-database-url", "postgres://u@db.invalid/app"}, want: "needs -database-url"},
+		{args: []string{"-database-url", "postgres://u@db.invalid/app", "-migrate-database-url", "postgres://u:hunter2@db.invalid:notaport/app"}, want: "-migrate-database-url"},
+		{env: map[string]string{"DATABASE_URL": "postgres://u@db.invalid/app", "MIGRATE_DATABASE_URL": "postgres://u:hunter2@db.invalid:x/app"}, want: "MIGRATE_DATABASE_URL"},
 	} {
 		_, err := parseConfig(tc.args, getenvOf(tc.env))
 		var ue *usageError

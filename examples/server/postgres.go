@@ -139,6 +139,22 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// migrateVia migrates through a pool of its own on migrateURL, a direct
+// connection when pool goes through a transaction pooler (migrations hold a
+// session advisory lock that must not leak to other clients), or through
+// pool when migrateURL is empty.
+func migrateVia(ctx context.Context, pool *pgxpool.Pool, migrateURL string, wait time.Duration, log *slog.Logger) error {
+	if migrateURL == "" {
+		return migrate(ctx, pool)
+	}
+	direct, err := connectPostgres(ctx, migrateURL, wait, log)
+	if err != nil {
+		return fmt.Errorf("migration database: %w", err)
+	}
+	defer direct.Close()
+	return migrate(ctx, direct)
+}
+
 // pgRepo is the repo of the PostgreSQL mode. Every call runs under timeout
 // (the store timeout), so a database that stops answering turns into 503
 // database_unavailable, never a hung request.

@@ -106,7 +106,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 			}
 			closers = append(closers, pool.Close)
 		}
-		if err := migrate(ctx, pool); err != nil {
+		if err := migrateVia(ctx, pool, cfg.migrateURL, cfg.dbWait, log); err != nil {
 			return nil, nil, err
 		}
 		s.data = &pgRepo{pool: pool, timeout: cfg.storeTimeout}

@@ -253,20 +253,21 @@ func dockerAnswers() bool {
 // M is the part of *testing.M that Main needs.
 type M interface{ Run() int }
 
-// Main wraps a package's *testing.M so that the container testdb may have
-// started is terminated once the package's tests have run, before a leak
-// check looks for goroutines:
+// Main wraps a package's *testing.M so that the container and the PgBouncer
+// testdb may have started are stopped once the package's tests have run,
+// before a leak check looks for goroutines:
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
 //
 // Without it the container is removed by testcontainers' reaper when the
-// test binary exits.
+// test binary exits, and PgBouncer is killed with the binary (Linux).
 func Main(m M) M { return mainWrapper{m} }
 
 type mainWrapper struct{ m M }
 
 func (w mainWrapper) Run() int {
 	code := w.m.Run()
+	stopPgBouncer()
 	if shared.container != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -1,0 +1,62 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// poolerHint is what a prepared-statement error from a transaction-mode
+// pooler means.
+const poolerHint = "prepared statements do not survive between transactions: behind a transaction-mode pooler " +
+	"(PgBouncer pool_mode=transaction) set default_query_exec_mode=exec or cache_describe in the connection string"
+
+// explainPooler adds poolerHint to the errors pgx's default statement cache
+// gets behind a transaction-mode pooler, where each transaction may run on
+// another server connection: a named statement that already exists there
+// (42P05, duplicate_prepared_statement) or is missing (26000,
+// invalid_sql_statement_name). Other errors are returned as they are.
+func explainPooler(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P05" || pgErr.Code == "26000") {
+		return fmt.Errorf("%w (%s)", err, poolerHint)
+	}
+	return err
+}
+
+// jsonbArg passes JSON bytes for a JSONB parameter as a json.RawMessage:
+// with default_query_exec_mode=exec pgx does not know the parameter's type
+// and would send plain []byte as bytea (hex text) that JSONB refuses. nil
+// stays NULL.
+func jsonbArg(b []byte) json.RawMessage { return json.RawMessage(b) }
+
+// retryConnLoss runs f, then once more when it failed because its
+// connection was lost or shut down (isConnLoss): after a failover the pool
+// still holds connections to the old primary, and pgx checks
+// target_session_attrs only when it opens a connection, never retrying the
+// statement in flight. Only claims and reads go through it. A claim's
+// retry is safe but not exact: when the lost attempt's INSERT had
+// committed, the retry reads that row as someone else's claim (in flight),
+// so the request answers as a concurrent duplicate would (409) although
+// nothing ran; the key then waits for its lease or TTL as a lost claim
+// reply does (README, "What it does not promise").
+//
+// f is retried as retrySerialization does too.
+func retryConnLoss(ctx context.Context, f func() error) error {
+	err := retrySerialization(ctx, f)
+	if isConnLoss(ctx, err) {
+		err = retrySerialization(ctx, f)
+	}
+	return err
+}
+
+// isConnLoss reports an error from a lost, refused or shut-down connection
+// (SQLSTATE class 08, 57P01 admin_shutdown and its kin, pgx's closed
+// connection and network errors: pgReason's ReasonConnection) while ctx
+// still has time. A deadline that fired is never retried.
+func isConnLoss(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && pgReason(err) == ReasonConnection
+}
