@@ -1,150 +1,45 @@
 package idempotency
 
 import (
-	"bytes"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
-	"fmt"
 	"net/http"
-	"os"
-	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-	"unicode"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/idemkit/idempotency/internal/jcs"
+	"github.com/idemkit/idempotency/internal/jcs/jcsvectors"
 )
 
-// updateHashVectors rewrites the hash fields of testdata/hash_vectors.json
-// from the implementation. Only use it after checking the canonical forms,
-// which are written by hand and never rewritten.
+// updateHashVectors rewrites the hash fields of the golden vectors from the
+// implementation. Only use it after checking the canonical forms, which are
+// written by hand and never rewritten.
 var updateHashVectors = flag.Bool("update-hash-vectors", false, "rewrite the hashes in "+hashVectorsFile)
 
-const hashVectorsFile = "testdata/hash_vectors.json"
+const hashVectorsFile = "internal/jcs/testdata/hash_vectors.json"
 
-// hashVector is one golden request: its canonical body (nil when the body is
-// hashed raw) and its request hash.
-type hashVector struct {
-	Name       string  `json:"name"`
-	Note       string  `json:"note,omitempty"`
-	Method     string  `json:"method"`
-	Path       string  `json:"path"`
-	Query      string  `json:"query"`
-	Body       *string `json:"body,omitempty"`        // the body as text
-	BodyBase64 string  `json:"body_base64,omitempty"` // or, for bodies that are not UTF-8, as base64
-	Canonical  *string `json:"canonical"`
-	SameAs     string  `json:"same_as,omitempty"` // the vector whose hash this one must equal
-	Hash       string  `json:"hash"`
-}
-
-// body returns the vector's body bytes.
-func (v hashVector) body(t testing.TB) []byte {
-	t.Helper()
-	if v.BodyBase64 != "" {
-		b, err := base64.StdEncoding.DecodeString(v.BodyBase64)
-		if err != nil {
-			t.Fatalf("%s: body_base64: %v", v.Name, err)
-		}
-		return b
-	}
-	if v.Body == nil {
-		t.Fatalf("%s: neither body nor body_base64", v.Name)
-	}
-	return []byte(*v.Body)
-}
-
-// loadHashVectors reads the golden vectors, so every test checks the same
-// requests.
-func loadHashVectors(t testing.TB) []hashVector {
-	t.Helper()
-	data, err := os.ReadFile(hashVectorsFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vs []hashVector
-	if err := json.Unmarshal(data, &vs); err != nil {
-		t.Fatalf("%s: %v", hashVectorsFile, err)
-	}
-	if len(vs) < 24 {
-		t.Fatalf("%s: %d vectors, want at least 24", hashVectorsFile, len(vs))
-	}
-	return vs
-}
-
-// writeHashVectors writes vs one per line, so a change to one vector is a
-// one-line diff.
-func writeHashVectors(t *testing.T, vs []hashVector) {
-	t.Helper()
-	var buf bytes.Buffer
-	buf.WriteString("[\n")
-	for k, v := range vs {
-		var line bytes.Buffer
-		enc := json.NewEncoder(&line)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(v); err != nil {
-			t.Fatal(err)
-		}
-		writeVisible(&buf, bytes.TrimSuffix(line.Bytes(), []byte("\n")))
-		if k < len(vs)-1 {
-			buf.WriteByte(',')
-		}
-		buf.WriteByte('\n')
-	}
-	buf.WriteString("]\n")
-	if err := os.WriteFile(hashVectorsFile, buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// writeVisible copies encoded JSON to buf with invisible characters (DEL,
-// C1 controls, a BOM) as \u escapes, so the file shows every byte that
-// matters. They can only occur inside strings, where the escape means the same.
-func writeVisible(buf *bytes.Buffer, encoded []byte) {
-	for _, r := range string(encoded) {
-		switch {
-		case r < utf8.RuneSelf && r != 0x7f, unicode.IsPrint(r):
-			buf.WriteRune(r)
-		case r > 0xFFFF:
-			hi, lo := utf16.EncodeRune(r)
-			fmt.Fprintf(buf, `\u%04x\u%04x`, hi, lo)
-		default:
-			fmt.Fprintf(buf, `\u%04x`, r)
-		}
-	}
-}
-
-// TestHashVectors checks every golden vector's canonical form and hash, so a
-// change that would make stored keys answer 422 to their own retries fails
-// here.
+// TestHashVectors checks every golden vector's hash, so a change that would
+// make stored keys answer 422 to their own retries fails here (the
+// canonical forms are checked in internal/jcs).
 func TestHashVectors(t *testing.T) {
-	vs := loadHashVectors(t)
+	vs := jcsvectors.Load(t, hashVectorsFile)
 	if *updateHashVectors {
 		for k := range vs {
-			vs[k].Hash = requestHash(vs[k].Method, vs[k].Path, vs[k].Query, vs[k].body(t))
+			vs[k].Hash = requestHash(vs[k].Method, vs[k].Path, vs[k].Query, vs[k].Bytes(t))
 		}
-		writeHashVectors(t, vs)
+		jcsvectors.Write(t, hashVectorsFile, vs)
 	}
 	t.Parallel()
 	hexHash := regexp.MustCompile(`^[0-9a-f]{64}$`)
 	for _, v := range vs {
 		t.Run(v.Name, func(t *testing.T) {
 			t.Parallel()
-			body := v.body(t)
-			got, ok := canonicalJSON(body)
-			switch {
-			case v.Canonical == nil && ok:
-				t.Errorf("canonicalJSON accepted the body as %q, want it hashed raw", got)
-			case v.Canonical != nil && !ok:
-				t.Errorf("canonicalJSON rejected the body, want %q", *v.Canonical)
-			case v.Canonical != nil && string(got) != *v.Canonical:
-				t.Errorf("canonicalJSON\n got %q\nwant %q", got, *v.Canonical)
-			}
+			body := v.Bytes(t)
 			h := requestHash(v.Method, v.Path, v.Query, body)
 			if !hexHash.MatchString(h) {
 				t.Errorf("requestHash = %q, want 64 lower-case hex characters", h)
@@ -180,7 +75,7 @@ func referenceHash(method, path, query string, canonical *string, body []byte) s
 // never share a hash, while two encodings of one JSON value must.
 func TestHashVectorsDistinct(t *testing.T) {
 	t.Parallel()
-	vs := loadHashVectors(t)
+	vs := jcsvectors.Load(t, hashVectorsFile)
 	group := make(map[string]string, len(vs)) // vector name -> same_as root
 	for _, v := range vs {
 		group[v.Name] = v.Name
@@ -211,117 +106,33 @@ func TestHashVectorsDistinct(t *testing.T) {
 // JSON can) never hashes like that JSON body.
 func TestRequestHashRawNeverMatchesJSON(t *testing.T) {
 	t.Parallel()
-	for _, v := range loadHashVectors(t) {
+	for _, v := range jcsvectors.Load(t, hashVectorsFile) {
 		if v.Canonical == nil {
 			continue
 		}
-		c := canonicalizers.Get().(*canonicalizer)
-		raw := c.hashRequest(v.Method, v.Path, v.Query, hashKindRaw, []byte(*v.Canonical))
-		c.release()
+		raw := hashRequest(v.Method, v.Path, v.Query, hashKindRaw, []byte(*v.Canonical))
 		if raw == v.Hash {
 			t.Errorf("%s: the raw framing of the canonical text hashes like the JSON body", v.Name)
 		}
 	}
 }
 
-// TestCanonicalJSONDecodesAlike checks that canonicalisation never changes
-// the value: encoding/json decodes the body and its canonical form to the same
-// thing, numbers compared as their text.
-func TestCanonicalJSONDecodesAlike(t *testing.T) {
-	t.Parallel()
-	for _, v := range loadHashVectors(t) {
-		if v.Canonical == nil {
-			continue
-		}
-		a, errA := decodeJSONNumbers([]byte(*v.Canonical))
-		b, errB := decodeJSONNumbers(v.body(t))
-		if errA != nil || errB != nil {
-			t.Errorf("%s: decode: %v, %v", v.Name, errA, errB)
-			continue
-		}
-		if !reflect.DeepEqual(a, b) {
-			t.Errorf("%s: the canonical form decodes to %v, the body to %v", v.Name, a, b)
-		}
-	}
-}
-
-// decodeJSONNumbers decodes data with numbers kept as json.Number text, as
-// the canonical form keeps them.
-func decodeJSONNumbers(data []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var v any
-	err := dec.Decode(&v)
-	return v, err
-}
-
-// TestCanonicalJSONDeepNesting checks that a body nested far beyond the limit
-// is hashed raw without exhausting the stack: returning at all is the proof,
-// the bound only keeps a regression from hanging the run.
-func TestCanonicalJSONDeepNesting(t *testing.T) {
+// TestRequestHashDeepNesting checks that a body nested far beyond the
+// canonicaliser's limit is hashed raw: returning at all is the proof, the
+// bound only keeps a regression from hanging the run.
+func TestRequestHashDeepNesting(t *testing.T) {
 	t.Parallel()
 	const depth = 200_000
-	tests := []struct {
-		name string
-		body string
-	}{
-		{"arrays", strings.Repeat("[", depth) + strings.Repeat("]", depth)},
-		{"arrays unclosed", strings.Repeat("[", depth)},
-		{"objects", strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			done := make(chan string, 1)
-			go func() {
-				if _, ok := canonicalJSON([]byte(tt.body)); ok {
-					t.Error("canonicalJSON accepted a body nested 200,000 deep")
-				}
-				done <- requestHash("POST", "/", "", []byte(tt.body))
-			}()
-			select {
-			case h := <-done:
-				c := canonicalizers.Get().(*canonicalizer)
-				want := c.hashRequest("POST", "/", "", hashKindRaw, []byte(tt.body))
-				c.release()
-				if h != want {
-					t.Errorf("requestHash = %s, want the raw hash %s", h, want)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("requestHash of a body nested 200,000 deep did not return")
+	for _, body := range []string{strings.Repeat("[", depth), strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)} {
+		done := make(chan string, 1)
+		go func() { done <- requestHash("POST", "/", "", []byte(body)) }()
+		select {
+		case h := <-done:
+			if want := hashRequest("POST", "/", "", hashKindRaw, []byte(body)); h != want {
+				t.Errorf("requestHash = %s, want the raw hash %s", h, want)
 			}
-		})
-	}
-}
-
-// TestCompareUTF16 checks the member order of RFC 8785 around the place where
-// UTF-16 and UTF-8 disagree.
-func TestCompareUTF16(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		a, b string
-		want int
-	}{
-		{"", "", 0},
-		{"", "a", -1},
-		{"a", "ab", -1},
-		{"b", "ab", 1},
-		{"\u20ac", "\U0001F600", -1}, // U+20AC < D83D
-		{"\ufb33", "\U0001F600", 1},  // U+FB33 > D83D, though E.. < F0.. in UTF-8
-		{"\ue000", "\U00010000", 1},  // the lowest of each
-		{"\uffff", "\U0010FFFF", 1},  // the highest of each
-		{"\ud7ff", "\U00010000", -1}, // just below the surrogates
-		{"\U0001F600", "\U0001F601", -1},
-		{"\U00010400", "\U0001F600", -1},
-		{"x\ufb33", "x\U0001F600", 1},
-		{"\u00e9", "\u00ea", -1},
-	}
-	for _, tt := range tests {
-		if got := compareUTF16([]byte(tt.a), []byte(tt.b)); got != tt.want {
-			t.Errorf("compareUTF16(%+q, %+q) = %d, want %d", tt.a, tt.b, got, tt.want)
-		}
-		if got := compareUTF16([]byte(tt.b), []byte(tt.a)); got != -tt.want {
-			t.Errorf("compareUTF16(%+q, %+q) = %d, want %d", tt.b, tt.a, got, -tt.want)
+		case <-time.After(30 * time.Second):
+			t.Fatal("requestHash of a body nested 200,000 deep did not return")
 		}
 	}
 }
@@ -352,133 +163,6 @@ func TestFoldAlikeNamesAreAnotherRequest(t *testing.T) {
 	}
 }
 
-// TestAppendFoldedMatchesEqualFold checks the folded form that large objects
-// are compared by against strings.EqualFold, which small objects (and
-// encoding/json) use: for every rune, the runes of its folding orbit fold to
-// one form, and no rune outside the orbit folds to it.
-func TestAppendFoldedMatchesEqualFold(t *testing.T) {
-	t.Parallel()
-	byForm := make(map[string]rune)
-	for r := rune(0); r <= unicode.MaxRune; r++ {
-		if !utf8.ValidRune(r) {
-			continue
-		}
-		s := string(r)
-		form := string(appendFolded(nil, []byte(s)))
-		if first, ok := byForm[form]; !ok {
-			byForm[form] = r
-		} else if !strings.EqualFold(string(first), s) {
-			t.Fatalf("%U and %U fold to the same form %+q, but strings.EqualFold says they differ", first, r, form)
-		}
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			if other := string(appendFolded(nil, []byte(string(f)))); other != form {
-				t.Fatalf("%U folds to %+q, %U of its orbit to %+q", r, form, f, other)
-			}
-		}
-	}
-}
-
-// TestFoldsAlikeBothPaths: small objects compare names pairwise, large ones
-// sort their folded names; both find the same pairs.
-func TestFoldsAlikeBothPaths(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		a, b string
-		want bool
-	}{
-		{"qty", "QTY", true},
-		{"k", "\u212a", true},      // Kelvin sign
-		{"S", "\u017f", true},      // long s
-		{"\u03a3", "\u03c2", true}, // capital and final sigma
-		{"id", "id", true},
-		{"i", "\u0130", false}, // dotted capital I
-		{"ss", "\u00df", false},
-		{"qty", "qtz", false},
-	}
-	for _, tt := range tests {
-		for _, pad := range []int{0, smallObject} { // pairwise, then sorted
-			names := []string{tt.a}
-			for k := range pad {
-				names = append(names, fmt.Sprintf("pad%02d", k))
-			}
-			names = append(names, tt.b)
-			c := canonicalizers.Get().(*canonicalizer)
-			var ms []member
-			for _, n := range names {
-				start := len(c.keys)
-				c.keys = append(c.keys, n...)
-				ms = append(ms, member{keyStart: start, keyEnd: len(c.keys)})
-			}
-			got := c.foldsAlike(ms)
-			c.release()
-			if got != tt.want {
-				t.Errorf("%+q and %+q among %d names: foldsAlike = %v, want %v", tt.a, tt.b, len(names), got, tt.want)
-			}
-		}
-	}
-}
-
-// TestCanonicalJSONOwnsResult checks that canonicalJSON's result is not a
-// pooled buffer a later call could overwrite.
-func TestCanonicalJSONOwnsResult(t *testing.T) {
-	t.Parallel()
-	first, ok := canonicalJSON([]byte(`{"b":1,"a":2}`))
-	if !ok {
-		t.Fatal("canonicalJSON rejected a valid body")
-	}
-	for range 10 {
-		canonicalJSON([]byte(`["xxxxxxxxxxxxxxxx"]`))
-	}
-	if string(first) != `{"a":2,"b":1}` {
-		t.Errorf("canonicalJSON result changed to %q", first)
-	}
-}
-
-// FuzzCanonicalJSON checks that canonicalJSON never panics, accepts only
-// what encoding/json accepts, keeps the decoded value, and that its output is
-// accepted and is its own canonical form.
-func FuzzCanonicalJSON(f *testing.F) {
-	for _, v := range loadHashVectors(f) {
-		// The deep-nesting vectors are kilobytes of brackets: as seeds they
-		// slow every mutation and minimisation, and the depth limit has its
-		// own tests.
-		if body := v.body(f); len(body) <= 512 {
-			f.Add(body)
-		}
-	}
-	for _, s := range []string{`{"b":{"d":1,"c":2},"a":[3,{"f":4,"e":5}]}`, `"\u00e9\/"`, `-0.0e-0`, `[]`, `{}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		_ = requestHash("POST", "/", "", body) // never panics, JSON or not
-		got, ok := canonicalJSON(body)
-		if !json.Valid(body) {
-			if ok {
-				t.Fatalf("canonicalJSON accepted %q, which encoding/json rejects, as %q", body, got)
-			}
-			return
-		}
-		if !ok {
-			return // valid JSON that is too deep, has names alike under case folding, bad UTF-8 or lone surrogates
-		}
-		again, ok := canonicalJSON(got)
-		if !ok {
-			t.Fatalf("canonicalJSON rejected its own output %q (from %q)", got, body)
-		}
-		if !bytes.Equal(again, got) {
-			t.Fatalf("canonical form is not a fixed point:\n%q\n%q", got, again)
-		}
-		a, errA := decodeJSONNumbers(body)
-		b, errB := decodeJSONNumbers(got)
-		if errA != nil || errB != nil {
-			t.Fatalf("decode %q: %v; decode %q: %v", body, errA, got, errB)
-		}
-		if !reflect.DeepEqual(a, b) {
-			t.Fatalf("%q decodes to %v, its canonical form %q to %v", body, a, got, b)
-		}
-	})
-}
-
 // BenchmarkRequestHash measures the per-request cost of hashing a typical
 // order body whose members are not yet in canonical order.
 func BenchmarkRequestHash(b *testing.B) {
@@ -494,10 +178,10 @@ func BenchmarkRequestHash(b *testing.B) {
 // BenchmarkRequestHashSorted measures the same body already in canonical
 // order, the path that moves no members.
 func BenchmarkRequestHashSorted(b *testing.B) {
-	body, ok := canonicalJSON([]byte(`{"symbol":"AAPL","side":"buy","qty":10,"type":"limit","limit_price":"187.25",` +
+	body, ok := jcs.Canonical([]byte(`{"symbol":"AAPL","side":"buy","qty":10,"type":"limit","limit_price":"187.25",` +
 		`"time_in_force":"day","account":"PA-0001234","note":"rebalance Q3 tech sleeve","extended_hours":false}`))
 	if !ok {
-		b.Fatal("canonicalJSON rejected the benchmark body")
+		b.Fatal("jcs.Canonical rejected the benchmark body")
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
