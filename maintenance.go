@@ -34,7 +34,7 @@ func Cleanup(ctx context.Context, store Store, opts CleanupOptions) (int64, erro
 	return cleanup(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		return store.DeleteExpired(ctx, batch)
+		return store.Cleanup(ctx, batch)
 	})
 }
 
@@ -71,7 +71,7 @@ func cleanup(ctx context.Context, opts CleanupOptions, call func(context.Context
 func Erase(ctx context.Context, store Store, scope string, timeout time.Duration) (ErasureResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, DefaultStoreTimeout))
 	defer cancel()
-	return store.DeleteScope(ctx, scope)
+	return store.Erase(ctx, scope)
 }
 
 // Cleanup deletes expired rows in batches of batch rows (1000 when batch <=
@@ -81,7 +81,7 @@ func Erase(ctx context.Context, store Store, scope string, timeout time.Duration
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 	return cleanup(ctx, CleanupOptions{Batch: batch}, func(ctx context.Context, batch int) (int64, error) {
 		n, err := timedCall(m, ctx, "cleanup", func(c context.Context) (int64, error) {
-			return m.store.DeleteExpired(c, batch)
+			return m.store.Cleanup(c, batch)
 		})
 		m.metrics.cleanupDeleted.Add(float64(n))
 		return n, err
@@ -112,6 +112,6 @@ func (m *Middleware) RunJanitor(ctx context.Context, interval time.Duration, bat
 // first.
 func (m *Middleware) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	return timedCall(m, ctx, "erase", func(c context.Context) (ErasureResult, error) {
-		return m.store.DeleteScope(c, scope)
+		return m.store.Erase(c, scope)
 	})
 }

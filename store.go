@@ -98,7 +98,7 @@ type ClaimResult struct {
 	Record Record // the claimed row, or the existing one
 }
 
-// ErasureResult reports what DeleteScope did.
+// ErasureResult reports what Erase did.
 type ErasureResult struct {
 	Deleted int64    // rows removed
 	Skipped []Record // in_flight rows still inside their lease, left in place
@@ -139,13 +139,14 @@ type Store interface {
 	// Release deletes the row so the key can be claimed again, only if f
 	// still owns it in_flight; otherwise it returns ErrNotOwner.
 	Release(ctx context.Context, f Fence) error
-	// DeleteExpired deletes at most limit rows whose expires_at has passed,
-	// never an in_flight row whose lease is still running, and returns how
-	// many it deleted.
-	DeleteExpired(ctx context.Context, limit int) (int64, error)
-	// DeleteScope deletes every row of the user scope except in_flight rows
+	// Cleanup deletes one batch: at most limit rows whose expires_at has
+	// passed, never an in_flight row whose lease is still running, and
+	// returns how many it deleted. The package's Cleanup runs batches until
+	// one comes back short.
+	Cleanup(ctx context.Context, limit int) (int64, error)
+	// Erase deletes every row of the user scope except in_flight rows
 	// still inside their lease, which it reports (GDPR erasure).
-	DeleteScope(ctx context.Context, scope string) (ErasureResult, error)
+	Erase(ctx context.Context, scope string) (ErasureResult, error)
 	// ExportScope returns every row of the user scope, oldest first, with
 	// recorded responses (GDPR access and portability).
 	ExportScope(ctx context.Context, scope string) ([]Record, error)

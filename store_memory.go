@@ -20,8 +20,7 @@ import (
 // and it loses every key when the process exits.
 //
 // Memory is bounded only by MemoryMaxRows: without it, a client that sends
-// new keys fills the process's memory for the keys' TTL. Cleanup
-// (DeleteExpired) costs in proportion to the rows it deletes, erasure and
+// new keys fills the process's memory for the keys' TTL. Cleanup costs in proportion to the rows it deletes, erasure and
 // export to the rows of the scope, never to the whole store.
 //
 // A MemoryStore is safe for concurrent use. The zero value is an empty store
@@ -231,10 +230,10 @@ func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change fun
 	return nil
 }
 
-// DeleteExpired implements Store. It deletes the rows whose time ran out
+// Cleanup implements Store. It deletes the rows whose time ran out
 // first; a limit of zero or less deletes nothing. Its cost is proportional
 // to the rows it deletes, whatever the store holds.
-func (s *MemoryStore) DeleteExpired(ctx context.Context, limit int) (int64, error) {
+func (s *MemoryStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if err := memoryCtxError(ctx, "cleanup"); err != nil {
 		return 0, err
 	}
@@ -268,8 +267,8 @@ func (s *MemoryStore) deleteFirstExpired(now time.Time) bool {
 	return true
 }
 
-// DeleteScope implements Store. The skipped rows are reported oldest first.
-func (s *MemoryStore) DeleteScope(ctx context.Context, scope string) (ErasureResult, error) {
+// Erase implements Store. The skipped rows are reported oldest first.
+func (s *MemoryStore) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	if err := memoryCtxError(ctx, "erase"); err != nil {
 		return ErasureResult{}, err
 	}

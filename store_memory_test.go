@@ -146,7 +146,7 @@ func TestMemoryMaxRowsNegative(t *testing.T) {
 	idempotency.MemoryMaxRows(-1)
 }
 
-// TestMemoryStoreCleanupCost: DeleteExpired looks at the rows it deletes
+// TestMemoryStoreCleanupCost: Cleanup looks at the rows it deletes
 // and one more, however many live rows the store holds; it used to scan
 // every row under the store's one mutex.
 func TestMemoryStoreCleanupCost(t *testing.T) {
@@ -168,20 +168,20 @@ func TestMemoryStoreCleanupCost(t *testing.T) {
 	clock.advance(2 * time.Minute)
 
 	before := s.CleanupVisitsForTest()
-	n, err := s.DeleteExpired(ctx, 3)
+	n, err := s.Cleanup(ctx, 3)
 	if err != nil || n != 3 {
-		t.Fatalf("DeleteExpired(3) = %d, %v; want 3", n, err)
+		t.Fatalf("Cleanup(3) = %d, %v; want 3", n, err)
 	}
 	if v := s.CleanupVisitsForTest() - before; v > 3 {
-		t.Errorf("DeleteExpired(3) looked at %d rows of %d to delete 3", v, live+expired)
+		t.Errorf("Cleanup(3) looked at %d rows of %d to delete 3", v, live+expired)
 	}
 	before = s.CleanupVisitsForTest()
-	n, err = s.DeleteExpired(ctx, 1000)
+	n, err = s.Cleanup(ctx, 1000)
 	if err != nil || n != expired-3 {
-		t.Fatalf("DeleteExpired(1000) = %d, %v; want %d", n, err, expired-3)
+		t.Fatalf("Cleanup(1000) = %d, %v; want %d", n, err, expired-3)
 	}
 	if v := s.CleanupVisitsForTest() - before; v > expired-3+1 {
-		t.Errorf("DeleteExpired looked at %d rows of %d to delete %d", v, live+expired, n)
+		t.Errorf("Cleanup looked at %d rows of %d to delete %d", v, live+expired, n)
 	}
 }
 
@@ -250,9 +250,9 @@ func TestMemoryStoreCleanupOrder(t *testing.T) {
 					deletable[r.ID] = true
 				}
 			}
-			n, err := s.DeleteExpired(ctx, len(before)+1)
+			n, err := s.Cleanup(ctx, len(before)+1)
 			if err != nil || n != int64(len(deletable)) {
-				t.Fatalf("step %d: DeleteExpired = %d, %v; a scan finds %d", step, n, err, len(deletable))
+				t.Fatalf("step %d: Cleanup = %d, %v; a scan finds %d", step, n, err, len(deletable))
 			}
 			after := all()
 			for _, r := range after {

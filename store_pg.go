@@ -138,14 +138,14 @@ WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
 const pgReleaseSQL = `DELETE FROM idempotency_keys
 WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
 
-// pgDeleteExpiredSQL deletes one batch of expired rows, never an in_flight
+// pgCleanupSQL deletes one batch of expired rows, never an in_flight
 // row whose lease still runs. SKIP LOCKED lets concurrent cleaners take
 // different rows; the outer statement repeats the predicate because a row
 // may have been taken over or reclaimed between the subquery's read and the
 // delete.
 //
 // $1 batch size.
-const pgDeleteExpiredSQL = `DELETE FROM idempotency_keys
+const pgCleanupSQL = `DELETE FROM idempotency_keys
 WHERE id IN (
 	SELECT id FROM idempotency_keys
 	WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
@@ -155,14 +155,14 @@ WHERE id IN (
 )
 AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
 
-// pgDeleteScopeSQL erases a user scope and reports the rows it left, in one
+// pgEraseSQL erases a user scope and reports the rows it left, in one
 // statement: the DELETE and the SELECT share one snapshot and one now(), so
 // every row of the scope is either counted as deleted or returned as
 // skipped. It always returns at least one row; when nothing was skipped, the
 // row's record columns are NULL.
 //
 // $1 scope.
-const pgDeleteScopeSQL = `WITH del AS (
+const pgEraseSQL = `WITH del AS (
 	DELETE FROM idempotency_keys
 	WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= now())
 	RETURNING id
@@ -338,16 +338,16 @@ func fenced(ctx context.Context, q execer, sql string, f Fence, args ...any) err
 	})
 }
 
-// DeleteExpired implements Store with one DELETE of at most limit rows,
+// Cleanup implements Store with one DELETE of at most limit rows,
 // oldest expiry first. Rows locked by a concurrent cleaner are skipped, not
 // waited for.
-func (s *PostgresStore) DeleteExpired(ctx context.Context, limit int) (int64, error) {
+func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	var n int64
 	err := retrySerialization(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, pgDeleteExpiredSQL, int64(limit))
+		tag, err := s.pool.Exec(ctx, pgCleanupSQL, int64(limit))
 		n = tag.RowsAffected()
 		return err
 	})
@@ -357,9 +357,9 @@ func (s *PostgresStore) DeleteExpired(ctx context.Context, limit int) (int64, er
 	return n, nil
 }
 
-// DeleteScope implements Store in one statement: the rows it deletes and
+// Erase implements Store in one statement: the rows it deletes and
 // the live in_flight rows it skips are read from one snapshot.
-func (s *PostgresStore) DeleteScope(ctx context.Context, scope string) (ErasureResult, error) {
+func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	var res ErasureResult
 	// REPEATABLE READ: a row that changed after the statement's snapshot
 	// (a takeover or reclaim committing while the DELETE waited for its
@@ -370,7 +370,7 @@ func (s *PostgresStore) DeleteScope(ctx context.Context, scope string) (ErasureR
 	err := retrySerialization(ctx, func() error {
 		res = ErasureResult{}
 		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
+			rows, err := tx.Query(ctx, pgEraseSQL, scope)
 			if err != nil {
 				return err
 			}

@@ -685,9 +685,9 @@ func TestPostgresErrors(t *testing.T) {
 		if r := pgReason(t, "Complete", err); r != idempotency.ReasonSchema {
 			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
 		}
-		_, err = s.DeleteExpired(t.Context(), 10)
-		if r := pgReason(t, "DeleteExpired", err); r != idempotency.ReasonSchema {
-			t.Errorf("DeleteExpired without the table: reason %q (%v), want schema", r, err)
+		_, err = s.Cleanup(t.Context(), 10)
+		if r := pgReason(t, "Cleanup", err); r != idempotency.ReasonSchema {
+			t.Errorf("Cleanup without the table: reason %q (%v), want schema", r, err)
 		}
 	})
 
@@ -1053,7 +1053,7 @@ func TestPostgresFencing(t *testing.T) {
 						return
 					default:
 					}
-					k, err := s.DeleteExpired(ctx, 7)
+					k, err := s.Cleanup(ctx, 7)
 					if err != nil {
 						errc <- err
 						return
@@ -1193,7 +1193,7 @@ WHERE id = $1 AND attempt = $2 AND expires_at < now()
 	go func() {
 		ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		res, err := s.DeleteScope(ectx, "gdpr-user")
+		res, err := s.Erase(ectx, "gdpr-user")
 		done <- out{res, err}
 	}()
 	waitBlockedBy(t, pool, blocker)
@@ -1202,7 +1202,7 @@ WHERE id = $1 AND attempt = $2 AND expires_at < now()
 	}
 	o := <-done
 	if o.err != nil {
-		t.Fatalf("DeleteScope: %v", o.err)
+		t.Fatalf("Erase: %v", o.err)
 	}
 	var left int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE scope_user_id = 'gdpr-user'`).Scan(&left); err != nil {

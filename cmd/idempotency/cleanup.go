@@ -13,8 +13,9 @@ import (
 // maxBatch bounds --batch: a batch holds its rows' locks until it commits.
 const maxBatch = 100_000
 
-// cleanupPredicate is what cleanup deletes (PostgresStore.DeleteExpired):
-// expired rows, except in_flight rows whose lease still runs.
+// cleanupPredicate is what cleanup deletes (PostgresStore.Cleanup), for
+// --dry-run's count: expired rows, except in_flight rows whose lease still
+// runs.
 const cleanupPredicate = `expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
 
 func cleanupHelp(w io.Writer) {
@@ -76,27 +77,23 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	store := idempotency.NewPostgresStore(pool)
 	start := time.Now()
 	lastProgress := start
-	var deleted, batches int64
-	for {
-		sctx, cancel := c.statementContext(ctx)
-		n, err := store.DeleteExpired(sctx, *batch)
-		cancel()
-		if err != nil {
-			return c.dbError(ctx, fmt.Sprintf("delete expired keys (after deleting %d %s)", deleted, rows(deleted)), err)
-		}
-		deleted += n
-		batches++
-		if n < int64(*batch) {
-			break
-		}
-		if progress > 0 && time.Since(lastProgress) >= progress {
-			lastProgress = time.Now()
-			fmt.Fprintf(c.stderr, "cleanup: %d %s deleted so far (%d batches, %v)\n",
-				deleted, rows(deleted), batches, time.Since(start).Round(time.Second))
-		}
+	var batches int64
+	deleted, err := idempotency.Cleanup(ctx, idempotency.NewPostgresStore(pool), idempotency.CleanupOptions{
+		Batch:   *batch,
+		Timeout: c.g.timeout,
+		Progress: func(deleted, n int64) {
+			batches = n
+			if progress > 0 && time.Since(lastProgress) >= progress {
+				lastProgress = time.Now()
+				fmt.Fprintf(c.stderr, "cleanup: %d %s deleted so far (%d batches, %v)\n",
+					deleted, rows(deleted), batches, time.Since(start).Round(time.Second))
+			}
+		},
+	})
+	if err != nil {
+		return c.dbError(ctx, fmt.Sprintf("delete expired keys (after deleting %d %s)", deleted, rows(deleted)), err)
 	}
 	elapsed := time.Since(start)
 	if c.g.json {

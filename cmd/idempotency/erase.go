@@ -42,9 +42,7 @@ func runErase(ctx context.Context, c *cli, args []string) error {
 	}
 	defer pool.Close()
 
-	sctx, cancel := c.statementContext(ctx)
-	defer cancel()
-	res, err := idempotency.NewPostgresStore(pool).DeleteScope(sctx, scope)
+	res, err := idempotency.Erase(ctx, idempotency.NewPostgresStore(pool), scope, c.g.timeout)
 	if err != nil {
 		return c.dbError(ctx, "delete the user's keys", err)
 	}

@@ -807,7 +807,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		})
 	})
 
-	t.Run("DeleteExpired", func(t *testing.T) {
+	t.Run("Cleanup", func(t *testing.T) {
 		t.Parallel()
 
 		t.Run("DeletesOnlyExpiredRowsNoOneOwns", func(t *testing.T) {
@@ -851,12 +851,12 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 				}
 			}
 
-			n, err := s.DeleteExpired(ctx, 100)
+			n, err := s.Cleanup(ctx, 100)
 			if err != nil {
-				t.Fatalf("DeleteExpired: %v", err)
+				t.Fatalf("Cleanup: %v", err)
 			}
 			if n != 3 {
-				t.Errorf("DeleteExpired = %d, want 3", n)
+				t.Errorf("Cleanup = %d, want 3", n)
 			}
 			left := exportIDs(t, s, scope)
 			for name, r := range rows {
@@ -864,8 +864,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 					t.Errorf("after cleanup, %s is present = %v, want %v", name, ok, !r.deletion)
 				}
 			}
-			if n, err := s.DeleteExpired(ctx, 100); err != nil || n != 0 {
-				t.Errorf("second DeleteExpired = %d, %v; want 0, nil", n, err)
+			if n, err := s.Cleanup(ctx, 100); err != nil || n != 0 {
+				t.Errorf("second Cleanup = %d, %v; want 0, nil", n, err)
 			}
 
 			// The live owner still owns its key; the orphan's owner does not.
@@ -891,26 +891,26 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			live := mustClaim(t, s, request(scope, longTTL, longLease))
 
 			// A limit of zero deletes nothing.
-			if n, err := s.DeleteExpired(ctx, 0); err == nil && n != 0 {
-				t.Errorf("DeleteExpired(0) = %d, want 0", n)
+			if n, err := s.Cleanup(ctx, 0); err == nil && n != 0 {
+				t.Errorf("Cleanup(0) = %d, want 0", n)
 			}
 			if left := exportIDs(t, s, scope); len(left) != expired+1 {
-				t.Fatalf("after DeleteExpired(0), %d rows left, want %d", len(left), expired+1)
+				t.Fatalf("after Cleanup(0), %d rows left, want %d", len(left), expired+1)
 			}
 
 			// Batches as cleanup runs them: until one deletes nothing.
 			var total int64
 			for i := 0; ; i++ {
 				if i > expired {
-					t.Fatalf("DeleteExpired still deleting after %d calls", i)
+					t.Fatalf("Cleanup still deleting after %d calls", i)
 				}
 				limit := 1 + i%2
-				n, err := s.DeleteExpired(ctx, limit)
+				n, err := s.Cleanup(ctx, limit)
 				if err != nil {
-					t.Fatalf("DeleteExpired: %v", err)
+					t.Fatalf("Cleanup: %v", err)
 				}
 				if n < 0 || n > int64(limit) {
-					t.Fatalf("DeleteExpired(%d) = %d", limit, n)
+					t.Fatalf("Cleanup(%d) = %d", limit, n)
 				}
 				if n == 0 {
 					break
@@ -918,7 +918,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 				total += n
 			}
 			if total != expired {
-				t.Errorf("DeleteExpired deleted %d rows in all, want %d", total, expired)
+				t.Errorf("Cleanup deleted %d rows in all, want %d", total, expired)
 			}
 			left := exportIDs(t, s, scope)
 			if _, ok := left[live.ID]; !ok || len(left) != 1 {
@@ -927,7 +927,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		})
 	})
 
-	t.Run("DeleteScope", func(t *testing.T) {
+	t.Run("Erase", func(t *testing.T) {
 		t.Parallel()
 
 		t.Run("DeletesAllButLiveInFlightRows", func(t *testing.T) {
@@ -963,20 +963,20 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			unscoped.Scope = ""
 			unscopedRec := mustClaim(t, s, unscoped)
 
-			res, err := s.DeleteScope(ctx, scope)
+			res, err := s.Erase(ctx, scope)
 			if err != nil {
-				t.Fatalf("DeleteScope: %v", err)
+				t.Fatalf("Erase: %v", err)
 			}
 			if res.Deleted != 4 {
-				t.Errorf("DeleteScope: Deleted = %d, want 4", res.Deleted)
+				t.Errorf("Erase: Deleted = %d, want 4", res.Deleted)
 			}
 			if len(res.Skipped) != 1 {
-				t.Fatalf("DeleteScope: %d rows skipped, want 1 (the live in-flight row): %+v", len(res.Skipped), res.Skipped)
+				t.Fatalf("Erase: %d rows skipped, want 1 (the live in-flight row): %+v", len(res.Skipped), res.Skipped)
 			}
 			sameRecord(t, "skipped row", res.Skipped[0], liveRec)
 
 			if left := exportIDs(t, s, scope); len(left) != 1 || !left[liveRec.ID] {
-				t.Errorf("after DeleteScope, rows %v of the scope are left, want only %d", left, liveRec.ID)
+				t.Errorf("after Erase, rows %v of the scope are left, want only %d", left, liveRec.ID)
 			}
 			sameRecord(t, "other scope's row", read(t, s, other), otherRec)
 			sameRecord(t, "unscoped row", read(t, s, unscoped), unscopedRec)
@@ -993,12 +993,12 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			s, ctx := setup(t)
 			req := newRequest("user-1")
 			rec := mustClaim(t, s, req)
-			res, err := s.DeleteScope(ctx, "user-2")
+			res, err := s.Erase(ctx, "user-2")
 			if err != nil {
-				t.Fatalf("DeleteScope: %v", err)
+				t.Fatalf("Erase: %v", err)
 			}
 			if res.Deleted != 0 || len(res.Skipped) != 0 {
-				t.Errorf("DeleteScope of a scope without rows: %+v, want nothing", res)
+				t.Errorf("Erase of a scope without rows: %+v, want nothing", res)
 			}
 			sameRecord(t, "row of another scope", read(t, s, req), rec)
 		})
@@ -1018,15 +1018,15 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			}
 			scopedRec = read(t, s, scoped)
 
-			res, err := s.DeleteScope(ctx, "")
+			res, err := s.Erase(ctx, "")
 			if err != nil {
-				t.Fatalf("DeleteScope: %v", err)
+				t.Fatalf("Erase: %v", err)
 			}
 			if res.Deleted != 1 || len(res.Skipped) != 0 {
-				t.Errorf("DeleteScope(\"\") = %+v, want 1 deleted and none skipped", res)
+				t.Errorf("Erase(\"\") = %+v, want 1 deleted and none skipped", res)
 			}
 			if left := exportIDs(t, s, ""); len(left) != 0 {
-				t.Errorf("unscoped rows %v left after DeleteScope(\"\")", left)
+				t.Errorf("unscoped rows %v left after Erase(\"\")", left)
 			}
 			sameRecord(t, "scoped row", read(t, s, scoped), scopedRec)
 		})
@@ -1147,8 +1147,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 					"Complete":      func() error { return s.Complete(done, rec.Fence(), jsonResponse()) },
 					"Fail":          func() error { return s.Fail(done, rec.Fence()) },
 					"Release":       func() error { return s.Release(done, rec.Fence()) },
-					"DeleteExpired": func() error { _, err := s.DeleteExpired(done, 100); return err },
-					"DeleteScope":   func() error { _, err := s.DeleteScope(done, req.Scope); return err },
+					"Cleanup": func() error { _, err := s.Cleanup(done, 100); return err },
+					"Erase":   func() error { _, err := s.Erase(done, req.Scope); return err },
 					"ExportScope":   func() error { _, err := s.ExportScope(done, req.Scope); return err },
 				}
 				for name, call := range calls {
