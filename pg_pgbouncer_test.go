@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/storetest"
+	"github.com/idemkit/idempotency/idempotencytest"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
@@ -23,7 +23,7 @@ import (
 func TestPgBouncerStore(t *testing.T) {
 	t.Parallel()
 	testdb.RequirePgBouncer(t)
-	storetest.Run(t, func(t *testing.T) idempotency.Store {
+	idempotencytest.Run(t, func(t *testing.T) idempotency.Store {
 		return idempotency.NewPostgresStore(testdb.NewPgBouncer(t))
 	})
 }
@@ -121,7 +121,7 @@ func TestPgBouncerStatementCacheNamesTheSetting(t *testing.T) {
 	stores := []idempotency.Store{idempotency.NewPostgresStore(a), idempotency.NewPostgresStore(b)}
 	failed := 0
 	for i := range 20 {
-		_, err := stores[i%2].Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
+		_, err := stores[i%2].Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
 		if err == nil {
 			continue
 		}

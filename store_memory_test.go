@@ -10,15 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/storetest"
+	"github.com/idemkit/idempotency/idempotencytest"
 )
 
 func TestMemoryStore(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
+	idempotencytest.Run(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
 }
 
 // memClock is a settable clock for a MemoryStore.
@@ -41,11 +39,6 @@ func (c *memClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func memRequest(scope string, ttl, lease time.Duration) idempotency.ClaimRequest {
-	return idempotency.ClaimRequest{Key: uuid.NewString(), Scope: scope, Endpoint: "POST /orders",
-		RequestHash: strings.Repeat("ab", 32), TTL: ttl, Lease: lease}
-}
-
 // TestMemoryStoreMaxRows: a full store refuses new keys with reason full,
 // still answers the keys it holds, and makes room only from rows cleanup
 // could delete.
@@ -55,8 +48,8 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 	clock := newMemClock()
 	s := idempotency.NewMemoryStoreForTest(clock.now, idempotency.MemoryMaxRows(3))
 
-	short := memRequest("u", time.Minute, time.Second)
-	reqs := []idempotency.ClaimRequest{short, memRequest("u", time.Hour, time.Second), memRequest("u", time.Hour, time.Second)}
+	short := idempotencytest.Request("u", time.Minute, time.Second)
+	reqs := []idempotency.ClaimRequest{short, idempotencytest.Request("u", time.Hour, time.Second), idempotencytest.Request("u", time.Hour, time.Second)}
 	var recs []idempotency.Record
 	for _, req := range reqs {
 		res, err := s.Claim(ctx, req)
@@ -71,7 +64,7 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 
 	wantFull := func(what string) {
 		t.Helper()
-		res, err := s.Claim(ctx, memRequest("u", time.Hour, time.Second))
+		res, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Second))
 		var se *idempotency.StoreError
 		if !errors.As(err, &se) || se.Reason != idempotency.ReasonFull || se.Op != "claim" ||
 			!errors.Is(err, idempotency.ErrStoreUnavailable) || res.Won {
@@ -92,7 +85,7 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 	if err := s.Release(ctx, recs[2].Fence()); err != nil {
 		t.Fatal(err)
 	}
-	third, err := s.Claim(ctx, memRequest("u", time.Hour, time.Hour))
+	third, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Hour))
 	if err != nil || !third.Won {
 		t.Fatalf("claim after a release = won %v, %v", third.Won, err)
 	}
@@ -102,7 +95,7 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 	// in_flight row whose lease still runs (TTL shorter than the lease,
 	// possible only when instances disagree) never does.
 	clock.advance(2 * time.Minute)
-	res, err := s.Claim(ctx, memRequest("u", time.Minute, time.Hour))
+	res, err := s.Claim(ctx, idempotencytest.Request("u", time.Minute, time.Hour))
 	if err != nil || !res.Won {
 		t.Fatalf("claim with an expired row to evict = won %v, %v", res.Won, err)
 	}
@@ -160,7 +153,7 @@ func TestMemoryStoreCleanupCost(t *testing.T) {
 		if i%(live/expired) == 0 && i/(live/expired) < expired {
 			ttl = time.Minute
 		}
-		res, err := s.Claim(ctx, memRequest(fmt.Sprint(i%7), ttl, time.Second))
+		res, err := s.Claim(ctx, idempotencytest.Request(fmt.Sprint(i%7), ttl, time.Second))
 		if err != nil || !res.Won {
 			t.Fatalf("claim %d: %v", i, err)
 		}
@@ -214,7 +207,7 @@ func TestMemoryStoreCleanupOrder(t *testing.T) {
 	for step := range 3000 {
 		switch op := rng.IntN(10); {
 		case op < 3 || len(reqs) == 0:
-			req := memRequest(scopes[rng.IntN(len(scopes))], pick(), pick())
+			req := idempotencytest.Request(scopes[rng.IntN(len(scopes))], pick(), pick())
 			req.Reclaimable = rng.IntN(2) == 0
 			reqs = append(reqs, req)
 			if _, err := s.Claim(ctx, req); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempotencytest"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
@@ -52,16 +53,16 @@ func TestPostgresRetriesAfterConnectionLoss(t *testing.T) {
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
 
-	first := pgRequest("u", time.Millisecond, time.Minute)
+	first := idempotencytest.Request("u", time.Millisecond, time.Minute)
 	if err := pool.Ping(ctx); err != nil { // opens the connection
 		t.Fatal(err)
 	}
 	terminateIdle(t, pool)
-	rec := pgClaim(t, s, first) // fails without the retry
+	rec := idempotencytest.MustClaim(t, s, first) // fails without the retry
 	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	expired := pgWaitFor(t, s, first, func(r idempotency.Record) bool { return r.Expired })
+	expired := idempotencytest.WaitFor(t, s, first, "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
 
 	terminateIdle(t, pool)
 	res, err := s.Takeover(ctx, expired.Fence(), first)
@@ -96,9 +97,9 @@ func TestPostgresRetriesConnectionLossOnce(t *testing.T) {
 	b.Release()
 	terminateIdle(t, pool)
 
-	_, err = s.Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
-	if got := pgReason(t, "claim on two dead connections", err); got != idempotency.ReasonConnection {
+	_, err = s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+	if got := idempotencytest.StoreReason(t, "claim on two dead connections", err); got != idempotency.ReasonConnection {
 		t.Fatalf("reason %q, want %q: %v", got, idempotency.ReasonConnection, err)
 	}
-	pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+	idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
 }

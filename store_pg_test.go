@@ -17,13 +17,12 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempotencytest"
 	"github.com/idemkit/idempotency/internal/pgmigrate"
-	"github.com/idemkit/idempotency/internal/storetest"
 	"github.com/idemkit/idempotency/internal/tcpproxy"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/migrations"
@@ -31,70 +30,9 @@ import (
 
 func TestPostgresStore(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) idempotency.Store {
+	idempotencytest.Run(t, func(t *testing.T) idempotency.Store {
 		return idempotency.NewPostgresStore(testdb.New(t))
 	})
-}
-
-// pgRequest returns a claim of a new random key.
-func pgRequest(scope string, ttl, lease time.Duration) idempotency.ClaimRequest {
-	key := uuid.NewString()
-	return idempotency.ClaimRequest{
-		Key:         key,
-		Scope:       scope,
-		Endpoint:    "POST /api/trading/orders",
-		RequestHash: strings.Repeat("ab", 32),
-		TTL:         ttl,
-		Lease:       lease,
-	}
-}
-
-// pgClaim claims req, which must be a new key.
-func pgClaim(t testing.TB, s idempotency.Store, req idempotency.ClaimRequest) idempotency.Record {
-	t.Helper()
-	res, err := s.Claim(t.Context(), req)
-	if err != nil {
-		t.Fatalf("Claim: %v", err)
-	}
-	if !res.Won {
-		t.Fatalf("Claim of a new key lost: %+v", res.Record)
-	}
-	return res.Record
-}
-
-// pgWaitFor claims req again until the returned row satisfies cond.
-func pgWaitFor(t testing.TB, s idempotency.Store, req idempotency.ClaimRequest, cond func(idempotency.Record) bool) idempotency.Record {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		res, err := s.Claim(t.Context(), req)
-		if err != nil {
-			t.Fatalf("Claim: %v", err)
-		}
-		if !res.Won && cond(res.Record) {
-			return res.Record
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("row never reached the awaited state: %+v", res.Record)
-		}
-		time.Sleep(time.Millisecond) // polling the database's clock, not synchronising
-	}
-}
-
-// pgReason returns the reason of a *StoreError, or fails.
-func pgReason(t testing.TB, what string, err error) string {
-	t.Helper()
-	var se *idempotency.StoreError
-	if !errors.As(err, &se) {
-		t.Fatalf("%s: %T %v, want a *StoreError", what, err, err)
-	}
-	if !errors.Is(err, idempotency.ErrStoreUnavailable) {
-		t.Errorf("%s: %v does not match ErrStoreUnavailable", what, err)
-	}
-	if se.Err == nil {
-		t.Errorf("%s: StoreError without its cause", what)
-	}
-	return se.Reason
 }
 
 func TestPostgresMigrations(t *testing.T) {
@@ -472,8 +410,8 @@ func TestPostgresBodies(t *testing.T) {
 	}
 	complete := func(t *testing.T, resp idempotency.Response) (idempotency.Record, idempotency.Record) {
 		t.Helper()
-		req := pgRequest("bodies", time.Hour, time.Minute)
-		rec := pgClaim(t, s, req)
+		req := idempotencytest.Request("bodies", time.Hour, time.Minute)
+		rec := idempotencytest.MustClaim(t, s, req)
 		if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
@@ -632,15 +570,15 @@ func TestPostgresRoundTrips(t *testing.T) {
 
 	// The first use of each statement on a connection also prepares it
 	// (one more round trip); what follows runs on the warm connection.
-	warm := pgRequest("rt", time.Hour, time.Minute)
+	warm := idempotencytest.Request("rt", time.Hour, time.Minute)
 	c.reset()
-	rec := pgClaim(t, s, warm)
+	rec := idempotencytest.MustClaim(t, s, warm)
 	t.Logf("cold Claim: %d statement(s), %d round trip(s)", c.statements.Load(), c.writes.Load())
 	if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
 		t.Fatal(err)
 	}
 
-	req := pgRequest("rt", time.Hour, time.Minute)
+	req := idempotencytest.Request("rt", time.Hour, time.Minute)
 	var won idempotency.ClaimResult
 	measure("Claim of a new key", func() (err error) {
 		won, err = s.Claim(ctx, req)
@@ -673,20 +611,20 @@ func TestPostgresErrors(t *testing.T) {
 		t.Parallel()
 		pool := testdb.New(t)
 		s := idempotency.NewPostgresStore(pool)
-		rec := pgClaim(t, s, pgRequest("u", time.Hour, time.Minute)) // warm the statement cache
+		rec := idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute)) // warm the statement cache
 		if _, err := pool.Exec(t.Context(), `DROP TABLE idempotency_keys`); err != nil {
 			t.Fatal(err)
 		}
-		_, err := s.Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
-		if r := pgReason(t, "Claim", err); r != idempotency.ReasonSchema {
+		_, err := s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonSchema {
 			t.Errorf("Claim without the table: reason %q (%v), want schema", r, err)
 		}
 		err = s.Complete(t.Context(), rec.Fence(), idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
-		if r := pgReason(t, "Complete", err); r != idempotency.ReasonSchema {
+		if r := idempotencytest.StoreReason(t, "Complete", err); r != idempotency.ReasonSchema {
 			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
 		}
 		_, err = s.Cleanup(t.Context(), 10)
-		if r := pgReason(t, "Cleanup", err); r != idempotency.ReasonSchema {
+		if r := idempotencytest.StoreReason(t, "Cleanup", err); r != idempotency.ReasonSchema {
 			t.Errorf("Cleanup without the table: reason %q (%v), want schema", r, err)
 		}
 	})
@@ -694,10 +632,10 @@ func TestPostgresErrors(t *testing.T) {
 	t.Run("RefusedValueIsData", func(t *testing.T) {
 		t.Parallel()
 		s := idempotency.NewPostgresStore(testdb.New(t))
-		req := pgRequest("u", time.Hour, time.Minute)
+		req := idempotencytest.Request("u", time.Hour, time.Minute)
 		req.Scope = "tenant-\xff" // TEXT holds only valid UTF-8
 		_, err := s.Claim(t.Context(), req)
-		if r := pgReason(t, "Claim", err); r != idempotency.ReasonData {
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonData {
 			t.Errorf("Claim of an invalid UTF-8 scope: reason %q (%v), want data", r, err)
 		}
 	})
@@ -726,8 +664,8 @@ func TestPostgresErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(rolePool.Close)
-		_, err = idempotency.NewPostgresStore(rolePool).Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
-		if r := pgReason(t, "Claim", err); r != idempotency.ReasonPermission {
+		_, err = idempotency.NewPostgresStore(rolePool).Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonPermission {
 			t.Errorf("Claim without privileges: reason %q (%v), want permission", r, err)
 		}
 	})
@@ -737,12 +675,12 @@ func TestPostgresErrors(t *testing.T) {
 		pool := testdb.New(t)
 		s := idempotency.NewPostgresStore(pool)
 		pool.Close()
-		_, err := s.Claim(t.Context(), pgRequest("u", time.Hour, time.Minute))
-		if r := pgReason(t, "Claim", err); r != idempotency.ReasonClosed {
+		_, err := s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonClosed {
 			t.Errorf("Claim on a closed pool: reason %q (%v), want closed", r, err)
 		}
 		_, err = s.ExportScope(t.Context(), "u")
-		if r := pgReason(t, "ExportScope", err); r != idempotency.ReasonClosed {
+		if r := idempotencytest.StoreReason(t, "ExportScope", err); r != idempotency.ReasonClosed {
 			t.Errorf("ExportScope on a closed pool: reason %q (%v), want closed", r, err)
 		}
 	})
@@ -757,8 +695,8 @@ func TestPostgresErrors(t *testing.T) {
 		defer conn.Release()
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
-		_, err = idempotency.NewPostgresStore(pool).Claim(ctx, pgRequest("u", time.Hour, time.Minute))
-		if r := pgReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+		_, err = idempotency.NewPostgresStore(pool).Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
 			t.Errorf("Claim with the pool exhausted: reason %q (%v), want timeout", r, err)
 		}
 	})
@@ -780,7 +718,7 @@ func TestPostgresErrors(t *testing.T) {
 			cfg.ConnConfig.ConnectTimeout = 0 // the call's context bounds connecting
 		}))
 		s := idempotency.NewPostgresStore(pool)
-		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
 		return s, pool, proxy
 	}
 
@@ -795,10 +733,10 @@ func TestPostgresErrors(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), deadline)
 			start := time.Now()
-			_, err := s.Claim(ctx, pgRequest("u", time.Hour, time.Minute))
+			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
 			elapsed := time.Since(start)
 			cancel()
-			if r := pgReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
 				t.Errorf("Claim through a black hole (new connection %v): reason %q (%v), want timeout", fresh, r, err)
 			}
 			if elapsed > 5*deadline {
@@ -806,7 +744,7 @@ func TestPostgresErrors(t *testing.T) {
 			}
 		}
 		proxy.Restore()
-		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
 	})
 
 	t.Run("CutIsConnection", func(t *testing.T) {
@@ -815,14 +753,14 @@ func TestPostgresErrors(t *testing.T) {
 		proxy.Cut()
 		for _, fresh := range []bool{false, true} {
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-			_, err := s.Claim(ctx, pgRequest("u", time.Hour, time.Minute))
+			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
 			cancel()
-			if r := pgReason(t, "Claim", err); r != idempotency.ReasonConnection {
+			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonConnection {
 				t.Errorf("Claim through a cut link (new connection %v): reason %q (%v), want connection", fresh, r, err)
 			}
 		}
 		proxy.Restore()
-		pgClaim(t, s, pgRequest("u", time.Hour, time.Minute))
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
 	})
 
 	t.Run("NotOwnerIsNotAStoreError", func(t *testing.T) {
@@ -843,9 +781,9 @@ func TestPostgresFencing(t *testing.T) {
 		s := idempotency.NewPostgresStore(testdb.New(t))
 		ctx := t.Context()
 		for range 20 {
-			req := pgRequest("u", time.Millisecond, time.Millisecond)
-			owner := pgClaim(t, s, req).Fence()
-			old := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+			req := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
+			owner := idempotencytest.MustClaim(t, s, req).Fence()
+			old := idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
 			next := req
 			next.RequestHash = strings.Repeat("cd", 32)
 			next.TTL = time.Hour
@@ -897,10 +835,10 @@ func TestPostgresFencing(t *testing.T) {
 		ctx := t.Context()
 		wins := map[string]int{}
 		for range 20 {
-			req := pgRequest("u", time.Hour, time.Millisecond)
+			req := idempotencytest.Request("u", time.Hour, time.Millisecond)
 			req.Reclaimable = true
-			owner := pgClaim(t, s, req).Fence()
-			stale := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.LeaseOver })
+			owner := idempotencytest.MustClaim(t, s, req).Fence()
+			stale := idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.LeaseOver })
 
 			var (
 				completeErr error
@@ -949,10 +887,10 @@ func TestPostgresFencing(t *testing.T) {
 		t.Parallel()
 		s := idempotency.NewPostgresStore(testdb.New(t))
 		ctx := t.Context()
-		req := pgRequest("u", time.Hour, time.Millisecond)
+		req := idempotencytest.Request("u", time.Hour, time.Millisecond)
 		req.Reclaimable = true
-		owner := pgClaim(t, s, req).Fence()
-		stale := pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.LeaseOver })
+		owner := idempotencytest.MustClaim(t, s, req).Fence()
+		stale := idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.LeaseOver })
 		req.Lease = time.Hour
 		res, err := s.Reclaim(ctx, stale.Fence(), req)
 		if err != nil || !res.Won {
@@ -985,7 +923,7 @@ func TestPostgresFencing(t *testing.T) {
 		stores := []idempotency.Store{idempotency.NewPostgresStore(poolA), idempotency.NewPostgresStore(poolB)}
 
 		for range 5 {
-			req := pgRequest("u", time.Hour, time.Minute)
+			req := idempotencytest.Request("u", time.Hour, time.Minute)
 			const racers = 64
 			results := make([]idempotency.ClaimResult, racers)
 			errs := make([]error, racers)
@@ -1031,15 +969,15 @@ func TestPostgresFencing(t *testing.T) {
 		var live, orphans []idempotency.ClaimRequest
 		var liveFences []idempotency.Fence
 		for range n {
-			req := pgRequest("u", time.Millisecond, time.Hour)
-			liveFences = append(liveFences, pgClaim(t, s, req).Fence())
+			req := idempotencytest.Request("u", time.Millisecond, time.Hour)
+			liveFences = append(liveFences, idempotencytest.MustClaim(t, s, req).Fence())
 			live = append(live, req)
-			orphan := pgRequest("u", time.Millisecond, time.Millisecond)
-			pgClaim(t, s, orphan)
+			orphan := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
+			idempotencytest.MustClaim(t, s, orphan)
 			orphans = append(orphans, orphan)
 		}
-		pgWaitFor(t, s, orphans[n-1], func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
-		pgWaitFor(t, s, live[n-1], func(r idempotency.Record) bool { return r.Expired })
+		idempotencytest.WaitFor(t, s, orphans[n-1], "in the awaited state", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+		idempotencytest.WaitFor(t, s, live[n-1], "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
 
 		stop := make(chan struct{})
 		var deleted atomic.Int64
@@ -1085,7 +1023,7 @@ func TestPostgresFencing(t *testing.T) {
 					if res.Won {
 						owned <- res.Record.Fence()
 					}
-					fresh := pgRequest("u", time.Hour, time.Hour)
+					fresh := idempotencytest.Request("u", time.Hour, time.Hour)
 					res, err = s.Claim(ctx, fresh)
 					if err != nil || !res.Won {
 						errc <- errors.Join(err, errors.New("claim of a fresh key lost"))
@@ -1155,12 +1093,12 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 	pool := testdb.New(t)
 	s := idempotency.NewPostgresStore(pool)
 
-	req := pgRequest("gdpr-user", time.Millisecond, time.Millisecond)
-	rec := pgClaim(t, s, req)
+	req := idempotencytest.Request("gdpr-user", time.Millisecond, time.Millisecond)
+	rec := idempotencytest.MustClaim(t, s, req)
 	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatal(err)
 	}
-	rec = pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.Expired })
+	rec = idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
 
 	// A retry's takeover (pgTakeoverSQL, verbatim apart from parameters),
 	// still uncommitted: it holds the row lock.

@@ -1,0 +1,388 @@
+package idempotencytest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency"
+)
+
+// runTakeover checks how a row that is not the caller's is claimed again:
+// Takeover of an expired row, Reclaim of a stale transactional one, and the
+// Expired and LeaseOver flags they depend on.
+func runTakeover(t *testing.T, setup setupFunc) {
+	t.Run("Takeover", func(t *testing.T) {
+		t.Parallel()
+
+		finishes := []struct {
+			name   string
+			finish func(t *testing.T, s idempotency.Store, f idempotency.Fence)
+		}{
+			{"Completed", func(t *testing.T, s idempotency.Store, f idempotency.Fence) {
+				if err := s.Complete(t.Context(), f, jsonResponse()); err != nil {
+					t.Fatalf("Complete: %v", err)
+				}
+			}},
+			{"Failed", func(t *testing.T, s idempotency.Store, f idempotency.Fence) {
+				if err := s.Fail(t.Context(), f); err != nil {
+					t.Fatalf("Fail: %v", err)
+				}
+			}},
+			{"InFlight", func(*testing.T, idempotency.Store, idempotency.Fence) {}},
+		}
+		for _, fin := range finishes {
+			t.Run("Expired"+fin.name+"RowIsTakenOver", func(t *testing.T) {
+				s, ctx := setup(t)
+				req := newRequest("user-1")
+				req.TTL, req.Lease = tiny, tiny
+				old := MustClaim(t, s, req)
+				fin.finish(t, s, old.Fence())
+				old = WaitFor(t, s, req, "expired", isExpired)
+
+				next := req
+				next.RequestHash = HashOf("a new request under the old key")
+				next.TTL, next.Lease = longTTL, longLease
+				res, err := s.Takeover(ctx, old.Fence(), next)
+				if err != nil {
+					t.Fatalf("Takeover: %v", err)
+				}
+				if !res.Won {
+					t.Fatalf("Takeover of an expired %s row: Won = false, want true", old.Status)
+				}
+				rec := res.Record
+				if rec.ID != old.ID {
+					t.Errorf("Takeover changed the row id from %d to %d", old.ID, rec.ID)
+				}
+				checkFresh(t, rec, next, old.Attempt+1)
+				if !rec.CreatedAt.After(old.CreatedAt) {
+					t.Errorf("Takeover: CreatedAt %v, want after the old row's %v", rec.CreatedAt, old.CreatedAt)
+				}
+				sameRecord(t, "row after the takeover", Read(t, s, req), rec)
+
+				wantNotOwner(t, "Complete by the old owner", s.Complete(ctx, old.Fence(), rawResponse([]byte("old"))))
+				sameRecord(t, "row after the old owner's Complete", Read(t, s, req), rec)
+				if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+					t.Fatalf("Complete by the new owner: %v", err)
+				}
+			})
+		}
+
+		t.Run("NotWhileUnexpired", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease = tiny
+			rec := MustClaim(t, s, req)
+			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			rec = Read(t, s, req)
+			next := req
+			next.RequestHash = HashOf("other")
+			lostTakeover(t, s, rec.Fence(), next, "of an unexpired row")
+			sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
+		})
+
+		t.Run("NotWhileInFlightLeaseRuns", func(t *testing.T) {
+			// Instances that disagree on TTL and lease can leave an expired
+			// row whose owner's lease still runs: its owner keeps it.
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			req.TTL = tiny
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "expired", isExpired)
+			if rec.LeaseOver {
+				t.Fatal("lease over too early: the test needs a long lease")
+			}
+			next := req
+			next.RequestHash = HashOf("other")
+			lostTakeover(t, s, rec.Fence(), next, "of an in-flight row inside its lease")
+			sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
+		})
+
+		t.Run("StaleAttemptLoses", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.TTL, req.Lease = tiny, tiny
+			first := MustClaim(t, s, req)
+			WaitFor(t, s, req, "expired", isExpired)
+
+			res, err := s.Takeover(ctx, first.Fence(), req)
+			if err != nil || !res.Won {
+				t.Fatalf("first Takeover: won %v, err %v; want a win", res.Won, err)
+			}
+			second := WaitFor(t, s, req, "expired", isExpired)
+			if second.Attempt != 2 {
+				t.Fatalf("attempt after one takeover = %d, want 2", second.Attempt)
+			}
+
+			lostTakeover(t, s, first.Fence(), req, "with a stale attempt")
+			lostTakeover(t, s, idempotency.Fence{ID: second.ID + 1<<20, Attempt: second.Attempt}, req, "of another id")
+			sameRecord(t, "row after the refused takeovers", Read(t, s, req), second)
+
+			res, err = s.Takeover(ctx, second.Fence(), req)
+			if err != nil || !res.Won {
+				t.Fatalf("Takeover with the current attempt: won %v, err %v; want a win", res.Won, err)
+			}
+			if res.Record.Attempt != 3 {
+				t.Fatalf("attempt after two takeovers = %d, want 3", res.Record.Attempt)
+			}
+		})
+
+		t.Run("GoneRowLoses", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.TTL, req.Lease = tiny, tiny
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "expired", isExpired)
+			if err := s.Release(ctx, rec.Fence()); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			lostTakeover(t, s, rec.Fence(), req, "of a released row")
+			recs, err := s.ExportScope(ctx, req.Scope)
+			if err != nil || len(recs) != 0 {
+				t.Fatalf("ExportScope after a refused takeover of a released row: %d records, err %v; want none", len(recs), err)
+			}
+		})
+
+		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.TTL, req.Lease = tiny, tiny
+			rec := MustClaim(t, s, req)
+			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			rec = WaitFor(t, s, req, "expired", isExpired)
+
+			results := make([]idempotency.ClaimResult, racers)
+			hashes := make([]string, racers)
+			race(racers, func(i int) {
+				next := req
+				next.TTL = longTTL
+				next.RequestHash = HashOf(req.Key, fmt.Sprint(i))
+				hashes[i] = next.RequestHash
+				res, err := s.Takeover(ctx, rec.Fence(), next)
+				if err != nil {
+					t.Errorf("Takeover %d: %v", i, err)
+				}
+				results[i] = res
+			})
+			winner := onlyWinner(t, results)
+			won := results[winner].Record
+			if won.Attempt != 2 || won.RequestHash != hashes[winner] {
+				t.Errorf("winner's record: attempt %d hash %q, want 2 and %q", won.Attempt, won.RequestHash, hashes[winner])
+			}
+			sameRecord(t, "row after the race", Read(t, s, req), won)
+		})
+	})
+
+	t.Run("Reclaim", func(t *testing.T) {
+		t.Parallel()
+
+		t.Run("InFlightLeaseOverIsReclaimed", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease, req.Reclaimable = tiny, true
+			MustClaim(t, s, req)
+			old := WaitFor(t, s, req, "lease over", isLeaseOver)
+			if old.Expired {
+				t.Fatalf("row with a TTL of %v is Expired", req.TTL)
+			}
+
+			again := req
+			again.Lease = longLease
+			again.TTL = req.TTL + time.Hour // later than the row's expiry: it moves
+			res, err := s.Reclaim(ctx, old.Fence(), again)
+			if err != nil {
+				t.Fatalf("Reclaim: %v", err)
+			}
+			if !res.Won {
+				t.Fatalf("Reclaim of an in_flight row whose lease is over: Won = false, want true")
+			}
+			rec := res.Record
+			// Only the attempt, the lease and the expiry change.
+			want := old
+			want.Attempt = old.Attempt + 1
+			want.LockedAt, want.LockedUntil, want.ExpiresAt = rec.LockedAt, rec.LockedUntil, rec.ExpiresAt
+			sameRecord(t, "reclaimed record", rec, want)
+			if !rec.LockedAt.After(old.LockedAt) {
+				t.Errorf("Reclaim: LockedAt %v, want after the old %v", rec.LockedAt, old.LockedAt)
+			}
+			checkDuration(t, "LockedUntil - LockedAt", rec.LockedUntil.Sub(rec.LockedAt), again.Lease)
+			checkDuration(t, "ExpiresAt - LockedAt", rec.ExpiresAt.Sub(rec.LockedAt), again.TTL)
+			if rec.LeaseOver || rec.Expired {
+				t.Errorf("reclaimed record: LeaseOver %v Expired %v, want both false", rec.LeaseOver, rec.Expired)
+			}
+			sameRecord(t, "row after the reclaim", Read(t, s, req), rec)
+
+			wantNotOwner(t, "Complete by the stale owner", s.Complete(ctx, old.Fence(), jsonResponse()))
+			wantNotOwner(t, "Release by the stale owner", s.Release(ctx, old.Fence()))
+			sameRecord(t, "row after the stale owner's calls", Read(t, s, req), rec)
+			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+				t.Fatalf("Complete by the reclaimer: %v", err)
+			}
+		})
+
+		t.Run("ExpiryNeverMovesEarlier", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease, req.Reclaimable = tiny, true
+			MustClaim(t, s, req)
+			old := WaitFor(t, s, req, "lease over", isLeaseOver)
+			again := req
+			again.TTL = time.Minute // ends before the row's expiry
+			res, err := s.Reclaim(ctx, old.Fence(), again)
+			if err != nil || !res.Won {
+				t.Fatalf("Reclaim: won %v, err %v; want a win", res.Won, err)
+			}
+			if !res.Record.ExpiresAt.Equal(old.ExpiresAt) {
+				t.Errorf("Reclaim with a shorter TTL: ExpiresAt %v, want the row's %v kept", res.Record.ExpiresAt, old.ExpiresAt)
+			}
+		})
+
+		t.Run("NotUnlessClaimedReclaimable", func(t *testing.T) {
+			// A row claimed by a non-transactional route: its owner's
+			// effects did not roll back, so it is never reclaimed.
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			req.Lease = tiny
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "lease over", func(r idempotency.Record) bool { return r.LeaseOver })
+			if rec.Reclaimable {
+				t.Fatal("a row claimed without Reclaimable reads back reclaimable")
+			}
+			res, err := s.Reclaim(context.Background(), rec.Fence(), req)
+			if err != nil || res.Won {
+				t.Fatalf("Reclaim of a non-reclaimable row: won %v, err %v; want a loss", res.Won, err)
+			}
+			sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
+		})
+
+		t.Run("NotWhileLeaseRuns", func(t *testing.T) {
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			rec := MustClaim(t, s, req)
+			lostReclaim(t, s, rec.Fence(), req, "while the lease runs")
+			sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
+		})
+
+		finishes := []struct {
+			name   string
+			finish func(ctx context.Context, s idempotency.Store, f idempotency.Fence) error
+		}{
+			{"Completed", func(ctx context.Context, s idempotency.Store, f idempotency.Fence) error {
+				return s.Complete(ctx, f, jsonResponse())
+			}},
+			{"Failed", func(ctx context.Context, s idempotency.Store, f idempotency.Fence) error {
+				return s.Fail(ctx, f)
+			}},
+		}
+		for _, fin := range finishes {
+			t.Run("Not"+fin.name, func(t *testing.T) {
+				s, ctx := setup(t)
+				req := newRequest("user-1")
+				req.Lease, req.Reclaimable = tiny, true
+				MustClaim(t, s, req)
+				// The owner finishes after its lease ran out: the fence
+				// is the attempt, not the lease.
+				rec := WaitFor(t, s, req, "lease over", isLeaseOver)
+				if err := fin.finish(ctx, s, rec.Fence()); err != nil {
+					t.Fatalf("finishing after the lease ran out: %v", err)
+				}
+				rec = Read(t, s, req)
+				lostReclaim(t, s, rec.Fence(), req, "of a "+string(rec.Status)+" row")
+				sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
+			})
+		}
+
+		t.Run("StaleAttemptLoses", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease, req.Reclaimable = tiny, true
+			MustClaim(t, s, req)
+			first := WaitFor(t, s, req, "lease over", isLeaseOver)
+			res, err := s.Reclaim(ctx, first.Fence(), req)
+			if err != nil || !res.Won {
+				t.Fatalf("first Reclaim: won %v, err %v; want a win", res.Won, err)
+			}
+			second := WaitFor(t, s, req, "lease over", isLeaseOver)
+
+			lostReclaim(t, s, first.Fence(), req, "with a stale attempt")
+			lostReclaim(t, s, idempotency.Fence{ID: second.ID + 1<<20, Attempt: second.Attempt}, req, "of another id")
+			sameRecord(t, "row after the refused reclaims", Read(t, s, req), second)
+
+			res, err = s.Reclaim(ctx, second.Fence(), req)
+			if err != nil || !res.Won {
+				t.Fatalf("Reclaim with the current attempt: won %v, err %v; want a win", res.Won, err)
+			}
+			if res.Record.Attempt != 3 {
+				t.Fatalf("attempt after two reclaims = %d, want 3", res.Record.Attempt)
+			}
+		})
+
+		t.Run("GoneRowLoses", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease, req.Reclaimable = tiny, true
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
+			if err := s.Release(ctx, rec.Fence()); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			lostReclaim(t, s, rec.Fence(), req, "of a released row")
+		})
+
+		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
+			s, ctx := setup(t)
+			req := newRequest("user-1")
+			req.Lease, req.Reclaimable = tiny, true
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
+
+			results := make([]idempotency.ClaimResult, racers)
+			race(racers, func(i int) {
+				again := req
+				again.Lease = longLease
+				res, err := s.Reclaim(ctx, rec.Fence(), again)
+				if err != nil {
+					t.Errorf("Reclaim %d: %v", i, err)
+				}
+				results[i] = res
+			})
+			winner := onlyWinner(t, results)
+			won := results[winner].Record
+			if won.Attempt != 2 || won.Status != idempotency.StatusInFlight {
+				t.Errorf("winner's record: attempt %d status %q, want 2 in_flight", won.Attempt, won.Status)
+			}
+			sameRecord(t, "row after the race", Read(t, s, req), won)
+		})
+	})
+
+	t.Run("Flags", func(t *testing.T) {
+		t.Parallel()
+
+		t.Run("LeaseOverWithoutExpiry", func(t *testing.T) {
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			req.Lease = tiny
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
+			if rec.Expired {
+				t.Errorf("row with TTL %v and lease %v: Expired = true, want false", req.TTL, req.Lease)
+			}
+		})
+
+		t.Run("ExpiryWithoutLeaseOver", func(t *testing.T) {
+			s, _ := setup(t)
+			req := newRequest("user-1")
+			req.TTL = tiny
+			MustClaim(t, s, req)
+			rec := WaitFor(t, s, req, "expired", isExpired)
+			if rec.LeaseOver {
+				t.Errorf("row with TTL %v and lease %v: LeaseOver = true, want false", req.TTL, req.Lease)
+			}
+		})
+	})
+}
