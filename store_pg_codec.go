@@ -1,0 +1,251 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idempotency/internal/storedbody"
+)
+
+// How PostgresStore encodes a Record into its columns and decodes it back.
+
+// completeArgs encodes resp for pgCompleteSQL. A BodyJSON body JSONB cannot
+// hold (a \u0000 escape; with cautious, anything jsonbMayRefuse flags) goes
+// byte for byte to the raw column with the jsonStoredRaw marker in the
+// JSONB column.
+func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []byte, err error) {
+	headers, err = encodeHeaders(resp.Header)
+	if err != nil {
+		return nil, nil, nil, &StoreError{Op: "complete", Reason: ReasonOther, Err: err}
+	}
+	switch resp.BodyKind {
+	case BodyJSON:
+		refused := bytes.Contains(resp.Body, []byte(`\u0000`))
+		if cautious {
+			refused = jsonbMayRefuse(resp.Body)
+		}
+		if refused {
+			jsonBody, rawBody = jsonStoredRaw, nonNil(resp.Body)
+		} else {
+			jsonBody = nonNil(resp.Body)
+		}
+	case BodyRaw:
+		rawBody = nonNil(resp.Body) // nil would be stored as NULL: no body at all
+	}
+	return jsonBody, rawBody, headers, nil
+}
+
+// scanRecord reads pgColumns (and, when won is not nil, a trailing won
+// column) into rec.
+func scanRecord(row pgx.Row, rec *Record, won *bool) error {
+	var v rowValues
+	dest := []any{
+		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
+		&v.code, &v.body, &v.raw, &v.headers,
+		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
+		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable,
+	}
+	if won != nil {
+		dest = append(dest, won)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return err
+	}
+	return v.fill(rec)
+}
+
+// scanClaim reads pgClaimColumns and the won flag; the key, scope and
+// endpoint are the claim's own.
+func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
+	var v rowValues
+	if err := row.Scan(&rec.ID, &rec.RequestHash, &v.status, &rec.Attempt,
+		&v.code, &v.body, &v.raw, &v.headers,
+		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
+		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable, won); err != nil {
+		return err
+	}
+	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
+	return v.fill(rec)
+}
+
+// rowValues are the columns decoded after the scan.
+type rowValues struct {
+	status             string
+	code               *int16
+	body, raw, headers []byte
+}
+
+func (v *rowValues) fill(rec *Record) error {
+	rec.Status = Status(v.status)
+	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers)
+	if err != nil {
+		return err
+	}
+	rec.Response = resp
+	return nil
+}
+
+// nullRecord receives pgColumns from an outer join, where all of them may
+// be NULL.
+type nullRecord struct {
+	id                                 *int64
+	key, scope, endpoint, hash, status *string
+	attempt                            *int32
+	code                               *int16
+	body, raw, headers                 []byte
+	createdAt, lockedAt, lockedUntil   *time.Time
+	expiresAt                          *time.Time
+	expired, leaseOver, reclaimable    *bool
+}
+
+// dest returns the scan destinations in pgColumns order.
+func (n *nullRecord) dest() []any {
+	return []any{
+		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
+		&n.code, &n.body, &n.raw, &n.headers,
+		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt,
+		&n.expired, &n.leaseOver, &n.reclaimable,
+	}
+}
+
+// record returns the row read, or ok false when the join found none.
+func (n *nullRecord) record() (rec Record, ok bool, err error) {
+	if n.id == nil {
+		return Record{}, false, nil
+	}
+	resp, err := decodeResponse(n.code, n.body, n.raw, n.headers)
+	if err != nil {
+		return Record{}, false, err
+	}
+	return Record{
+		ID: *n.id, Key: *n.key, Scope: *n.scope, Endpoint: *n.endpoint,
+		RequestHash: *n.hash, Status: Status(*n.status), Attempt: *n.attempt,
+		Response:  resp,
+		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
+		Expired: *n.expired, LeaseOver: *n.leaseOver, Reclaimable: *n.reclaimable,
+	}, true, nil
+}
+
+// jsonStoredRaw is what the JSONB column holds when a JSON body is kept in
+// the raw column because JSONB cannot hold it: any non-NULL value would do,
+// as both columns set means "a JSON body, stored raw".
+var jsonStoredRaw = []byte(`null`)
+
+// decodeResponse rebuilds a recorded response from its columns: a JSONB
+// body is BodyJSON; both a JSONB and a raw body are a BodyJSON kept raw
+// (see Complete); a raw body alone is BodyRaw; neither is BodyNone. The
+// CLI's inspect decodes the body columns with the same storedbody.Decode.
+func decodeResponse(code *int16, body, raw, headers []byte) (Response, error) {
+	var resp Response
+	if code != nil {
+		resp.Status = int(*code)
+	}
+	var kind storedbody.Kind
+	resp.Body, kind = storedbody.Decode(body, raw)
+	switch kind {
+	case storedbody.JSON:
+		resp.BodyKind = BodyJSON
+	case storedbody.Raw:
+		resp.BodyKind = BodyRaw
+	}
+	if headers != nil {
+		if err := json.Unmarshal(headers, &resp.Header); err != nil {
+			return Response{}, errors.New("idempotency: stored response_headers are not an object of string arrays: " + err.Error())
+		}
+	}
+	return resp, nil
+}
+
+// encodeHeaders returns h as a JSONB object of string arrays, or nil (NULL)
+// when h is nil. Values holding a NUL byte are left out: HTTP forbids them
+// (RFC 9110, section 5.5) and JSONB cannot store them.
+func encodeHeaders(h http.Header) ([]byte, error) {
+	if h == nil {
+		return nil, nil
+	}
+	return json.Marshal(withoutNUL(h))
+}
+
+// withoutNUL returns h, or a copy of h without the values that hold a NUL
+// byte when there are any.
+func withoutNUL(h http.Header) http.Header {
+	hasNUL := false
+	for _, vs := range h {
+		for _, v := range vs {
+			hasNUL = hasNUL || strings.IndexByte(v, 0) >= 0
+		}
+	}
+	if !hasNUL {
+		return h
+	}
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		for _, v := range vs {
+			if strings.IndexByte(v, 0) < 0 {
+				out[k] = append(out[k], v)
+			}
+		}
+	}
+	return out
+}
+
+// nonNil returns b, or an empty non-nil slice when b is nil, so that pgx
+// sends an empty value rather than NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// maxJSONBNumber is the longest number literal a cautious record stores as
+// JSONB; numeric holds far more digits, but no response needs them.
+const maxJSONBNumber = 100
+
+// jsonbMayRefuse reports whether Postgres might refuse body (valid JSON) as
+// JSONB: any \u escape (\u0000 is refused, others may lack a character in
+// the database encoding), or a number with an exponent or longer than
+// maxJSONBNumber (JSONB numbers are numeric, whose range is bounded:
+// 1e400000 is refused). It errs towards true: a body stored raw replays
+// byte for byte all the same.
+func jsonbMayRefuse(body []byte) bool {
+	inString, escaped, numLen := false, false, 0
+	for _, c := range body {
+		if inString {
+			switch {
+			case escaped:
+				if c == 'u' {
+					return true
+				}
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		switch {
+		case c == '"':
+			inString, numLen = true, 0
+		case c == '-' || c == '.' || c == '+' || c >= '0' && c <= '9':
+			numLen++
+			if numLen > maxJSONBNumber {
+				return true
+			}
+		case c == 'e' || c == 'E':
+			if numLen > 0 { // inside a number: an exponent (true and false start with a letter)
+				return true
+			}
+		default:
+			numLen = 0
+		}
+	}
+	return false
+}

@@ -1,0 +1,145 @@
+package idempotency
+
+// The statements of PostgresStore, and how often one is retried.
+
+// pgRetries bounds how many times a statement is run again when it read no
+// row because of a concurrent commit, or failed with a serialization failure.
+const pgRetries = 5
+
+// pgColumns are the columns every statement returning rows returns, in the
+// order scanRecord reads them. The last two are computed against the
+// database's clock.
+const pgColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers,
+	created_at, locked_at, locked_until, expires_at,
+	expires_at < now() AS expired, locked_until < now() AS lease_over, reclaimable`
+
+// pgClaimColumns are pgColumns without the key, scope and endpoint, which
+// a claim already knows: the hot path decodes three strings fewer.
+const pgClaimColumns = `id, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers,
+	created_at, locked_at, locked_until, expires_at,
+	expires_at < now() AS expired, locked_until < now() AS lease_over, reclaimable`
+
+// pgClaimSQL inserts a new in_flight row or, when the key exists, reads the
+// existing row, in one statement. The read shares the INSERT's snapshot, so
+// when the conflicting row was committed after the statement began (or was
+// deleted), it returns no row and the caller runs the statement again.
+// ON CONFLICT DO NOTHING never locks or writes the existing row, so replays
+// of one key never queue behind each other.
+//
+// $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
+// $7 reclaimable.
+const pgClaimSQL = `WITH ins AS (
+	INSERT INTO idempotency_keys
+		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+		 created_at, locked_at, locked_until, expires_at, reclaimable)
+	VALUES ($1, $2, $3, $4, 'in_flight', 1,
+		now(), now(), now() + $6::interval, now() + $5::interval, $7)
+	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+	RETURNING ` + pgClaimColumns + `
+)
+SELECT *, true AS won FROM ins
+UNION ALL
+SELECT ` + pgClaimColumns + `, false AS won
+FROM idempotency_keys
+WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
+	AND NOT EXISTS (SELECT 1 FROM ins)`
+
+// pgTakeoverSQL turns an expired row into a fresh claim, fenced on attempt.
+// An in_flight row whose lease still runs is left to its owner even when
+// expired (instances with different TTL and lease settings can produce one).
+//
+// $1 id, $2 attempt, $3 request hash, $4 TTL, $5 lease, $6 reclaimable.
+const pgTakeoverSQL = `UPDATE idempotency_keys SET
+	attempt = attempt + 1,
+	request_hash = $3,
+	status = 'in_flight',
+	response_code = NULL,
+	response_body = NULL,
+	response_body_raw = NULL,
+	response_headers = NULL,
+	created_at = now(),
+	locked_at = now(),
+	locked_until = now() + $5::interval,
+	expires_at = now() + $4::interval,
+	reclaimable = $6
+WHERE id = $1 AND attempt = $2 AND expires_at < now()
+	AND NOT (status = 'in_flight' AND locked_until >= now())
+RETURNING ` + pgColumns
+
+// pgReclaimSQL gives a stale in_flight row a new owner and lease, fenced on
+// attempt. The expiry moves to a full TTL from now when that is later: a
+// key reclaimed near the end of its TTL would otherwise expire with its
+// new record, and the next retry would run as a new request.
+//
+// $1 id, $2 attempt, $3 lease, $4 TTL.
+const pgReclaimSQL = `UPDATE idempotency_keys SET
+	attempt = attempt + 1,
+	locked_at = now(),
+	locked_until = now() + $3::interval,
+	expires_at = GREATEST(expires_at, now() + $4::interval)
+WHERE id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now() AND reclaimable
+RETURNING ` + pgColumns
+
+// pgCompleteSQL records the response, fenced on the owner's attempt.
+//
+// $1 id, $2 attempt, $3 status code, $4 JSON body, $5 raw body, $6 headers.
+const pgCompleteSQL = `UPDATE idempotency_keys SET
+	status = 'completed',
+	response_code = $3,
+	response_body = $4,
+	response_body_raw = $5,
+	response_headers = $6
+WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
+
+// pgFailSQL marks the row failed, fenced on the owner's attempt.
+const pgFailSQL = `UPDATE idempotency_keys SET status = 'failed'
+WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
+
+// pgReleaseSQL deletes the row, fenced on the owner's attempt.
+const pgReleaseSQL = `DELETE FROM idempotency_keys
+WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
+
+// pgCleanupSQL deletes one batch of expired rows, never an in_flight
+// row whose lease still runs. SKIP LOCKED lets concurrent cleaners take
+// different rows; the outer statement repeats the predicate because a row
+// may have been taken over or reclaimed between the subquery's read and the
+// delete.
+//
+// $1 batch size.
+const pgCleanupSQL = `DELETE FROM idempotency_keys
+WHERE id IN (
+	SELECT id FROM idempotency_keys
+	WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
+
+// pgEraseSQL erases a user scope and reports the rows it left, in one
+// statement: the DELETE and the SELECT share one snapshot and one now(), so
+// every row of the scope is either counted as deleted or returned as
+// skipped. It always returns at least one row; when nothing was skipped, the
+// row's record columns are NULL.
+//
+// $1 scope.
+const pgEraseSQL = `WITH del AS (
+	DELETE FROM idempotency_keys
+	WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= now())
+	RETURNING id
+), kept AS (
+	SELECT ` + pgColumns + ` FROM idempotency_keys
+	WHERE scope_user_id = $1 AND status = 'in_flight' AND locked_until >= now()
+)
+SELECT (SELECT count(*) FROM del), kept.*
+FROM (SELECT 1) AS one LEFT JOIN kept ON true
+ORDER BY kept.created_at, kept.id`
+
+// pgExportScopeSQL reads a user scope, oldest first.
+//
+// $1 scope.
+const pgExportScopeSQL = `SELECT ` + pgColumns + ` FROM idempotency_keys
+WHERE scope_user_id = $1
+ORDER BY created_at, id`
