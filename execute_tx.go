@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The transactional difference of a run (DESIGN.md "Transactional
+// The transactional difference of a run (README "Transactional
 // routes"): the handler writes through a transaction of the route's
 // TxStore, which commits together with the completed record, fenced on the
 // claim's attempt. Nothing is sent before the commit.

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics holds the collectors of DESIGN.md's metrics table. A nil
+// metrics holds the collectors of the README's metrics table. A nil
 // Registerer gives collectors that count but are registered nowhere.
 type metrics struct {
 	miss           *prometheus.CounterVec

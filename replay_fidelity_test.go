@@ -1,7 +1,7 @@
 package idempotency_test
 
 // Replay fidelity over a real connection: a replay sends what the original
-// sent. Found by a review pass of response.go.
+// sent. Found by a review pass of recorder.go.
 
 import (
 	"bytes"

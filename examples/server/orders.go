@@ -71,7 +71,7 @@ func (s *server) placeOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	o.UserID, o.Status = uid, "filled"
 	// Forward the key as the fill engine's client order id, as a live
-	// broker integration would (the ADR's open question 1).
+	// broker integration would.
 	o.ClientOrderID, _ = idempotency.KeyFromContext(ctx)
 
 	if s.cfg.beforeFill != nil {

@@ -18,7 +18,7 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// TTLs of the two wrapped routes (the ADR's tiers).
+// TTLs of the two wrapped routes, by tier.
 const (
 	ordersTTL  = maxOrdersTTL       // Tier 1: orders
 	billingTTL = idempotency.MaxTTL // Tier 2: billing, 7 days
@@ -150,7 +150,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/demo/users", http.HandlerFunc(s.createUser))
 	// Order of wrapping, outermost first: session, gate, idempotency. The
-	// gate can never be bypassed by a replay (the ADR's paper-first rule).
+	// gate can never be bypassed by a replay.
 	mux.Handle("POST /api/trading/orders", authed(s.newOrdersGate(orderRoute(http.HandlerFunc(s.placeOrder)))))
 	mux.Handle("GET /api/trading/orders", authed(http.HandlerFunc(s.listOrders)))
 	mux.Handle("GET /api/trading/orders/{id}", authed(http.HandlerFunc(s.getOrder)))

@@ -10,7 +10,7 @@ const maxNameLength = 100
 
 // createUser is POST /api/demo/users: a demo account and its bearer token.
 // It is deliberately not idempotency-wrapped: its response carries a
-// credential, which must never be stored for replay (the ADR's invariant).
+// credential, which must never be stored for replay.
 func (s *server) createUser(w http.ResponseWriter, r *http.Request) {
 	var in struct {
 		Name string `json:"name"`
