@@ -22,14 +22,19 @@ func TestTxUnavailableIsCounted(t *testing.T) {
 	t.Run("commit", func(t *testing.T) {
 		t.Parallel()
 		f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
-		if _, err := f.pool.Exec(context.Background(),
-			`CREATE TABLE deferred (id INT, CONSTRAINT deferred_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
-			t.Fatal(err)
+		for _, ddl := range []string{
+			`CREATE TABLE accounts (id INT PRIMARY KEY)`,
+			`CREATE TABLE postings (account INT REFERENCES accounts DEFERRABLE INITIALLY DEFERRED)`,
+		} {
+			if _, err := f.pool.Exec(t.Context(), ddl); err != nil {
+				t.Fatal(err)
+			}
 		}
 		f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+			// A posting to no account: the foreign key, checked at COMMIT,
+			// fails it.
 			tx, _ := idempotency.TxFromContext(r.Context())
-			// Violates a deferred constraint: the COMMIT fails.
-			if _, err := tx.Exec(r.Context(), `INSERT INTO deferred VALUES (1), (1)`); err != nil {
+			if _, err := tx.Exec(r.Context(), `INSERT INTO postings VALUES (7)`); err != nil {
 				t.Error(err)
 			}
 			return false

@@ -177,30 +177,6 @@ func onlyWinner(t testing.TB, results []idempotency.ClaimResult) int {
 	return winner
 }
 
-// lostTakeover checks that a takeover of f loses without an error.
-func lostTakeover(t testing.TB, s idempotency.Store, f idempotency.Fence, req idempotency.ClaimRequest, what string) {
-	t.Helper()
-	res, err := s.Takeover(t.Context(), f, req)
-	if err != nil {
-		t.Fatalf("Takeover %s: %v", what, err)
-	}
-	if res.Won || !reflect.DeepEqual(res.Record, idempotency.Record{}) {
-		t.Fatalf("Takeover %s: won %v with record %+v, want a loss and the zero Record", what, res.Won, res.Record)
-	}
-}
-
-// lostReclaim checks that a reclaim of f loses without an error.
-func lostReclaim(t testing.TB, s idempotency.Store, f idempotency.Fence, req idempotency.ClaimRequest, what string) {
-	t.Helper()
-	res, err := s.Reclaim(t.Context(), f, req)
-	if err != nil {
-		t.Fatalf("Reclaim %s: %v", what, err)
-	}
-	if res.Won || !reflect.DeepEqual(res.Record, idempotency.Record{}) {
-		t.Fatalf("Reclaim %s: won %v with record %+v, want a loss and the zero Record", what, res.Won, res.Record)
-	}
-}
-
 // wantNotOwner checks that err is ErrNotOwner and not a store failure.
 func wantNotOwner(t testing.TB, what string, err error) {
 	t.Helper()

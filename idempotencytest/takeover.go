@@ -3,6 +3,7 @@ package idempotencytest
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -80,7 +81,7 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			rec = Read(t, s, req)
 			next := req
 			next.RequestHash = HashOf("other")
-			lostTakeover(t, s, rec.Fence(), next, "of an unexpired row")
+			takeover.lost(t, s, rec.Fence(), next, "of an unexpired row")
 			sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
 		})
 
@@ -97,54 +98,11 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			}
 			next := req
 			next.RequestHash = HashOf("other")
-			lostTakeover(t, s, rec.Fence(), next, "of an in-flight row inside its lease")
+			takeover.lost(t, s, rec.Fence(), next, "of an in-flight row inside its lease")
 			sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
 		})
 
-		t.Run("StaleAttemptLoses", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.TTL, req.Lease = tiny, tiny
-			first := MustClaim(t, s, req)
-			WaitFor(t, s, req, "expired", isExpired)
-
-			res, err := s.Takeover(ctx, first.Fence(), req)
-			if err != nil || !res.Won {
-				t.Fatalf("first Takeover: won %v, err %v; want a win", res.Won, err)
-			}
-			second := WaitFor(t, s, req, "expired", isExpired)
-			if second.Attempt != 2 {
-				t.Fatalf("attempt after one takeover = %d, want 2", second.Attempt)
-			}
-
-			lostTakeover(t, s, first.Fence(), req, "with a stale attempt")
-			lostTakeover(t, s, idempotency.Fence{ID: second.ID + 1<<20, Attempt: second.Attempt}, req, "of another id")
-			sameRecord(t, "row after the refused takeovers", Read(t, s, req), second)
-
-			res, err = s.Takeover(ctx, second.Fence(), req)
-			if err != nil || !res.Won {
-				t.Fatalf("Takeover with the current attempt: won %v, err %v; want a win", res.Won, err)
-			}
-			if res.Record.Attempt != 3 {
-				t.Fatalf("attempt after two takeovers = %d, want 3", res.Record.Attempt)
-			}
-		})
-
-		t.Run("GoneRowLoses", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.TTL, req.Lease = tiny, tiny
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "expired", isExpired)
-			if err := s.Release(ctx, rec.Fence()); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
-			lostTakeover(t, s, rec.Fence(), req, "of a released row")
-			recs, err := s.ExportScope(ctx, req.Scope)
-			if err != nil || len(recs) != 0 {
-				t.Fatalf("ExportScope after a refused takeover of a released row: %d records, err %v; want none", len(recs), err)
-			}
-		})
+		takeover.runShared(t, setup)
 
 		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
 			s, ctx := setup(t)
@@ -156,21 +114,14 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			}
 			rec = WaitFor(t, s, req, "expired", isExpired)
 
-			results := make([]idempotency.ClaimResult, racers)
 			hashes := make([]string, racers)
-			race(racers, func(i int) {
+			winner, won := takeover.race(t, s, rec.Fence(), func(i int) idempotency.ClaimRequest {
 				next := req
 				next.TTL = longTTL
 				next.RequestHash = HashOf(req.Key, fmt.Sprint(i))
 				hashes[i] = next.RequestHash
-				res, err := s.Takeover(ctx, rec.Fence(), next)
-				if err != nil {
-					t.Errorf("Takeover %d: %v", i, err)
-				}
-				results[i] = res
+				return next
 			})
-			winner := onlyWinner(t, results)
-			won := results[winner].Record
 			if won.Attempt != 2 || won.RequestHash != hashes[winner] {
 				t.Errorf("winner's record: attempt %d hash %q, want 2 and %q", won.Attempt, won.RequestHash, hashes[winner])
 			}
@@ -264,7 +215,7 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			s, _ := setup(t)
 			req := newRequest("user-1")
 			rec := MustClaim(t, s, req)
-			lostReclaim(t, s, rec.Fence(), req, "while the lease runs")
+			reclaim.lost(t, s, rec.Fence(), req, "while the lease runs")
 			sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
 		})
 
@@ -292,67 +243,25 @@ func runTakeover(t *testing.T, setup setupFunc) {
 					t.Fatalf("finishing after the lease ran out: %v", err)
 				}
 				rec = Read(t, s, req)
-				lostReclaim(t, s, rec.Fence(), req, "of a "+string(rec.Status)+" row")
+				reclaim.lost(t, s, rec.Fence(), req, "of a "+string(rec.Status)+" row")
 				sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
 			})
 		}
 
-		t.Run("StaleAttemptLoses", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.Lease, req.Reclaimable = tiny, true
-			MustClaim(t, s, req)
-			first := WaitFor(t, s, req, "lease over", isLeaseOver)
-			res, err := s.Reclaim(ctx, first.Fence(), req)
-			if err != nil || !res.Won {
-				t.Fatalf("first Reclaim: won %v, err %v; want a win", res.Won, err)
-			}
-			second := WaitFor(t, s, req, "lease over", isLeaseOver)
-
-			lostReclaim(t, s, first.Fence(), req, "with a stale attempt")
-			lostReclaim(t, s, idempotency.Fence{ID: second.ID + 1<<20, Attempt: second.Attempt}, req, "of another id")
-			sameRecord(t, "row after the refused reclaims", Read(t, s, req), second)
-
-			res, err = s.Reclaim(ctx, second.Fence(), req)
-			if err != nil || !res.Won {
-				t.Fatalf("Reclaim with the current attempt: won %v, err %v; want a win", res.Won, err)
-			}
-			if res.Record.Attempt != 3 {
-				t.Fatalf("attempt after two reclaims = %d, want 3", res.Record.Attempt)
-			}
-		})
-
-		t.Run("GoneRowLoses", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.Lease, req.Reclaimable = tiny, true
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
-			if err := s.Release(ctx, rec.Fence()); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
-			lostReclaim(t, s, rec.Fence(), req, "of a released row")
-		})
+		reclaim.runShared(t, setup)
 
 		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
-			s, ctx := setup(t)
+			s, _ := setup(t)
 			req := newRequest("user-1")
 			req.Lease, req.Reclaimable = tiny, true
 			MustClaim(t, s, req)
 			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
 
-			results := make([]idempotency.ClaimResult, racers)
-			race(racers, func(i int) {
+			_, won := reclaim.race(t, s, rec.Fence(), func(int) idempotency.ClaimRequest {
 				again := req
 				again.Lease = longLease
-				res, err := s.Reclaim(ctx, rec.Fence(), again)
-				if err != nil {
-					t.Errorf("Reclaim %d: %v", i, err)
-				}
-				results[i] = res
+				return again
 			})
-			winner := onlyWinner(t, results)
-			won := results[winner].Record
 			if won.Attempt != 2 || won.Status != idempotency.StatusInFlight {
 				t.Errorf("winner's record: attempt %d status %q, want 2 in_flight", won.Attempt, won.Status)
 			}
@@ -385,4 +294,110 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			}
 		})
 	})
+}
+
+// reuse is one of the two ways to claim a row that is not the caller's:
+// Takeover of an expired row, Reclaim of a stale in-flight one.
+type reuse struct {
+	name  string // the Store method
+	ready string // what the row must be first: "expired" or "lease over"
+	cond  func(idempotency.Record) bool
+	// stale makes req's row ready as soon as tiny runs out.
+	stale func(req *idempotency.ClaimRequest)
+	call  func(s idempotency.Store, ctx context.Context, f idempotency.Fence, req idempotency.ClaimRequest) (idempotency.ClaimResult, error)
+}
+
+var (
+	takeover = reuse{
+		name: "Takeover", ready: "expired", cond: isExpired,
+		stale: func(req *idempotency.ClaimRequest) { req.TTL, req.Lease = tiny, tiny },
+		call:  idempotency.Store.Takeover,
+	}
+	reclaim = reuse{
+		name: "Reclaim", ready: "lease over", cond: isLeaseOver,
+		stale: func(req *idempotency.ClaimRequest) { req.Lease, req.Reclaimable = tiny, true },
+		call:  idempotency.Store.Reclaim,
+	}
+)
+
+// runShared runs the subtests Takeover and Reclaim share.
+func (op reuse) runShared(t *testing.T, setup setupFunc) {
+	t.Run("StaleAttemptLoses", func(t *testing.T) { op.staleAttemptLoses(t, setup) })
+	t.Run("GoneRowLoses", func(t *testing.T) { op.goneRowLoses(t, setup) })
+}
+
+// staleAttemptLoses: only the fence of the row's current attempt wins; an
+// earlier attempt's fence, or another row's id, loses and changes nothing.
+func (op reuse) staleAttemptLoses(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	op.stale(&req)
+	MustClaim(t, s, req)
+	first := WaitFor(t, s, req, op.ready, op.cond)
+	res, err := op.call(s, ctx, first.Fence(), req)
+	if err != nil || !res.Won {
+		t.Fatalf("first %s: won %v, err %v; want a win", op.name, res.Won, err)
+	}
+	second := WaitFor(t, s, req, op.ready, op.cond)
+	if second.Attempt != 2 {
+		t.Fatalf("attempt after one %s = %d, want 2", op.name, second.Attempt)
+	}
+
+	op.lost(t, s, first.Fence(), req, "with a stale attempt")
+	op.lost(t, s, idempotency.Fence{ID: second.ID + 1<<20, Attempt: second.Attempt}, req, "of another id")
+	sameRecord(t, "row after the refused calls", Read(t, s, req), second)
+
+	res, err = op.call(s, ctx, second.Fence(), req)
+	if err != nil || !res.Won {
+		t.Fatalf("%s with the current attempt: won %v, err %v; want a win", op.name, res.Won, err)
+	}
+	if res.Record.Attempt != 3 {
+		t.Fatalf("attempt after two calls of %s = %d, want 3", op.name, res.Record.Attempt)
+	}
+}
+
+// goneRowLoses: a fence whose row was released loses, and creates no row.
+func (op reuse) goneRowLoses(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	op.stale(&req)
+	MustClaim(t, s, req)
+	rec := WaitFor(t, s, req, op.ready, op.cond)
+	if err := s.Release(ctx, rec.Fence()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	op.lost(t, s, rec.Fence(), req, "of a released row")
+	recs, err := s.ExportScope(ctx, req.Scope)
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("ExportScope after a refused %s of a released row: %d records, err %v; want none", op.name, len(recs), err)
+	}
+}
+
+// lost checks that the call on f loses without an error.
+func (op reuse) lost(t testing.TB, s idempotency.Store, f idempotency.Fence, req idempotency.ClaimRequest, what string) {
+	t.Helper()
+	res, err := op.call(s, t.Context(), f, req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", op.name, what, err)
+	}
+	if res.Won || !reflect.DeepEqual(res.Record, idempotency.Record{}) {
+		t.Fatalf("%s %s: won %v with record %+v, want a loss and the zero Record", op.name, what, res.Won, res.Record)
+	}
+}
+
+// race runs racers calls on f at once, each with the request next(i)
+// returns, checks that exactly one won, and returns its index and record.
+func (op reuse) race(t *testing.T, s idempotency.Store, f idempotency.Fence,
+	next func(i int) idempotency.ClaimRequest) (int, idempotency.Record) {
+	t.Helper()
+	results := make([]idempotency.ClaimResult, racers)
+	race(racers, func(i int) {
+		res, err := op.call(s, t.Context(), f, next(i))
+		if err != nil {
+			t.Errorf("%s %d: %v", op.name, i, err)
+		}
+		results[i] = res
+	})
+	winner := onlyWinner(t, results)
+	return winner, results[winner].Record
 }
