@@ -52,7 +52,7 @@ type machine struct {
 }
 
 type options struct {
-	in, jsonOut, svgOut, mdOut, profile, command string
+	in, jsonOut, svgOut, svgLink, mdOut, profile, command string
 	m                                            machine
 }
 
@@ -61,6 +61,7 @@ func main() {
 	flag.StringVar(&o.in, "in", "", "file with the run's output (SUMMARY lines); - for stdin")
 	flag.StringVar(&o.jsonOut, "json", "bench/results/latest.json", "JSON results to write")
 	flag.StringVar(&o.svgOut, "svg", "bench/chart.svg", "chart to write")
+	flag.StringVar(&o.svgLink, "svg-link", "", "the chart's path in the Markdown, when it is written elsewhere first (default: -svg)")
 	flag.StringVar(&o.mdOut, "md", "BENCHMARKS.md", "Markdown file whose figures section is regenerated")
 	flag.StringVar(&o.profile, "profile", "", "pprof -top text to include (optional)")
 	flag.StringVar(&o.command, "command", "make bench/load", "the command that produced the run")
@@ -118,7 +119,11 @@ func run(o options) error {
 	if err := os.WriteFile(o.svgOut, []byte(rep.chart()), 0o644); err != nil {
 		return err
 	}
-	return updateMarkdown(o.mdOut, rep.markdown(text, profile, o.command, o.svgOut))
+	link := o.svgLink
+	if link == "" {
+		link = o.svgOut
+	}
+	return updateMarkdown(o.mdOut, rep.markdown(text, profile, o.command, link))
 }
 
 // group is the runs of one subject, mode and concurrency.
