@@ -193,7 +193,8 @@ func completeArgs(b *testing.B) []any {
 
 func BenchmarkPostgresRawMiss(b *testing.B) {
 	pool := benchPool(b)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute) // a bound, never reached by a healthy run
+	defer cancel()
 	complete := completeArgs(b)
 	var fails atomic.Int64
 	var lastErr atomic.Value
@@ -221,7 +222,8 @@ func BenchmarkPostgresRawMiss(b *testing.B) {
 
 func BenchmarkPostgresRawReplay(b *testing.B) {
 	pool := benchPool(b)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute) // a bound, never reached by a healthy run
+	defer cancel()
 	key := uuid.NewString()
 	// A completed key with the same response the middleware records, so
 	// both sides read the same row.

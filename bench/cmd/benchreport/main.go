@@ -53,7 +53,7 @@ type machine struct {
 
 type options struct {
 	in, jsonOut, svgOut, svgLink, mdOut, profile, command string
-	m                                            machine
+	m                                                     machine
 }
 
 func main() {
