@@ -183,10 +183,10 @@ point() {
   esac
 }
 
-# Blocks: one run of each point, the order rotating from block to block
-# (and level to level), so no subject always runs first or after the same
-# one; benchreport pairs the i-th runs of two points, which come from the
-# same block.
+# Blocks: one run of each point, the order rotating by one from block to
+# block, so each point takes every position in turn rather than always
+# running first or last; benchreport pairs the i-th runs of two points,
+# which come from the same block.
 say "sweep: A, B and C at ${LEVELS[*]} clients (and A hot, A nokey, C hot at 16), $DUR each after a $WARM warm-up, in rotating blocks"
 block=0
 for c in "${LEVELS[@]}"; do
