@@ -29,10 +29,11 @@ type Sample struct {
 }
 
 // Load is a closed loop: each of Workers sends a request, waits for its
-// end, and sends the next. It runs for Warmup; then, once every warm-up
-// request has ended (none straddles the window's start), the measured
-// window starts, and measured requests are sent until the window has
-// lasted Duration or, with Requests, until that many were sent.
+// end, and sends the next. It runs for Warmup (with a Warmup, each worker
+// sends at least one warm-up request, however late it starts); then, once
+// every warm-up request has ended (none straddles the window's start), the
+// measured window starts, and measured requests are sent until the window
+// has lasted Duration or, with Requests, until that many were sent.
 type Load struct {
 	Workers  int
 	Warmup   time.Duration
@@ -88,7 +89,7 @@ func (l Load) Run(ctx context.Context, op func(context.Context) Sample) Run {
 	for range l.Workers {
 		warm.Add(1)
 		wg.Go(func() {
-			for time.Now().Before(warmEnd) && ctx.Err() == nil {
+			for first := l.Warmup > 0; (first || time.Now().Before(warmEnd)) && ctx.Err() == nil; first = false {
 				switch s := op(ctx); s.Outcome {
 				case Unexpected:
 					warmUnexp.Add(1)
