@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -713,6 +714,9 @@ func TestPostgresErrors(t *testing.T) {
 		role := "idem_test_role_" + hex.EncodeToString(b[:])
 		schema := pool.Config().ConnConfig.RuntimeParams["search_path"]
 		if _, err := pool.Exec(t.Context(), `CREATE ROLE `+role+` LOGIN; GRANT USAGE ON SCHEMA `+schema+` TO `+role); err != nil {
+			if os.Getenv(testdb.EnvRequire) == "1" {
+				t.Fatalf("cannot create a role (%s=1 forbids skipping): %v", testdb.EnvRequire, err)
+			}
 			t.Skipf("cannot create a role: %v", err)
 		}
 		t.Cleanup(func() {
