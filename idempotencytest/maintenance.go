@@ -93,8 +93,8 @@ func runMaintenance(t *testing.T, setup setupFunc) {
 			live := MustClaim(t, s, Request(scope, longTTL, longLease))
 
 			// A limit of zero deletes nothing.
-			if n, err := s.Cleanup(ctx, 0); err == nil && n != 0 {
-				t.Errorf("Cleanup(0) = %d, want 0", n)
+			if n, err := s.Cleanup(ctx, 0); err != nil || n != 0 {
+				t.Errorf("Cleanup(0) = %d, %v; want 0, nil", n, err)
 			}
 			if left := exportIDs(t, s, scope); len(left) != expired+1 {
 				t.Fatalf("after Cleanup(0), %d rows left, want %d", len(left), expired+1)
