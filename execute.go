@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// run is one run of the wrapped handler: for the winner of a claim (owned),
+// execution is one run of the wrapped handler: for the winner of a claim (owned),
 // or unclaimed on a transactional route, which gives every request its
 // transaction. It is the only code that runs the handler into a buffer.
-type run struct {
+type execution struct {
 	*request
 	owned    bool
 	fence    Fence     // owned: the claim's fence
@@ -31,7 +31,7 @@ func (rq *request) execute(own Record, claimedAt time.Time) {
 // run runs the handler, for the claim own (nil: unclaimed) made at
 // claimedAt: transaction, deadline, buffer, panic, classify, settle.
 func (rq *request) run(own *Record, claimedAt time.Time) {
-	x := &run{request: rq}
+	x := &execution{request: rq}
 	if own != nil {
 		x.owned, x.fence, x.leaseEnd = true, own.Fence(), claimedAt.Add(rq.m.cfg.Lease)
 		rq.r = rq.withKey()
@@ -63,7 +63,7 @@ func (rq *request) run(own *Record, claimedAt time.Time) {
 // from the client's connection (a client that hangs up does not cancel an
 // order half-way) and must finish in time for its outcome to be settled
 // inside the lease.
-func (x *run) handlerContext() (context.Context, context.CancelFunc) {
+func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := x.r.Context(), context.CancelFunc(func() {})
 	if x.owned {
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
@@ -76,7 +76,7 @@ func (x *run) handlerContext() (context.Context, context.CancelFunc) {
 
 // newBuffer buffers the handler's response: for the record on an owned
 // run; whole, until the commit, on a transactional route.
-func (x *run) newBuffer() *responseBuffer {
+func (x *execution) newBuffer() *responseBuffer {
 	limit := int64(0)
 	if x.owned {
 		limit = x.rt.maxResponse
@@ -93,13 +93,13 @@ func (x *run) newBuffer() *responseBuffer {
 // transactional route's BEGIN) was slow. Such a handler is not run with a
 // dead context, which would settle its failure against the key: the key is
 // given back instead (giveBack).
-func (x *run) tooLate() bool {
+func (x *execution) tooLate() bool {
 	return !time.Now().Before(x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
 }
 
 // giveBack releases a won key whose handler never ran and asks the client
 // to retry.
-func (x *run) giveBack() {
+func (x *execution) giveBack() {
 	// Nothing ran, so the release may be retried (fenced) for a while: a
 	// key left in flight would answer outcome_unknown for its whole TTL.
 	// Bounded, so the client still gets its 503 soon.
@@ -111,7 +111,7 @@ func (x *run) giveBack() {
 
 // panicked settles a handler that panicked (or called runtime.Goexit, where
 // p is nil), then re-raises.
-func (x *run) panicked(p any) {
+func (x *execution) panicked(p any) {
 	o := x.failed()
 	if x.tx != nil {
 		if x.owned && x.checkState() == TxEnded {
@@ -129,7 +129,7 @@ func (x *run) panicked(p any) {
 
 // conclude settles the outcome of a handler that returned, and sends its
 // response or the answer that replaces it.
-func (x *run) conclude() {
+func (x *execution) conclude() {
 	state := TxOpen
 	if x.tx != nil {
 		state = x.checkState()
@@ -166,7 +166,7 @@ func (x *run) conclude() {
 // the outcome to settle. A transaction the handler ended itself may have
 // committed its writes already, so its key is never given back; a 429, or
 // any answer below 500 on a NoStore route, gives the key back.
-func (x *run) classify(status int, state TxState) outcome {
+func (x *execution) classify(status int, state TxState) outcome {
 	switch {
 	case state == TxEnded && status >= 500:
 		return outcomeFail
@@ -183,7 +183,7 @@ func (x *run) classify(status int, state TxState) outcome {
 // failed is the outcome of a handler that failed (>= 500 or panic):
 // released on a transactional route with ReleaseOnError, whose rollback
 // proves nothing happened, else failed.
-func (x *run) failed() outcome {
+func (x *execution) failed() outcome {
 	if x.rt.releaseOnError {
 		return outcomeRelease
 	}
@@ -193,7 +193,7 @@ func (x *run) failed() outcome {
 // failureDeadline bounds settling a failure. On a transactional route it
 // gets one attempt (a zero deadline): a stale row there is reclaimable, so
 // the client need not wait out the lease for a failing store.
-func (x *run) failureDeadline() time.Time {
+func (x *execution) failureDeadline() time.Time {
 	if x.tx != nil {
 		return time.Time{}
 	}

@@ -14,7 +14,7 @@ import (
 
 // begin starts the run's transaction. When it cannot, a claimed key is
 // given back (nothing ran) and the client gets 503.
-func (x *run) begin() bool {
+func (x *execution) begin() bool {
 	tx, err := storeCall(x.m, x.r.Context(), "begin", x.rt.txStore.Begin)
 	if err == nil {
 		x.tx, x.before = tx, x.w.Header().Clone()
@@ -34,7 +34,7 @@ func (x *run) begin() bool {
 // abort rolls the run's transaction back, if it has one. A rollback that
 // fails leaves nothing behind: the server rolls back when the connection
 // goes.
-func (x *run) abort() {
+func (x *execution) abort() {
 	if x.tx == nil {
 		return
 	}
@@ -46,7 +46,7 @@ func (x *run) abort() {
 // commit commits the handler's writes, with the completed record on an
 // owned run. When it cannot, everything is rolled back and the client gets
 // what a duplicate would (the key was reclaimed meanwhile) or 503.
-func (x *run) commit() bool {
+func (x *execution) commit() bool {
 	_, err := storeCall(x.m, x.r.Context(), "commit", func(ctx context.Context) (struct{}, error) {
 		if x.owned {
 			return struct{}{}, x.tx.Commit(ctx, &Settlement{Fence: x.fence, Response: x.buf.response(x.rt.replayHeaders)})
@@ -82,7 +82,7 @@ func (x *run) commit() bool {
 // have committed outside the key's fence), or answer success from an
 // aborted transaction (its writes did not happen). The handler has
 // returned, so nothing else uses the connection.
-func (x *run) checkState() TxState {
+func (x *execution) checkState() TxState {
 	state := x.tx.State()
 	status := x.buf.statusCode()
 	switch {
@@ -98,7 +98,7 @@ func (x *run) checkState() TxState {
 
 // answerTooLarge answers a transactional response over the buffer cap,
 // whose writes were rolled back.
-func (x *run) answerTooLarge() {
+func (x *execution) answerTooLarge() {
 	x.m.log.Error("idempotency: response over the transactional route's buffer cap; writes rolled back",
 		"endpoint", x.label, "cap_bytes", bufferCap(x.rt.maxResponse))
 	restoreHeader(x.w.Header(), x.before)

@@ -189,3 +189,21 @@ func BenchmarkRequestHashSorted(b *testing.B) {
 		requestHash("POST", "/api/trading/orders", "", body)
 	}
 }
+
+// TestDeepNesting: hashing a body nested 200,000 levels deep stays bounded
+// and answers below 500.
+func TestDeepNesting(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	rt := h.route(RouteConfig{Name: "r", MaxBodyBytes: 1 << 20}, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(400)
+	})
+	body := strings.Repeat("[", 200000) + strings.Repeat("]", 200000)
+	w := send(t, rt, "POST", "/r", testKey, body)
+	if w.Code >= 500 {
+		t.Fatalf("status %d", w.Code)
+	}
+	if w := send(t, rt, "POST", "/r", testKey, body); w.Code != 400 || w.Header().Get(HeaderReplayed) != "true" {
+		t.Fatalf("replay of deep body: %d", w.Code)
+	}
+}
