@@ -62,7 +62,7 @@ example: ## Run the example paper-trading server (in memory; set DATABASE_URL fo
 
 .PHONY: fuzz
 fuzz: ## Fuzz the request-hash canonicaliser for a minute
-	$(GO) test -run '^$$' -fuzz FuzzCanonicalJSON -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzCanonical -fuzztime 60s ./internal/jcs
 
 .PHONY: db/reset/test
 db/reset/test: ## Drop the test schemas a crashed test run may have left in $(TEST_DATABASE_URL)
