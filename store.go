@@ -179,15 +179,15 @@ type RouteTx interface {
 	// error.
 	Commit(ctx context.Context, s *Settlement) error
 	// Abort rolls the transaction back. It may be called after Commit
-	// failed, and more than once.
+	// failed, and again after it already ended; such calls change nothing.
 	Abort(ctx context.Context) error
 }
 
 // Settlement is the completed record a RouteTx commits with the handler's
 // writes: the claim's fence and the response to replay.
 type Settlement struct {
-	Fence    Fence
-	Response Response
+	Fence    Fence    // the claim that owns the record
+	Response Response // what duplicates are answered with
 }
 
 // TxState is how a handler left its route's transaction.
