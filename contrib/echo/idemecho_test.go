@@ -15,6 +15,9 @@ import (
 )
 
 func created(c echo.Context) error {
+	if _, ok := idempotency.KeyFromContext(c.Request().Context()); !ok && c.Request().Header.Get(idempotency.HeaderKey) != "" {
+		return errors.New("the key did not reach the handler")
+	}
 	c.Response().Header().Set("Location", c.Request().URL.Path+"/7")
 	return c.JSON(http.StatusCreated, map[string]any{"id": 7, "account": c.Param("id")})
 }
@@ -74,6 +77,10 @@ func TestEcho(t *testing.T) {
 	_, rec, first := kit.RoundTrip(t, srv, "POST", "/accounts/a1/orders", `{"qty":1}`)
 	if first.Status != http.StatusCreated || rec.Endpoint != "POST /accounts/:id/orders" {
 		t.Errorf("status %d endpoint %q", first.Status, rec.Endpoint)
+	}
+	// Without a key: passed through, nothing recorded.
+	if before, got := kit.Rows(t), routertest.Send(t, srv, "POST", "/accounts/a1/orders", "", `{}`); got.Status != http.StatusCreated || string(got.Body) == "" || kit.Rows(t) != before {
+		t.Errorf("unkeyed: %d %q, rows %d -> %d", got.Status, got.Body, before, kit.Rows(t))
 	}
 	// A returned HTTPError is rendered inside the middleware: recorded and
 	// replayed as the client saw it, never as 200 with an empty body.

@@ -20,6 +20,10 @@ func TestMain(m *testing.M) {
 }
 
 func created(c *gin.Context) {
+	if _, ok := idempotency.KeyFromContext(c.Request.Context()); !ok && c.GetHeader(idempotency.HeaderKey) != "" {
+		c.AbortWithStatus(http.StatusInternalServerError) // the key must reach the handler
+		return
+	}
 	c.Header("Location", c.Request.URL.Path+"/7")
 	c.JSON(http.StatusCreated, gin.H{"id": 7, "account": c.Param("id")})
 }
@@ -62,8 +66,12 @@ func TestGin(t *testing.T) {
 	if first.Status != http.StatusCreated || rec.Endpoint != "POST /accounts/:id/orders" {
 		t.Errorf("status %d endpoint %q", first.Status, rec.Endpoint)
 	}
-	if n := calls.Load(); n != 1 {
-		t.Errorf("the handlers ran %d times for one key", n)
+	// Without a key: passed through, nothing recorded.
+	if before, got := kit.Rows(t), routertest.Send(t, srv, "POST", "/accounts/a1/orders", "", `{}`); got.Status != http.StatusCreated || string(got.Body) == "" || kit.Rows(t) != before {
+		t.Errorf("unkeyed: %d %q, rows %d -> %d", got.Status, got.Body, before, kit.Rows(t))
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("the handlers ran %d times for one key and one unkeyed request", n)
 	}
 	// Abort puts its status through the recorder: the client sees it only
 	// after it is recorded, and the replay is the same.
