@@ -40,12 +40,13 @@ func Middleware(mw func(http.Handler) http.Handler) echo.MiddlewareFunc {
 			if nextUnrouted || isEchoHandler(c.Handler()) {
 				return next(c)
 			}
-			orig := c.Response()
+			orig, origReq := c.Response(), c.Request()
 			// Restored even when the handler panics, so a recovery
-			// middleware outside writes to the client, not the recorder.
-			defer c.SetResponse(orig)
-			r := c.Request()
-			r = r.WithContext(context.WithValue(r.Context(), pathKey{}, c.Path()))
+			// middleware outside writes to the client, not the recorder,
+			// and middlewares outside never see the handler's context,
+			// whose deadline is cancelled once the handler returns.
+			defer func() { c.SetResponse(orig); c.SetRequest(origReq) }()
+			r := origReq.WithContext(context.WithValue(origReq.Context(), pathKey{}, c.Path()))
 			mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				c.SetRequest(r)
 				c.SetResponse(echo.NewResponse(w, c.Echo()))

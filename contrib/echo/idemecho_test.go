@@ -2,9 +2,11 @@ package idemecho_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idempotency"
@@ -64,6 +66,16 @@ func TestEcho(t *testing.T) {
 
 	e := newEcho()
 	e.Use(quietRecover())
+	// An outer middleware, like a logger, sees the status the client got
+	// and a live request context.
+	var outer atomic.Value
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			err := next(c)
+			outer.Store(fmt.Sprint(c.Response().Status, " ", c.Request().Context().Err()))
+			return err
+		}
+	})
 	g := e.Group("/accounts/:id", orders)
 	g.POST("/orders", created)
 	g.POST("/rejects", rejected)
@@ -77,6 +89,10 @@ func TestEcho(t *testing.T) {
 	_, rec, first := kit.RoundTrip(t, srv, "POST", "/accounts/a1/orders", `{"qty":1}`)
 	if first.Status != http.StatusCreated || rec.Endpoint != "POST /accounts/:id/orders" {
 		t.Errorf("status %d endpoint %q", first.Status, rec.Endpoint)
+	}
+	routertest.Send(t, srv, "POST", "/accounts/a1/orders", routertest.Key(), `{}`) // a miss: the handler ran
+	if got := outer.Load(); got != "201 <nil>" {
+		t.Errorf("an outer middleware saw %q, want 201 and a live context", got)
 	}
 	// Without a key: passed through, nothing recorded.
 	if before, got := kit.Rows(t), routertest.Send(t, srv, "POST", "/accounts/a1/orders", "", `{}`); got.Status != http.StatusCreated || string(got.Body) == "" || kit.Rows(t) != before {

@@ -1,6 +1,7 @@
 package idemgin_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -51,6 +52,13 @@ func TestGin(t *testing.T) {
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
 	e.Use(recovery())
+	// An outer middleware, like a logger, sees the status the client got
+	// and a live request context.
+	var outer atomic.Value
+	e.Use(func(c *gin.Context) {
+		c.Next()
+		outer.Store(fmt.Sprint(c.Writer.Status(), " ", c.Request.Context().Err()))
+	})
 	g := e.Group("/accounts/:id", orders, count)
 	g.POST("/orders", created)
 	g.POST("/aborts", func(c *gin.Context) { c.AbortWithStatus(http.StatusConflict) })
@@ -66,12 +74,16 @@ func TestGin(t *testing.T) {
 	if first.Status != http.StatusCreated || rec.Endpoint != "POST /accounts/:id/orders" {
 		t.Errorf("status %d endpoint %q", first.Status, rec.Endpoint)
 	}
+	routertest.Send(t, srv, "POST", "/accounts/a1/orders", routertest.Key(), `{}`) // a miss: the handler ran
+	if got := outer.Load(); got != "201 <nil>" {
+		t.Errorf("an outer middleware saw %q, want 201 and a live context", got)
+	}
 	// Without a key: passed through, nothing recorded.
 	if before, got := kit.Rows(t), routertest.Send(t, srv, "POST", "/accounts/a1/orders", "", `{}`); got.Status != http.StatusCreated || string(got.Body) == "" || kit.Rows(t) != before {
 		t.Errorf("unkeyed: %d %q, rows %d -> %d", got.Status, got.Body, before, kit.Rows(t))
 	}
-	if n := calls.Load(); n != 2 {
-		t.Errorf("the handlers ran %d times for one key and one unkeyed request", n)
+	if n := calls.Load(); n != 3 {
+		t.Errorf("the handlers ran %d times for two keys and one unkeyed request", n)
 	}
 	// Abort puts its status through the recorder: the client sees it only
 	// after it is recorded, and the replay is the same.
