@@ -11,7 +11,7 @@
 // 200. Middleware renders a returned error inside the idempotency
 // middleware, through echo's HTTPErrorHandler, so it is recorded (and a
 // 5xx fails the key and rolls a transaction back) like any response, and
-// restores echo's own response afterwards.
+// restores echo's own response and request afterwards.
 package idemecho
 
 import (

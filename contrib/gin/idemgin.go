@@ -11,7 +11,7 @@
 // own 404 and 405 run through it and are written after it returns.
 // Middleware hands the handlers a complete gin.ResponseWriter over the
 // idempotency middleware's writer, aborts the chain when the handlers did
-// not run, restores gin's writer afterwards (also on a panic, for a
+// not run, restores gin's writer and request afterwards (also on a panic, for a
 // recovery middleware outside), and passes unmatched routes through.
 package idemgin
 
