@@ -15,32 +15,42 @@ import (
 // request is one request on its way through a route: what the route knows
 // of it so far, computed once and handed from step to step.
 type request struct {
-	rt    *route
-	m     *Middleware
-	w     http.ResponseWriter
-	r     *http.Request
-	label string // the metrics label: a route name or pattern, never a raw path
+	rt *route
+	m  *Middleware
+	w  http.ResponseWriter
+	r  *http.Request
+	// Set by name, once a step needs them:
+	endpoint string // the key's scope_endpoint
+	label    string // the metrics label: a route name or pattern, never a raw path
 	// Set by admit, for a keyed request:
-	endpoint string        // the key's scope_endpoint
-	claim    ClaimRequest  // key, scope, endpoint, request hash, TTL, lease
-	rm       *routeMetrics // the label's counters
+	claim ClaimRequest  // key, scope, endpoint, request hash, TTL, lease
+	rm    *routeMetrics // the label's counters
 }
 
 func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) *request {
-	rq := &request{rt: rt, m: rt.m, w: w, r: r}
-	rq.endpoint, rq.label = rt.endpoint(r)
-	return rq
+	return &request{rt: rt, m: rt.m, w: w, r: r}
 }
 
 // endpoint returns the key's scope_endpoint and the metrics label.
 func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
-	switch {
-	case rt.name != "":
-		return rt.name, rt.name
-	case r.Pattern != "":
-		return r.Pattern, r.Pattern
-	default:
+	name := rt.name
+	if name == "" && rt.m.cfg.RouteName != nil {
+		name = rt.m.cfg.RouteName(r)
+	}
+	if name == "" {
+		name = r.Pattern
+	}
+	if name == "" {
 		return r.Method + " " + r.URL.EscapedPath(), unnamedEndpoint
+	}
+	return name, name
+}
+
+// name computes the request's endpoint and label, once, when a step needs
+// them: a request passed through untouched never asks Config.RouteName.
+func (rq *request) name() {
+	if rq.label == "" {
+		rq.endpoint, rq.label = rq.rt.endpoint(rq.r)
 	}
 }
 

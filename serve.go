@@ -32,17 +32,20 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // key on an optional route) or refused it (400, 413).
 func (rq *request) admit() bool {
 	if !rq.m.cfg.Enabled(rq.r) {
+		rq.name()
 		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonDisabled).Inc()
 		rq.passThrough()
 		return false
 	}
 	key, present, ok := headerKey(rq.r)
-	switch {
-	case !present && rq.rt.requireKey:
-		rq.answer(answerMissingKey)
-		return false
-	case !present:
+	if !present && !rq.rt.requireKey {
 		rq.passThrough()
+		return false
+	}
+	rq.name()
+	switch {
+	case !present:
+		rq.answer(answerMissingKey)
 		return false
 	case !ok:
 		rq.answer(answerInvalidKey)
@@ -127,5 +130,6 @@ func (rq *request) passThrough() {
 		rq.rt.next.ServeHTTP(rq.w, rq.r)
 		return
 	}
+	rq.name()
 	rq.run(nil, time.Time{})
 }
