@@ -186,22 +186,11 @@ func benchMiddleware(b *testing.B, pool *pgxpool.Pool) http.Handler {
 type client struct {
 	r    *http.Request
 	body strings.Reader
-	w    statusWriter
+	w    discardWriter
 }
-
-type statusWriter struct {
-	h    http.Header
-	code int
-}
-
-func (s *statusWriter) Header() http.Header { return s.h }
-
-func (s *statusWriter) Write(p []byte) (int, error) { return len(p), nil }
-
-func (s *statusWriter) WriteHeader(code int) { s.code = code }
 
 func newClient() *client {
-	c := &client{r: httptest.NewRequest("POST", "/api/trading/orders", nil), w: statusWriter{h: http.Header{}}}
+	c := &client{r: httptest.NewRequest("POST", "/api/trading/orders", nil), w: discardWriter{h: http.Header{}}}
 	c.r.ContentLength = int64(len(benchOrder))
 	return c
 }

@@ -1,6 +1,6 @@
 // Command pgbenchsql writes pgbench scripts that run the library's own claim
 // and complete statements, read from the pgClaimSQL and pgCompleteSQL
-// constants of store_pg.go (so the scripts follow the library's SQL), with
+// constants of store_pg_sql.go (so the scripts follow the library's SQL), with
 // their $n parameters turned into pgbench variables. Run the scripts with
 // pgbench -M prepared, which sends the variables as parameters, and these
 // -D variables: scope, endpoint, hash, ttl, lease, body, headers (and
@@ -85,7 +85,7 @@ func summarizeLogs(dir, mode string, clients int, tps float64, failed int64) err
 }
 
 func main() {
-	src := flag.String("src", "store_pg.go", "the library's store_pg.go")
+	src := flag.String("src", "store_pg_sql.go", "the library's store_pg_sql.go")
 	example := flag.String("example", "examples/server/postgres.go", "the example server's postgres.go")
 	out := flag.String("out", ".", "directory to write the scripts into")
 	summarize := flag.Bool("summarize", false, "summarize pgbench -l logs instead of writing scripts")
