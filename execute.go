@@ -13,7 +13,7 @@ import (
 // or unclaimed on a transactional route, which gives every request its
 // transaction. It is the only code that runs the handler into a buffer.
 type execution struct {
-	*request
+	request  // a copy: the run may change its request (the key in its context)
 	owned    bool
 	fence    Fence     // owned: the claim's fence
 	leaseEnd time.Time // owned: the end of the claim's lease
@@ -31,10 +31,10 @@ func (rq *request) execute(own Record, claimedAt time.Time) {
 // run runs the handler, for the claim own (nil: unclaimed) made at
 // claimedAt: transaction, deadline, buffer, panic, classify, settle.
 func (rq *request) run(own *Record, claimedAt time.Time) {
-	x := &execution{request: rq}
+	x := &execution{request: *rq}
 	if own != nil {
 		x.owned, x.fence, x.leaseEnd = true, own.Fence(), claimedAt.Add(rq.m.cfg.Lease)
-		rq.r = rq.withKey()
+		x.r = x.withKey()
 	}
 	if rq.rt.txStore != nil && !x.begin() {
 		return
@@ -53,7 +53,7 @@ func (rq *request) run(own *Record, claimedAt time.Time) {
 			x.panicked(recover())
 		}
 	}()
-	rq.rt.next.ServeHTTP(x.buf, rq.r.WithContext(ctx))
+	rq.rt.next.ServeHTTP(x.buf, x.r.WithContext(ctx))
 	finished = true
 	cancel()
 	x.conclude()

@@ -27,8 +27,8 @@ type request struct {
 	rm    *routeMetrics // the label's counters
 }
 
-func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) *request {
-	return &request{rt: rt, m: rt.m, w: w, r: r}
+func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) request {
+	return request{rt: rt, m: rt.m, w: w, r: r}
 }
 
 // endpoint returns the key's scope_endpoint and the metrics label.
