@@ -87,157 +87,175 @@ func runFinish(t *testing.T, setup setupFunc) {
 			})
 		}
 
-		t.Run("StoresAndReturnsCopies", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			rec := MustClaim(t, s, req)
-			want := idempotency.Response{
-				Status:   201,
-				Header:   http.Header{"Content-Type": {"text/plain"}, "X-Multi": {"a", "b"}},
-				Body:     []byte("hello"),
-				BodyKind: idempotency.BodyRaw,
-			}
-			// The caller's buffers, reused after Complete returns.
-			resp := idempotency.Response{Status: want.Status, Header: want.Header.Clone(), Body: bytes.Clone(want.Body), BodyKind: want.BodyKind}
-			if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			copy(resp.Body, "HELLO")
-			resp.Header["X-Multi"][0] = "z"
-			resp.Header.Set("Content-Type", "image/png")
-			resp.Header.Set("X-Added", "1")
+		t.Run("StoresAndReturnsCopies", func(t *testing.T) { completeStoresAndReturnsCopies(t, setup) })
 
-			got := Read(t, s, req)
-			if d := diffResponse(got.Response, want); d != "" {
-				t.Fatalf("after the caller reused its buffers: %s", d)
-			}
-			// Records handed out are copies too.
-			scribble(got.Response)
-			if d := diffResponse(Read(t, s, req).Response, want); d != "" {
-				t.Fatalf("after a Claim's record was modified: %s", d)
-			}
-			recs, err := s.ExportScope(ctx, req.Scope)
-			if err != nil || len(recs) != 1 {
-				t.Fatalf("ExportScope: %d records, err %v; want 1", len(recs), err)
-			}
-			scribble(recs[0].Response)
-			if d := diffResponse(Read(t, s, req).Response, want); d != "" {
-				t.Fatalf("after an exported record was modified: %s", d)
-			}
-		})
-
-		t.Run("SecondCompleteIsNotOwner", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			rec := MustClaim(t, s, req)
-			first := jsonResponse()
-			if err := s.Complete(ctx, rec.Fence(), first); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			want := rec
-			want.Status = idempotency.StatusCompleted
-			want.Response = first
-
-			wantNotOwner(t, "second Complete", s.Complete(ctx, rec.Fence(), rawResponse([]byte("second"))))
-			wantNotOwner(t, "Fail after Complete", s.Fail(ctx, rec.Fence()))
-			wantNotOwner(t, "Release after Complete", s.Release(ctx, rec.Fence()))
-			sameRecord(t, "completed row", Read(t, s, req), want)
-		})
+		t.Run("SecondCompleteIsNotOwner", func(t *testing.T) { completeSecondCompleteIsNotOwner(t, setup) })
 	})
 
 	t.Run("Fail", func(t *testing.T) {
 		t.Parallel()
 
-		t.Run("MarksFailed", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			rec := MustClaim(t, s, req)
-			if err := s.Fail(ctx, rec.Fence()); err != nil {
-				t.Fatalf("Fail: %v", err)
-			}
-			want := rec
-			want.Status = idempotency.StatusFailed
-			sameRecord(t, "failed row", Read(t, s, req), want)
-
-			wantNotOwner(t, "Complete after Fail", s.Complete(ctx, rec.Fence(), jsonResponse()))
-			wantNotOwner(t, "second Fail", s.Fail(ctx, rec.Fence()))
-			wantNotOwner(t, "Release after Fail", s.Release(ctx, rec.Fence()))
-			sameRecord(t, "failed row after the refused calls", Read(t, s, req), want)
-		})
+		t.Run("MarksFailed", func(t *testing.T) { failMarksFailed(t, setup) })
 	})
 
 	t.Run("Release", func(t *testing.T) {
 		t.Parallel()
 
-		t.Run("NewClaimWins", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			old := MustClaim(t, s, req)
-			if err := s.Release(ctx, old.Fence()); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
-			again := req
-			again.RequestHash = HashOf("the retry's body")
-			rec := MustClaim(t, s, again)
-			checkFresh(t, rec, again, 1)
-			// A reused id would let the old owner's fence match the new row.
-			if rec.ID == old.ID {
-				t.Fatalf("the claim after Release reused row id %d", rec.ID)
-			}
-
-			wantNotOwner(t, "Complete by the released owner", s.Complete(ctx, old.Fence(), jsonResponse()))
-			wantNotOwner(t, "Fail by the released owner", s.Fail(ctx, old.Fence()))
-			wantNotOwner(t, "Release by the released owner", s.Release(ctx, old.Fence()))
-			sameRecord(t, "new row", Read(t, s, again), rec)
-		})
+		t.Run("NewClaimWins", func(t *testing.T) { releaseNewClaimWins(t, setup) })
 	})
 
 	t.Run("Fence", func(t *testing.T) {
 		t.Parallel()
 
-		t.Run("WrongFenceIsNotOwner", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			rec := MustClaim(t, s, req)
-			f := rec.Fence()
-			wrong := []idempotency.Fence{
-				{ID: f.ID, Attempt: f.Attempt + 1},
-				{ID: f.ID, Attempt: f.Attempt - 1},
-				{ID: f.ID + 1<<20, Attempt: f.Attempt},
-				{},
-			}
-			for _, w := range wrong {
-				wantNotOwner(t, fmt.Sprintf("Complete with fence %+v", w), s.Complete(ctx, w, jsonResponse()))
-				wantNotOwner(t, fmt.Sprintf("Fail with fence %+v", w), s.Fail(ctx, w))
-				wantNotOwner(t, fmt.Sprintf("Release with fence %+v", w), s.Release(ctx, w))
-			}
-			sameRecord(t, "row after the refused calls", Read(t, s, req), rec)
+		t.Run("WrongFenceIsNotOwner", func(t *testing.T) { fenceWrongFenceIsNotOwner(t, setup) })
 
-			// The right fence still owns it.
-			if err := s.Complete(ctx, f, jsonResponse()); err != nil {
-				t.Fatalf("Complete with the owner's fence: %v", err)
-			}
-		})
-
-		t.Run("GoneRowIsNotOwner", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			rec := MustClaim(t, s, req)
-			if err := s.Release(ctx, rec.Fence()); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
-			wantNotOwner(t, "Complete of a released row", s.Complete(ctx, rec.Fence(), jsonResponse()))
-			wantNotOwner(t, "Fail of a released row", s.Fail(ctx, rec.Fence()))
-			wantNotOwner(t, "Release of a released row", s.Release(ctx, rec.Fence()))
-			// None of them brought the row back.
-			recs, err := s.ExportScope(ctx, req.Scope)
-			if err != nil {
-				t.Fatalf("ExportScope: %v", err)
-			}
-			if len(recs) != 0 {
-				t.Fatalf("ExportScope after Release: %d records, want 0: %+v", len(recs), recs)
-			}
-			checkFresh(t, MustClaim(t, s, req), req, 1)
-		})
+		t.Run("GoneRowIsNotOwner", func(t *testing.T) { fenceGoneRowIsNotOwner(t, setup) })
 	})
+}
+
+// completeStoresAndReturnsCopies is the subtest Complete/StoresAndReturnsCopies.
+func completeStoresAndReturnsCopies(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	want := idempotency.Response{
+		Status:   201,
+		Header:   http.Header{"Content-Type": {"text/plain"}, "X-Multi": {"a", "b"}},
+		Body:     []byte("hello"),
+		BodyKind: idempotency.BodyRaw,
+	}
+	// The caller's buffers, reused after Complete returns.
+	resp := idempotency.Response{Status: want.Status, Header: want.Header.Clone(), Body: bytes.Clone(want.Body), BodyKind: want.BodyKind}
+	if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	copy(resp.Body, "HELLO")
+	resp.Header["X-Multi"][0] = "z"
+	resp.Header.Set("Content-Type", "image/png")
+	resp.Header.Set("X-Added", "1")
+
+	got := Read(t, s, req)
+	if d := diffResponse(got.Response, want); d != "" {
+		t.Fatalf("after the caller reused its buffers: %s", d)
+	}
+	// Records handed out are copies too.
+	scribble(got.Response)
+	if d := diffResponse(Read(t, s, req).Response, want); d != "" {
+		t.Fatalf("after a Claim's record was modified: %s", d)
+	}
+	recs, err := s.ExportScope(ctx, req.Scope)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("ExportScope: %d records, err %v; want 1", len(recs), err)
+	}
+	scribble(recs[0].Response)
+	if d := diffResponse(Read(t, s, req).Response, want); d != "" {
+		t.Fatalf("after an exported record was modified: %s", d)
+	}
+}
+
+// completeSecondCompleteIsNotOwner is the subtest Complete/SecondCompleteIsNotOwner.
+func completeSecondCompleteIsNotOwner(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	first := jsonResponse()
+	if err := s.Complete(ctx, rec.Fence(), first); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	want := rec
+	want.Status = idempotency.StatusCompleted
+	want.Response = first
+
+	wantNotOwner(t, "second Complete", s.Complete(ctx, rec.Fence(), rawResponse([]byte("second"))))
+	wantNotOwner(t, "Fail after Complete", s.Fail(ctx, rec.Fence()))
+	wantNotOwner(t, "Release after Complete", s.Release(ctx, rec.Fence()))
+	sameRecord(t, "completed row", Read(t, s, req), want)
+}
+
+// failMarksFailed is the subtest Fail/MarksFailed.
+func failMarksFailed(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	if err := s.Fail(ctx, rec.Fence()); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	want := rec
+	want.Status = idempotency.StatusFailed
+	sameRecord(t, "failed row", Read(t, s, req), want)
+
+	wantNotOwner(t, "Complete after Fail", s.Complete(ctx, rec.Fence(), jsonResponse()))
+	wantNotOwner(t, "second Fail", s.Fail(ctx, rec.Fence()))
+	wantNotOwner(t, "Release after Fail", s.Release(ctx, rec.Fence()))
+	sameRecord(t, "failed row after the refused calls", Read(t, s, req), want)
+}
+
+// releaseNewClaimWins is the subtest Release/NewClaimWins.
+func releaseNewClaimWins(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	old := MustClaim(t, s, req)
+	if err := s.Release(ctx, old.Fence()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	again := req
+	again.RequestHash = HashOf("the retry's body")
+	rec := MustClaim(t, s, again)
+	checkFresh(t, rec, again, 1)
+	// A reused id would let the old owner's fence match the new row.
+	if rec.ID == old.ID {
+		t.Fatalf("the claim after Release reused row id %d", rec.ID)
+	}
+
+	wantNotOwner(t, "Complete by the released owner", s.Complete(ctx, old.Fence(), jsonResponse()))
+	wantNotOwner(t, "Fail by the released owner", s.Fail(ctx, old.Fence()))
+	wantNotOwner(t, "Release by the released owner", s.Release(ctx, old.Fence()))
+	sameRecord(t, "new row", Read(t, s, again), rec)
+}
+
+// fenceWrongFenceIsNotOwner is the subtest Fence/WrongFenceIsNotOwner.
+func fenceWrongFenceIsNotOwner(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	f := rec.Fence()
+	wrong := []idempotency.Fence{
+		{ID: f.ID, Attempt: f.Attempt + 1},
+		{ID: f.ID, Attempt: f.Attempt - 1},
+		{ID: f.ID + 1<<20, Attempt: f.Attempt},
+		{},
+	}
+	for _, w := range wrong {
+		wantNotOwner(t, fmt.Sprintf("Complete with fence %+v", w), s.Complete(ctx, w, jsonResponse()))
+		wantNotOwner(t, fmt.Sprintf("Fail with fence %+v", w), s.Fail(ctx, w))
+		wantNotOwner(t, fmt.Sprintf("Release with fence %+v", w), s.Release(ctx, w))
+	}
+	sameRecord(t, "row after the refused calls", Read(t, s, req), rec)
+
+	// The right fence still owns it.
+	if err := s.Complete(ctx, f, jsonResponse()); err != nil {
+		t.Fatalf("Complete with the owner's fence: %v", err)
+	}
+}
+
+// fenceGoneRowIsNotOwner is the subtest Fence/GoneRowIsNotOwner.
+func fenceGoneRowIsNotOwner(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	if err := s.Release(ctx, rec.Fence()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	wantNotOwner(t, "Complete of a released row", s.Complete(ctx, rec.Fence(), jsonResponse()))
+	wantNotOwner(t, "Fail of a released row", s.Fail(ctx, rec.Fence()))
+	wantNotOwner(t, "Release of a released row", s.Release(ctx, rec.Fence()))
+	// None of them brought the row back.
+	recs, err := s.ExportScope(ctx, req.Scope)
+	if err != nil {
+		t.Fatalf("ExportScope: %v", err)
+	}
+	if len(recs) != 0 {
+		t.Fatalf("ExportScope after Release: %d records, want 0: %+v", len(recs), recs)
+	}
+	checkFresh(t, MustClaim(t, s, req), req, 1)
 }

@@ -70,154 +70,25 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			})
 		}
 
-		t.Run("NotWhileUnexpired", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.Lease = tiny
-			rec := MustClaim(t, s, req)
-			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			rec = Read(t, s, req)
-			next := req
-			next.RequestHash = HashOf("other")
-			takeover.lost(t, s, rec.Fence(), next, "of an unexpired row")
-			sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
-		})
+		t.Run("NotWhileUnexpired", func(t *testing.T) { takeoverNotWhileUnexpired(t, setup) })
 
-		t.Run("NotWhileInFlightLeaseRuns", func(t *testing.T) {
-			// Instances that disagree on TTL and lease can leave an expired
-			// row whose owner's lease still runs: its owner keeps it.
-			s, _ := setup(t)
-			req := newRequest("user-1")
-			req.TTL = tiny
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "expired", isExpired)
-			if rec.LeaseOver {
-				t.Fatal("lease over too early: the test needs a long lease")
-			}
-			next := req
-			next.RequestHash = HashOf("other")
-			takeover.lost(t, s, rec.Fence(), next, "of an in-flight row inside its lease")
-			sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
-		})
+		t.Run("NotWhileInFlightLeaseRuns", func(t *testing.T) { takeoverNotWhileInFlightLeaseRuns(t, setup) })
 
 		takeover.runShared(t, setup)
 
-		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.TTL, req.Lease = tiny, tiny
-			rec := MustClaim(t, s, req)
-			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			rec = WaitFor(t, s, req, "expired", isExpired)
-
-			hashes := make([]string, racers)
-			winner, won := takeover.race(t, s, rec.Fence(), func(i int) idempotency.ClaimRequest {
-				next := req
-				next.TTL = longTTL
-				next.RequestHash = HashOf(req.Key, fmt.Sprint(i))
-				hashes[i] = next.RequestHash
-				return next
-			})
-			if won.Attempt != 2 || won.RequestHash != hashes[winner] {
-				t.Errorf("winner's record: attempt %d hash %q, want 2 and %q", won.Attempt, won.RequestHash, hashes[winner])
-			}
-			sameRecord(t, "row after the race", Read(t, s, req), won)
-		})
+		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) { takeoverOneWinnerAmongManyGoroutines(t, setup) })
 	})
 
 	t.Run("Reclaim", func(t *testing.T) {
 		t.Parallel()
 
-		t.Run("InFlightLeaseOverIsReclaimed", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.Lease, req.Reclaimable = tiny, true
-			MustClaim(t, s, req)
-			old := WaitFor(t, s, req, "lease over", isLeaseOver)
-			if old.Expired {
-				t.Fatalf("row with a TTL of %v is Expired", req.TTL)
-			}
+		t.Run("InFlightLeaseOverIsReclaimed", func(t *testing.T) { reclaimInFlightLeaseOverIsReclaimed(t, setup) })
 
-			again := req
-			again.Lease = longLease
-			again.TTL = req.TTL + time.Hour // later than the row's expiry: it moves
-			res, err := s.Reclaim(ctx, old.Fence(), again)
-			if err != nil {
-				t.Fatalf("Reclaim: %v", err)
-			}
-			if !res.Won {
-				t.Fatalf("Reclaim of an in_flight row whose lease is over: Won = false, want true")
-			}
-			rec := res.Record
-			// Only the attempt, the lease and the expiry change.
-			want := old
-			want.Attempt = old.Attempt + 1
-			want.LockedAt, want.LockedUntil, want.ExpiresAt = rec.LockedAt, rec.LockedUntil, rec.ExpiresAt
-			sameRecord(t, "reclaimed record", rec, want)
-			if !rec.LockedAt.After(old.LockedAt) {
-				t.Errorf("Reclaim: LockedAt %v, want after the old %v", rec.LockedAt, old.LockedAt)
-			}
-			checkDuration(t, "LockedUntil - LockedAt", rec.LockedUntil.Sub(rec.LockedAt), again.Lease)
-			checkDuration(t, "ExpiresAt - LockedAt", rec.ExpiresAt.Sub(rec.LockedAt), again.TTL)
-			if rec.LeaseOver || rec.Expired {
-				t.Errorf("reclaimed record: LeaseOver %v Expired %v, want both false", rec.LeaseOver, rec.Expired)
-			}
-			sameRecord(t, "row after the reclaim", Read(t, s, req), rec)
+		t.Run("ExpiryNeverMovesEarlier", func(t *testing.T) { reclaimExpiryNeverMovesEarlier(t, setup) })
 
-			wantNotOwner(t, "Complete by the stale owner", s.Complete(ctx, old.Fence(), jsonResponse()))
-			wantNotOwner(t, "Release by the stale owner", s.Release(ctx, old.Fence()))
-			sameRecord(t, "row after the stale owner's calls", Read(t, s, req), rec)
-			if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
-				t.Fatalf("Complete by the reclaimer: %v", err)
-			}
-		})
+		t.Run("NotUnlessClaimedReclaimable", func(t *testing.T) { reclaimNotUnlessClaimedReclaimable(t, setup) })
 
-		t.Run("ExpiryNeverMovesEarlier", func(t *testing.T) {
-			s, ctx := setup(t)
-			req := newRequest("user-1")
-			req.Lease, req.Reclaimable = tiny, true
-			MustClaim(t, s, req)
-			old := WaitFor(t, s, req, "lease over", isLeaseOver)
-			again := req
-			again.TTL = time.Minute // ends before the row's expiry
-			res, err := s.Reclaim(ctx, old.Fence(), again)
-			if err != nil || !res.Won {
-				t.Fatalf("Reclaim: won %v, err %v; want a win", res.Won, err)
-			}
-			if !res.Record.ExpiresAt.Equal(old.ExpiresAt) {
-				t.Errorf("Reclaim with a shorter TTL: ExpiresAt %v, want the row's %v kept", res.Record.ExpiresAt, old.ExpiresAt)
-			}
-		})
-
-		t.Run("NotUnlessClaimedReclaimable", func(t *testing.T) {
-			// A row claimed by a non-transactional route: its owner's
-			// effects did not roll back, so it is never reclaimed.
-			s, _ := setup(t)
-			req := newRequest("user-1")
-			req.Lease = tiny
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "lease over", func(r idempotency.Record) bool { return r.LeaseOver })
-			if rec.Reclaimable {
-				t.Fatal("a row claimed without Reclaimable reads back reclaimable")
-			}
-			res, err := s.Reclaim(context.Background(), rec.Fence(), req)
-			if err != nil || res.Won {
-				t.Fatalf("Reclaim of a non-reclaimable row: won %v, err %v; want a loss", res.Won, err)
-			}
-			sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
-		})
-
-		t.Run("NotWhileLeaseRuns", func(t *testing.T) {
-			s, _ := setup(t)
-			req := newRequest("user-1")
-			rec := MustClaim(t, s, req)
-			reclaim.lost(t, s, rec.Fence(), req, "while the lease runs")
-			sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
-		})
+		t.Run("NotWhileLeaseRuns", func(t *testing.T) { reclaimNotWhileLeaseRuns(t, setup) })
 
 		finishes := []struct {
 			name   string
@@ -250,49 +121,15 @@ func runTakeover(t *testing.T, setup setupFunc) {
 
 		reclaim.runShared(t, setup)
 
-		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) {
-			s, _ := setup(t)
-			req := newRequest("user-1")
-			req.Lease, req.Reclaimable = tiny, true
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
-
-			_, won := reclaim.race(t, s, rec.Fence(), func(int) idempotency.ClaimRequest {
-				again := req
-				again.Lease = longLease
-				return again
-			})
-			if won.Attempt != 2 || won.Status != idempotency.StatusInFlight {
-				t.Errorf("winner's record: attempt %d status %q, want 2 in_flight", won.Attempt, won.Status)
-			}
-			sameRecord(t, "row after the race", Read(t, s, req), won)
-		})
+		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) { reclaimOneWinnerAmongManyGoroutines(t, setup) })
 	})
 
 	t.Run("Flags", func(t *testing.T) {
 		t.Parallel()
 
-		t.Run("LeaseOverWithoutExpiry", func(t *testing.T) {
-			s, _ := setup(t)
-			req := newRequest("user-1")
-			req.Lease = tiny
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "lease over", isLeaseOver)
-			if rec.Expired {
-				t.Errorf("row with TTL %v and lease %v: Expired = true, want false", req.TTL, req.Lease)
-			}
-		})
+		t.Run("LeaseOverWithoutExpiry", func(t *testing.T) { flagsLeaseOverWithoutExpiry(t, setup) })
 
-		t.Run("ExpiryWithoutLeaseOver", func(t *testing.T) {
-			s, _ := setup(t)
-			req := newRequest("user-1")
-			req.TTL = tiny
-			MustClaim(t, s, req)
-			rec := WaitFor(t, s, req, "expired", isExpired)
-			if rec.LeaseOver {
-				t.Errorf("row with TTL %v and lease %v: LeaseOver = true, want false", req.TTL, req.Lease)
-			}
-		})
+		t.Run("ExpiryWithoutLeaseOver", func(t *testing.T) { flagsExpiryWithoutLeaseOver(t, setup) })
 	})
 }
 
@@ -400,4 +237,197 @@ func (op reuse) race(t *testing.T, s idempotency.Store, f idempotency.Fence,
 	})
 	winner := onlyWinner(t, results)
 	return winner, results[winner].Record
+}
+
+// takeoverNotWhileUnexpired is the subtest Takeover/NotWhileUnexpired.
+func takeoverNotWhileUnexpired(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	req.Lease = tiny
+	rec := MustClaim(t, s, req)
+	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec = Read(t, s, req)
+	next := req
+	next.RequestHash = HashOf("other")
+	takeover.lost(t, s, rec.Fence(), next, "of an unexpired row")
+	sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
+}
+
+// takeoverNotWhileInFlightLeaseRuns is the subtest Takeover/NotWhileInFlightLeaseRuns.
+func takeoverNotWhileInFlightLeaseRuns(t *testing.T, setup setupFunc) {
+	// Instances that disagree on TTL and lease can leave an expired
+	// row whose owner's lease still runs: its owner keeps it.
+	s, _ := setup(t)
+	req := newRequest("user-1")
+	req.TTL = tiny
+	MustClaim(t, s, req)
+	rec := WaitFor(t, s, req, "expired", isExpired)
+	if rec.LeaseOver {
+		t.Fatal("lease over too early: the test needs a long lease")
+	}
+	next := req
+	next.RequestHash = HashOf("other")
+	takeover.lost(t, s, rec.Fence(), next, "of an in-flight row inside its lease")
+	sameRecord(t, "row after the refused takeover", Read(t, s, req), rec)
+}
+
+// takeoverOneWinnerAmongManyGoroutines is the subtest Takeover/OneWinnerAmongManyGoroutines.
+func takeoverOneWinnerAmongManyGoroutines(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	req.TTL, req.Lease = tiny, tiny
+	rec := MustClaim(t, s, req)
+	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec = WaitFor(t, s, req, "expired", isExpired)
+
+	hashes := make([]string, racers)
+	winner, won := takeover.race(t, s, rec.Fence(), func(i int) idempotency.ClaimRequest {
+		next := req
+		next.TTL = longTTL
+		next.RequestHash = HashOf(req.Key, fmt.Sprint(i))
+		hashes[i] = next.RequestHash
+		return next
+	})
+	if won.Attempt != 2 || won.RequestHash != hashes[winner] {
+		t.Errorf("winner's record: attempt %d hash %q, want 2 and %q", won.Attempt, won.RequestHash, hashes[winner])
+	}
+	sameRecord(t, "row after the race", Read(t, s, req), won)
+}
+
+// reclaimInFlightLeaseOverIsReclaimed is the subtest Reclaim/InFlightLeaseOverIsReclaimed.
+func reclaimInFlightLeaseOverIsReclaimed(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	req.Lease, req.Reclaimable = tiny, true
+	MustClaim(t, s, req)
+	old := WaitFor(t, s, req, "lease over", isLeaseOver)
+	if old.Expired {
+		t.Fatalf("row with a TTL of %v is Expired", req.TTL)
+	}
+
+	again := req
+	again.Lease = longLease
+	again.TTL = req.TTL + time.Hour // later than the row's expiry: it moves
+	res, err := s.Reclaim(ctx, old.Fence(), again)
+	if err != nil {
+		t.Fatalf("Reclaim: %v", err)
+	}
+	if !res.Won {
+		t.Fatalf("Reclaim of an in_flight row whose lease is over: Won = false, want true")
+	}
+	rec := res.Record
+	// Only the attempt, the lease and the expiry change.
+	want := old
+	want.Attempt = old.Attempt + 1
+	want.LockedAt, want.LockedUntil, want.ExpiresAt = rec.LockedAt, rec.LockedUntil, rec.ExpiresAt
+	sameRecord(t, "reclaimed record", rec, want)
+	if !rec.LockedAt.After(old.LockedAt) {
+		t.Errorf("Reclaim: LockedAt %v, want after the old %v", rec.LockedAt, old.LockedAt)
+	}
+	checkDuration(t, "LockedUntil - LockedAt", rec.LockedUntil.Sub(rec.LockedAt), again.Lease)
+	checkDuration(t, "ExpiresAt - LockedAt", rec.ExpiresAt.Sub(rec.LockedAt), again.TTL)
+	if rec.LeaseOver || rec.Expired {
+		t.Errorf("reclaimed record: LeaseOver %v Expired %v, want both false", rec.LeaseOver, rec.Expired)
+	}
+	sameRecord(t, "row after the reclaim", Read(t, s, req), rec)
+
+	wantNotOwner(t, "Complete by the stale owner", s.Complete(ctx, old.Fence(), jsonResponse()))
+	wantNotOwner(t, "Release by the stale owner", s.Release(ctx, old.Fence()))
+	sameRecord(t, "row after the stale owner's calls", Read(t, s, req), rec)
+	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+		t.Fatalf("Complete by the reclaimer: %v", err)
+	}
+}
+
+// reclaimExpiryNeverMovesEarlier is the subtest Reclaim/ExpiryNeverMovesEarlier.
+func reclaimExpiryNeverMovesEarlier(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	req.Lease, req.Reclaimable = tiny, true
+	MustClaim(t, s, req)
+	old := WaitFor(t, s, req, "lease over", isLeaseOver)
+	again := req
+	again.TTL = time.Minute // ends before the row's expiry
+	res, err := s.Reclaim(ctx, old.Fence(), again)
+	if err != nil || !res.Won {
+		t.Fatalf("Reclaim: won %v, err %v; want a win", res.Won, err)
+	}
+	if !res.Record.ExpiresAt.Equal(old.ExpiresAt) {
+		t.Errorf("Reclaim with a shorter TTL: ExpiresAt %v, want the row's %v kept", res.Record.ExpiresAt, old.ExpiresAt)
+	}
+}
+
+// reclaimNotUnlessClaimedReclaimable is the subtest Reclaim/NotUnlessClaimedReclaimable.
+func reclaimNotUnlessClaimedReclaimable(t *testing.T, setup setupFunc) {
+	// A row claimed by a non-transactional route: its owner's
+	// effects did not roll back, so it is never reclaimed.
+	s, _ := setup(t)
+	req := newRequest("user-1")
+	req.Lease = tiny
+	MustClaim(t, s, req)
+	rec := WaitFor(t, s, req, "lease over", func(r idempotency.Record) bool { return r.LeaseOver })
+	if rec.Reclaimable {
+		t.Fatal("a row claimed without Reclaimable reads back reclaimable")
+	}
+	res, err := s.Reclaim(context.Background(), rec.Fence(), req)
+	if err != nil || res.Won {
+		t.Fatalf("Reclaim of a non-reclaimable row: won %v, err %v; want a loss", res.Won, err)
+	}
+	sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
+}
+
+// reclaimNotWhileLeaseRuns is the subtest Reclaim/NotWhileLeaseRuns.
+func reclaimNotWhileLeaseRuns(t *testing.T, setup setupFunc) {
+	s, _ := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	reclaim.lost(t, s, rec.Fence(), req, "while the lease runs")
+	sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
+}
+
+// reclaimOneWinnerAmongManyGoroutines is the subtest Reclaim/OneWinnerAmongManyGoroutines.
+func reclaimOneWinnerAmongManyGoroutines(t *testing.T, setup setupFunc) {
+	s, _ := setup(t)
+	req := newRequest("user-1")
+	req.Lease, req.Reclaimable = tiny, true
+	MustClaim(t, s, req)
+	rec := WaitFor(t, s, req, "lease over", isLeaseOver)
+
+	_, won := reclaim.race(t, s, rec.Fence(), func(int) idempotency.ClaimRequest {
+		again := req
+		again.Lease = longLease
+		return again
+	})
+	if won.Attempt != 2 || won.Status != idempotency.StatusInFlight {
+		t.Errorf("winner's record: attempt %d status %q, want 2 in_flight", won.Attempt, won.Status)
+	}
+	sameRecord(t, "row after the race", Read(t, s, req), won)
+}
+
+// flagsLeaseOverWithoutExpiry is the subtest Flags/LeaseOverWithoutExpiry.
+func flagsLeaseOverWithoutExpiry(t *testing.T, setup setupFunc) {
+	s, _ := setup(t)
+	req := newRequest("user-1")
+	req.Lease = tiny
+	MustClaim(t, s, req)
+	rec := WaitFor(t, s, req, "lease over", isLeaseOver)
+	if rec.Expired {
+		t.Errorf("row with TTL %v and lease %v: Expired = true, want false", req.TTL, req.Lease)
+	}
+}
+
+// flagsExpiryWithoutLeaseOver is the subtest Flags/ExpiryWithoutLeaseOver.
+func flagsExpiryWithoutLeaseOver(t *testing.T, setup setupFunc) {
+	s, _ := setup(t)
+	req := newRequest("user-1")
+	req.TTL = tiny
+	MustClaim(t, s, req)
+	rec := WaitFor(t, s, req, "expired", isExpired)
+	if rec.LeaseOver {
+		t.Errorf("row with TTL %v and lease %v: LeaseOver = true, want false", req.TTL, req.Lease)
+	}
 }
