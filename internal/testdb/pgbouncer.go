@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/migrations"
 )
 
 // EnvRequirePgBouncer set to 1 turns "no pgbouncer binary" from a skip into
@@ -90,7 +90,7 @@ func NewPgBouncer(tb testing.TB, opts ...Option) *pgxpool.Pool {
 	if err != nil {
 		tb.Fatalf("testdb: open pool: %v", err)
 	}
-	err = idempotency.Migrate(ctx, mpool)
+	err = migrations.Migrate(ctx, mpool)
 	mpool.Close()
 	if err != nil {
 		tb.Fatalf("testdb: migrate database: %v", err)
