@@ -113,7 +113,7 @@ func BenchmarkPostgresReplay(b *testing.B) {
 // does not need to: only id, attempt and won.
 func rawClaim(ctx context.Context, pool *pgxpool.Pool, key string) (id int64, attempt int32, won bool, err error) {
 	rows, err := pool.Query(ctx, idempotency.ClaimSQLForTest, key, "", "orders",
-		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", 24*time.Hour, 30*time.Second)
+		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", 24*time.Hour, 30*time.Second, false, nil)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -141,7 +141,7 @@ func BenchmarkPostgresRawMiss(b *testing.B) {
 				fails.Add(1)
 				continue
 			}
-			if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, 201, orderResponse, nil, orderHeaders); err != nil {
+			if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, "", 201, orderResponse, nil, orderHeaders); err != nil {
 				fails.Add(1)
 			}
 		}
@@ -161,7 +161,7 @@ func BenchmarkPostgresRawReplay(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, 201, orderResponse, nil, orderHeaders); err != nil {
+	if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, "", 201, orderResponse, nil, orderHeaders); err != nil {
 		b.Fatal(err)
 	}
 	var fails atomic.Int64
