@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/idemkit/idempotency"
 )
 
@@ -397,6 +399,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 				{ID: f.ID, Attempt: f.Attempt + 1},
 				{ID: f.ID, Attempt: f.Attempt - 1},
 				{ID: f.ID + 1<<20, Attempt: f.Attempt},
+				{ID: f.ID, Attempt: f.Attempt},                  // no scope
+				{ID: f.ID, Attempt: f.Attempt, Scope: "user-2"}, // another scope
 				{},
 			}
 			for _, w := range wrong {
@@ -432,6 +436,11 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			}
 			checkFresh(t, mustClaim(t, s, req), req, 1)
 		})
+	})
+
+	t.Run("Owner", func(t *testing.T) {
+		t.Parallel()
+		ownerTests(t, setup)
 	})
 
 	t.Run("Takeover", func(t *testing.T) {
@@ -1150,6 +1159,12 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 					"DeleteExpired": func() error { _, err := s.DeleteExpired(done, 100); return err },
 					"DeleteScope":   func() error { _, err := s.DeleteScope(done, req.Scope); return err },
 					"ExportScope":   func() error { _, err := s.ExportScope(done, req.Scope); return err },
+					"ReleaseOwner": func() error {
+						owned := req
+						owned.Owner = uuid.New()
+						_, err := mustOwnerReleaser(t, s).ReleaseOwner(done, owned)
+						return err
+					},
 				}
 				for name, call := range calls {
 					err := call()
@@ -1500,4 +1515,253 @@ func jsonEqual(a, b []byte) bool {
 		return false
 	}
 	return reflect.DeepEqual(x, y)
+}
+
+// ownerTests is the suite's part on owner tokens (ClaimRequest.Owner and
+// idempotency.OwnerReleaser).
+func ownerTests(t *testing.T, setup func(t *testing.T) (idempotency.Store, context.Context)) {
+	t.Run("OwnClaimWinsAgain", func(t *testing.T) {
+		// The claim's reply was lost: the same request claims again and
+		// gets its own row as won, unchanged; anyone else reads it.
+		s, ctx := setup(t)
+		req := ownedRequest("user-1", longTTL, longLease)
+		first := mustClaim(t, s, req)
+		res, err := s.Claim(ctx, req)
+		if err != nil || !res.Won {
+			t.Fatalf("Claim again with the owner token: won %v, %v; want won", res.Won, err)
+		}
+		sameRecord(t, "own claim read again", res.Record, first)
+		if res.Record.Fence() != first.Fence() {
+			t.Errorf("own claim's fence %+v, want %+v", res.Record.Fence(), first.Fence())
+		}
+		other := req
+		other.Owner = uuid.New()
+		if res, err := s.Claim(ctx, other); err != nil || res.Won {
+			t.Errorf("Claim with another owner token: won %v, %v; want lost", res.Won, err)
+		}
+		sameRecord(t, "row read without a token", read(t, s, unowned(req)), first)
+	})
+
+	t.Run("NoTokenNeverOwns", func(t *testing.T) {
+		s, _ := setup(t)
+		req := request("user-1", longTTL, longLease) // no owner
+		first := mustClaim(t, s, req)
+		sameRecord(t, "second claim without a token", read(t, s, req), first)
+	})
+
+	for _, fin := range []struct {
+		name   string
+		finish func(idempotency.Store, context.Context, idempotency.Fence) error
+		status idempotency.Status
+	}{
+		{"Completed", func(s idempotency.Store, ctx context.Context, f idempotency.Fence) error {
+			return s.Complete(ctx, f, jsonResponse())
+		}, idempotency.StatusCompleted},
+		{"Failed", func(s idempotency.Store, ctx context.Context, f idempotency.Fence) error {
+			return s.Fail(ctx, f)
+		}, idempotency.StatusFailed},
+	} {
+		t.Run("Not"+fin.name+"Row", func(t *testing.T) {
+			// A finished row is never won again nor released, even by
+			// its owner: its handler ran.
+			s, ctx := setup(t)
+			req := ownedRequest("user-1", longTTL, longLease)
+			rec := mustClaim(t, s, req)
+			if err := fin.finish(s, ctx, rec.Fence()); err != nil {
+				t.Fatalf("finish: %v", err)
+			}
+			res, err := s.Claim(ctx, req)
+			if err != nil || res.Won || res.Record.Status != fin.status {
+				t.Fatalf("Claim of its own %s row: won %v status %q, %v; want lost, %q", fin.name, res.Won, res.Record.Status, err, fin.status)
+			}
+			released, err := mustOwnerReleaser(t, s).ReleaseOwner(ctx, req)
+			if err != nil || released {
+				t.Fatalf("ReleaseOwner of a %s row: %v, %v; want false", fin.name, released, err)
+			}
+			if got := read(t, s, unowned(req)); got.Status != fin.status {
+				t.Errorf("row after ReleaseOwner: status %q, want %q", got.Status, fin.status)
+			}
+		})
+	}
+
+	t.Run("NotWonAfterLeaseOver", func(t *testing.T) {
+		// The lease ran out: the owner's claim is stale, not won again;
+		// ReleaseOwner may still free it, the handler never having run.
+		s, ctx := setup(t)
+		req := ownedRequest("user-1", longTTL, tiny)
+		mustClaim(t, s, req)
+		stale := waitFor(t, s, unowned(req), "lease over", isLeaseOver)
+		res, err := s.Claim(ctx, req)
+		if err != nil || res.Won {
+			t.Fatalf("Claim of its own row after the lease: won %v, %v; want lost", res.Won, err)
+		}
+		if res.Record.Fence() != stale.Fence() {
+			t.Errorf("row changed: fence %+v, want %+v", res.Record.Fence(), stale.Fence())
+		}
+		released, err := mustOwnerReleaser(t, s).ReleaseOwner(ctx, req)
+		if err != nil || !released {
+			t.Fatalf("ReleaseOwner of its stale in_flight row: %v, %v; want true", released, err)
+		}
+		checkFresh(t, mustClaim(t, s, unowned(req)), req, 1)
+	})
+
+	t.Run("ReleaseOwnerDeletesOnlyItsInFlightRow", func(t *testing.T) {
+		s, ctx := setup(t)
+		r := mustOwnerReleaser(t, s)
+		req := ownedRequest("user-1", longTTL, longLease)
+		rec := mustClaim(t, s, req)
+		neighbour := req // the same key of another endpoint, same token
+		neighbour.Endpoint = otherEndpoint
+		nrec := mustClaim(t, s, neighbour)
+
+		wrong := map[string]func(*idempotency.ClaimRequest){
+			"another token": func(q *idempotency.ClaimRequest) { q.Owner = uuid.New() },
+			"no token":      func(q *idempotency.ClaimRequest) { q.Owner = uuid.Nil },
+			"another scope": func(q *idempotency.ClaimRequest) { q.Scope = "user-2" },
+			"no scope":      func(q *idempotency.ClaimRequest) { q.Scope = "" },
+			"another key":   func(q *idempotency.ClaimRequest) { q.Key = newKey() },
+			"another endpoint": func(q *idempotency.ClaimRequest) {
+				q.Endpoint = "POST /api/other"
+			},
+		}
+		for what, change := range wrong {
+			q := req
+			change(&q)
+			released, err := r.ReleaseOwner(ctx, q)
+			if err != nil || released {
+				t.Errorf("ReleaseOwner with %s: %v, %v; want false", what, released, err)
+			}
+		}
+		sameRecord(t, "row after the refused releases", read(t, s, unowned(req)), rec)
+
+		released, err := r.ReleaseOwner(ctx, req)
+		if err != nil || !released {
+			t.Fatalf("ReleaseOwner with the owner token: %v, %v; want true", released, err)
+		}
+		if released, err := r.ReleaseOwner(ctx, req); err != nil || released {
+			t.Errorf("second ReleaseOwner: %v, %v; want false", released, err)
+		}
+		// Only that row went: the other endpoint's row stays.
+		sameRecord(t, "the other endpoint's row", read(t, s, unowned(neighbour)), nrec)
+		if ids := exportIDs(t, s, req.Scope); len(ids) != 1 || !ids[nrec.ID] {
+			t.Errorf("rows of the scope after ReleaseOwner: %v, want only %d", ids, nrec.ID)
+		}
+		// The key is free: a new request claims it as new.
+		next := req
+		next.Owner = uuid.New()
+		checkFresh(t, mustClaim(t, s, next), next, 1)
+	})
+
+	t.Run("TakeoverCarriesItsOwner", func(t *testing.T) {
+		s, ctx := setup(t)
+		r := mustOwnerReleaser(t, s)
+		first := ownedRequest("user-1", tiny, tiny)
+		rec := mustClaim(t, s, first)
+		if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+			t.Fatal(err)
+		}
+		expired := waitFor(t, s, unowned(first), "expired", isExpired)
+		second := first
+		second.TTL, second.Lease, second.Owner = longTTL, longLease, uuid.New()
+		res, err := s.Takeover(ctx, expired.Fence(), second)
+		if err != nil || !res.Won {
+			t.Fatalf("Takeover: %+v, %v", res, err)
+		}
+		if got, err := s.Claim(ctx, first); err != nil || got.Won {
+			t.Errorf("Claim with the first owner's token after a takeover: won %v, %v; want lost", got.Won, err)
+		}
+		if got, err := s.Claim(ctx, second); err != nil || !got.Won || got.Record.Fence() != res.Record.Fence() {
+			t.Errorf("Claim with the new owner's token: won %v fence %+v, %v; want won, %+v", got.Won, got.Record.Fence(), err, res.Record.Fence())
+		}
+		if released, err := r.ReleaseOwner(ctx, first); err != nil || released {
+			t.Errorf("ReleaseOwner by the first owner after a takeover: %v, %v; want false", released, err)
+		}
+		if released, err := r.ReleaseOwner(ctx, second); err != nil || !released {
+			t.Errorf("ReleaseOwner by the new owner: %v, %v; want true", released, err)
+		}
+	})
+
+	t.Run("TakeoverWithoutTokenClearsIt", func(t *testing.T) {
+		s, ctx := setup(t)
+		first := ownedRequest("user-1", tiny, tiny)
+		rec := mustClaim(t, s, first)
+		if err := s.Fail(ctx, rec.Fence()); err != nil {
+			t.Fatal(err)
+		}
+		expired := waitFor(t, s, unowned(first), "expired", isExpired)
+		second := unowned(first)
+		second.TTL, second.Lease = longTTL, longLease
+		if res, err := s.Takeover(ctx, expired.Fence(), second); err != nil || !res.Won {
+			t.Fatalf("Takeover: %+v, %v", res, err)
+		}
+		if released, err := mustOwnerReleaser(t, s).ReleaseOwner(ctx, first); err != nil || released {
+			t.Errorf("ReleaseOwner by the first owner after a takeover without a token: %v, %v; want false", released, err)
+		}
+	})
+
+	t.Run("ReclaimCarriesItsOwner", func(t *testing.T) {
+		s, ctx := setup(t)
+		r := mustOwnerReleaser(t, s)
+		first := ownedRequest("user-1", longTTL, tiny)
+		first.Reclaimable = true
+		mustClaim(t, s, first)
+		stale := waitFor(t, s, unowned(first), "lease over", isLeaseOver)
+		second := first
+		second.Lease, second.Owner = longLease, uuid.New()
+		res, err := s.Reclaim(ctx, stale.Fence(), second)
+		if err != nil || !res.Won {
+			t.Fatalf("Reclaim: %+v, %v", res, err)
+		}
+		if released, err := r.ReleaseOwner(ctx, first); err != nil || released {
+			t.Errorf("ReleaseOwner by the stale owner after a reclaim: %v, %v; want false", released, err)
+		}
+		if got, err := s.Claim(ctx, second); err != nil || !got.Won || got.Record.Fence() != res.Record.Fence() {
+			t.Errorf("Claim with the reclaimer's token: won %v fence %+v, %v; want won, %+v", got.Won, got.Record.Fence(), err, res.Record.Fence())
+		}
+		if released, err := r.ReleaseOwner(ctx, second); err != nil || !released {
+			t.Errorf("ReleaseOwner by the reclaimer: %v, %v; want true", released, err)
+		}
+	})
+
+	t.Run("FencedCallsNeedTheScope", func(t *testing.T) {
+		// A fence names the row's scope: with another one, a takeover or
+		// reclaim changes nothing.
+		s, _ := setup(t)
+		req := request("user-1", tiny, tiny)
+		req.Reclaimable = true
+		mustClaim(t, s, req)
+		rec := waitFor(t, s, req, "expired, lease over", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+		for _, scope := range []string{"", "user-2"} {
+			f := rec.Fence()
+			f.Scope = scope
+			lostTakeover(t, s, f, newRequest("user-1"), fmt.Sprintf("with the scope %q", scope))
+			lostReclaim(t, s, f, req, fmt.Sprintf("with the scope %q", scope))
+		}
+		sameRecord(t, "row after the refused calls", read(t, s, req), rec)
+	})
+}
+
+// ownedRequest returns a claim of a new random key with a fresh owner token.
+func ownedRequest(scope string, ttl, lease time.Duration) idempotency.ClaimRequest {
+	req := request(scope, ttl, lease)
+	req.Owner = uuid.New()
+	return req
+}
+
+// unowned returns req without its owner token, to read its row as anyone
+// else would.
+func unowned(req idempotency.ClaimRequest) idempotency.ClaimRequest {
+	req.Owner = uuid.Nil
+	return req
+}
+
+// mustOwnerReleaser returns s as an OwnerReleaser, which every store of
+// this module implements.
+func mustOwnerReleaser(t testing.TB, s idempotency.Store) idempotency.OwnerReleaser {
+	t.Helper()
+	r, ok := s.(idempotency.OwnerReleaser)
+	if !ok {
+		t.Fatalf("%T does not implement idempotency.OwnerReleaser", s)
+	}
+	return r
 }
