@@ -34,6 +34,11 @@ test/failover: ## Kill -9 the Patroni leader under load (needs the patroni, etcd
 bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DATABASE_URL)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
 
+.PHONY: bench/once
+bench/once: ## Every Go benchmark once (-benchtime 1x), as CI runs them, so a broken benchmark fails the build
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
+	cd bench && $(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
+
 .PHONY: bench/load
 bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)
 	bash bench/load.sh

@@ -11,13 +11,26 @@ import (
 	"github.com/google/uuid"
 )
 
-// discardWriter is a ResponseWriter that keeps nothing, so benchmarks time
-// the middleware rather than a recorder.
-type discardWriter struct{ h http.Header }
+// discardWriter is a ResponseWriter that keeps only the status and the
+// headers, so benchmarks time the middleware rather than a recorder.
+type discardWriter struct {
+	h    http.Header
+	code int
+}
 
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)             {}
+func (d *discardWriter) WriteHeader(code int)        { d.code = code }
+
+// check fails the benchmark unless the answer was the handler's 201, a
+// replay or not as replayed says; then readies d for the next round.
+func (d *discardWriter) check(b *testing.B, replayed bool) {
+	if d.code != http.StatusCreated || (d.h.Get(HeaderReplayed) == "true") != replayed {
+		b.Fatalf("answered %d, %s %q; want 201, replayed %v", d.code, HeaderReplayed, d.h.Get(HeaderReplayed), replayed)
+	}
+	d.code = 0
+	clear(d.h)
+}
 
 func benchRoute(b *testing.B) http.Handler {
 	mw, err := New(NewMemoryStore(), Config{Enabled: func(*http.Request) bool { return true },
@@ -65,7 +78,7 @@ func BenchmarkPassthrough(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rt.ServeHTTP(w, br.next(""))
-		clear(w.h)
+		w.check(b, false)
 	}
 }
 
@@ -80,7 +93,7 @@ func BenchmarkMiss(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		rt.ServeHTTP(w, br.next(keys[i]))
-		clear(w.h)
+		w.check(b, false)
 	}
 }
 
@@ -89,9 +102,10 @@ func BenchmarkReplay(b *testing.B) {
 	rt, w, br := benchRoute(b), &discardWriter{h: http.Header{}}, newBenchRequest()
 	key := uuid.NewString()
 	rt.ServeHTTP(w, br.next(key))
+	w.check(b, false)
 	b.ReportAllocs()
 	for b.Loop() {
 		rt.ServeHTTP(w, br.next(key))
-		clear(w.h)
+		w.check(b, true)
 	}
 }

@@ -22,3 +22,16 @@ func (s *MemoryStore) CleanupVisitsForTest() int {
 	defer s.mu.Unlock()
 	return s.visits
 }
+
+// ClaimArgsForTest is pgClaimSQL's parameters for req, as Claim sends them.
+func ClaimArgsForTest(req ClaimRequest) []any { return claimArgs(req) }
+
+// CompleteArgsForTest is pgCompleteSQL's parameters for f and resp, as
+// Complete first sends them (fenced puts the fence first).
+func CompleteArgsForTest(f Fence, resp Response) ([]any, error) {
+	jsonBody, rawBody, headers, err := completeArgs(resp, false)
+	if err != nil {
+		return nil, err
+	}
+	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers}, nil
+}

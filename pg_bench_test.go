@@ -2,9 +2,11 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -27,11 +29,47 @@ const benchOrder = `{"symbol":"AAPL","side":"buy","qty":10}`
 // What the benchmark handler answers, as the middleware records it.
 var (
 	orderResponse = []byte(`{"id":1,"symbol":"AAPL","side":"buy","qty":10,"status":"filled","fill_price":187.42}`)
-	orderHeaders  = []byte(`{"Content-Type":["application/json"]}`)
+	orderRecord   = idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: orderResponse, BodyKind: idempotency.BodyJSON}
 )
 
+// The claim the middleware makes for a benchmark request, but for the key.
+var orderClaim = idempotency.ClaimRequest{Endpoint: "orders",
+	RequestHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", TTL: 24 * time.Hour, Lease: 30 * time.Second}
+
+// benchPool is a migrated schema's pool, warmed: every connection open and
+// the store's claim and complete statements prepared on each, so the timer
+// never pays for a connection's or a statement's setup.
 func benchPool(b *testing.B) *pgxpool.Pool {
-	return testdb.New(b, testdb.MaxConns(8))
+	pool := testdb.New(b, testdb.MaxConns(8))
+	warm(b, pool)
+	return pool
+}
+
+// warm opens every connection pool may hold and prepares the store's claim
+// and complete statements on each (pgx then uses them for the same SQL).
+func warm(b *testing.B, pool *pgxpool.Pool) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), 30*time.Second)
+	defer cancel()
+	conns := make([]*pgxpool.Conn, 0, pool.Config().MaxConns)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range cap(conns) {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			b.Fatalf("warm the pool: %v", err)
+		}
+		conns = append(conns, c)
+		for _, sql := range []string{idempotency.ClaimSQLForTest, idempotency.CompleteSQLForTest} {
+			if _, err := c.Conn().Prepare(ctx, sql, sql); err != nil {
+				b.Fatalf("warm the pool: prepare: %v", err)
+			}
+		}
+	}
 }
 
 func benchMiddleware(b *testing.B, pool *pgxpool.Pool) http.Handler {
@@ -86,6 +124,7 @@ func (c *client) serve(b *testing.B, h http.Handler, key string) {
 func BenchmarkPostgresMiss(b *testing.B) {
 	h := benchMiddleware(b, benchPool(b))
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
 	b.RunParallel(func(pb *testing.PB) {
 		c := newClient()
@@ -100,6 +139,7 @@ func BenchmarkPostgresReplay(b *testing.B) {
 	key := uuid.NewString()
 	newClient().serve(b, h, key)
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
 		c := newClient()
@@ -109,11 +149,13 @@ func BenchmarkPostgresReplay(b *testing.B) {
 	})
 }
 
-// rawClaim sends the claim statement and reads the row the way the store
-// does not need to: only id, attempt and won.
+// rawClaim sends the claim statement, with the parameters the store sends,
+// and reads the row the way the store does not need to: only id, attempt
+// and won.
 func rawClaim(ctx context.Context, pool *pgxpool.Pool, key string) (id int64, attempt int32, won bool, err error) {
-	rows, err := pool.Query(ctx, idempotency.ClaimSQLForTest, key, "", "orders",
-		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", 24*time.Hour, 30*time.Second, false, nil)
+	req := orderClaim
+	req.Key = key
+	rows, err := pool.Query(ctx, idempotency.ClaimSQLForTest, idempotency.ClaimArgsForTest(req)...)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -128,53 +170,88 @@ func rawClaim(ctx context.Context, pool *pgxpool.Pool, key string) (id int64, at
 	return id, attempt, won, rows.Err()
 }
 
+// rawComplete sends the complete statement with the parameters the store
+// sends for orderRecord; complete is those parameters, made once, for any
+// fence.
+func rawComplete(ctx context.Context, pool *pgxpool.Pool, complete []any, id int64, attempt int32) error {
+	args := slices.Clone(complete)
+	args[0], args[1] = id, attempt
+	tag, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, args...)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = idempotency.ErrNotOwner
+	}
+	return err
+}
+
+func completeArgs(b *testing.B) []any {
+	args, err := idempotency.CompleteArgsForTest(idempotency.Fence{}, orderRecord)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return args
+}
+
 func BenchmarkPostgresRawMiss(b *testing.B) {
 	pool := benchPool(b)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute) // a bound, never reached by a healthy run
+	defer cancel()
+	complete := completeArgs(b)
 	var fails atomic.Int64
+	var lastErr atomic.Value
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			id, attempt, won, err := rawClaim(ctx, pool, uuid.NewString())
-			if err != nil || !won {
-				fails.Add(1)
-				continue
+			if err == nil && won {
+				err = rawComplete(ctx, pool, complete, id, attempt)
+			} else if err == nil {
+				err = errors.New("a new key's claim lost")
 			}
-			if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, "", 201, orderResponse, nil, orderHeaders); err != nil {
+			if err != nil {
 				fails.Add(1)
+				lastErr.Store(err)
 			}
 		}
 	})
 	if fails.Load() > 0 {
-		b.Fatalf("%d raw claims failed", fails.Load())
+		b.Fatalf("%d raw claims failed, the last: %v", fails.Load(), lastErr.Load())
 	}
 }
 
 func BenchmarkPostgresRawReplay(b *testing.B) {
 	pool := benchPool(b)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute) // a bound, never reached by a healthy run
+	defer cancel()
 	key := uuid.NewString()
 	// A completed key with the same response the middleware records, so
 	// both sides read the same row.
-	id, attempt, _, err := rawClaim(ctx, pool, key)
-	if err != nil {
-		b.Fatal(err)
+	id, attempt, won, err := rawClaim(ctx, pool, key)
+	if err != nil || !won {
+		b.Fatalf("claim: won %v, %v", won, err)
 	}
-	if _, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, id, attempt, "", 201, orderResponse, nil, orderHeaders); err != nil {
+	if err := rawComplete(ctx, pool, completeArgs(b), id, attempt); err != nil {
 		b.Fatal(err)
 	}
 	var fails atomic.Int64
+	var lastErr atomic.Value
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, _, won, err := rawClaim(ctx, pool, key); err != nil || won {
+			_, _, won, err := rawClaim(ctx, pool, key)
+			if err == nil && won {
+				err = errors.New("a completed key's claim won")
+			}
+			if err != nil {
 				fails.Add(1)
+				lastErr.Store(err)
 			}
 		}
 	})
 	if fails.Load() > 0 {
-		b.Fatalf("%d raw replays failed", fails.Load())
+		b.Fatalf("%d raw replays failed, the last: %v", fails.Load(), lastErr.Load())
 	}
 }

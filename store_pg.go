@@ -235,8 +235,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			rec Record
 			won bool
 		)
-		row := s.pool.QueryRow(ctx, pgClaimSQL,
-			req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, req.Reclaimable, ownerArg(req.Owner))
+		row := s.pool.QueryRow(ctx, pgClaimSQL, claimArgs(req)...)
 		err := scanClaim(row, req, &rec, &won)
 		switch {
 		case err == nil:
@@ -255,6 +254,11 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 		}
 	}
 	return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
+}
+
+// claimArgs are pgClaimSQL's parameters for req, in order.
+func claimArgs(req ClaimRequest) []any {
+	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, req.Reclaimable, ownerArg(req.Owner)}
 }
 
 // Takeover implements Store with one fenced UPDATE.

@@ -23,7 +23,9 @@ var benchResponse = idempotency.Response{
 // BenchmarkPostgresClaimComplete measures the winner's path of the raw
 // store: Claim of a new key, then Complete.
 func BenchmarkPostgresClaimComplete(b *testing.B) {
-	s := idempotency.NewPostgresStore(testdb.New(b, testdb.MaxConns(16)))
+	pool := testdb.New(b, testdb.MaxConns(16))
+	warm(b, pool)
+	s := idempotency.NewPostgresStore(pool)
 	hash := strings.Repeat("ab", 32)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -47,7 +49,9 @@ func BenchmarkPostgresClaimComplete(b *testing.B) {
 // BenchmarkPostgresClaimReplay measures the loser's path: Claim of a key
 // that is already completed, as every replay does.
 func BenchmarkPostgresClaimReplay(b *testing.B) {
-	s := idempotency.NewPostgresStore(testdb.New(b, testdb.MaxConns(16)))
+	pool := testdb.New(b, testdb.MaxConns(16))
+	warm(b, pool)
+	s := idempotency.NewPostgresStore(pool)
 	req := idempotency.ClaimRequest{
 		Key: uuid.NewString(), Scope: "bench", Endpoint: "POST /api/trading/orders",
 		RequestHash: strings.Repeat("ab", 32), TTL: 24 * time.Hour, Lease: 30 * time.Second,

@@ -12,17 +12,22 @@
 #   P  pgbench running the same claim/complete SQL, and A's and B's SQL
 #      without HTTP (the order transaction with and without the claim and
 #      record), when pgbench is installed
-# at 1, 4, 16 and 64 clients; then replays of one hot key against misses, a
-# storm of concurrent copies (exits non-zero on any double execution), the
-# database round trips per request (through the pgrtt proxy) and a CPU
-# profile of A at 16 clients.
+# at 1, 4, 16 and 64 clients, in blocks of one run per subject whose order
+# rotates from block to block (at 16 clients a block also holds A's replays
+# of one hot key, A without a key and C's replays, so replay/miss pairs runs
+# of one block); then a storm of concurrent copies (exits non-zero on any
+# double execution), the database round trips per request (through the
+# pgrtt proxy) and a CPU profile of A at 16 clients.
 #
-# Writes bench/results/ (ignored by git: logs, latest.json, profile),
-# bench/chart.svg and the figures section of BENCHMARKS.md.
+# Writes bench/results/ (ignored by git: logs, latest.json, profile); and,
+# only when every measurement succeeded, bench/chart.svg and the figures
+# section of BENCHMARKS.md (a failed run leaves its drafts in bench/results/
+# and publishes nothing).
 #
 # Environment: DATABASE_URL (default
 # postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) must be a
-# PostgreSQL on this machine; the run works in the schemas idem_bench,
+# PostgreSQL on this machine; the run works in the schemas idem_bench_a,
+# idem_bench_b (A's and B's: neither grows the other's tables),
 # idem_bench_floor and idem_bench_pgbench, dropped and created afresh, and
 # dropped at the end unless KEEP_SCHEMA=1. All load goes to 127.0.0.1 only.
 set -euo pipefail
@@ -33,7 +38,7 @@ quick=0
 for arg in "$@"; do
   case $arg in
     -quick | --quick) quick=1 ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "load.sh: unknown argument $arg (want -quick)" >&2; exit 2 ;;
   esac
 done
@@ -75,8 +80,10 @@ go build -o "$BIN/server" ./examples/server
 "$BIN/sqlfloor" -check -database-url "$BASE_DSN"
 psql_q() { psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -c 'SET client_min_messages = warning' "$@"; }
 reset_schema() { psql_q -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "CREATE SCHEMA $1"; }
-reset_schema idem_bench
-DSN=$(with_schema "$BASE_DSN" idem_bench)
+reset_schema idem_bench_a
+reset_schema idem_bench_b
+DSN_A=$(with_schema "$BASE_DSN" idem_bench_a)
+DSN_B=$(with_schema "$BASE_DSN" idem_bench_b)
 
 pids=()
 cleanup() {
@@ -85,7 +92,8 @@ cleanup() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   pids=()
   if [[ ${KEEP_SCHEMA:-0} != 1 ]]; then
-    psql_q -c 'DROP SCHEMA IF EXISTS idem_bench CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
+    psql_q -c 'DROP SCHEMA IF EXISTS idem_bench_a CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_b CASCADE' \
+      -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
   fi
 }
 trap cleanup EXIT
@@ -153,9 +161,9 @@ run() {
 
 loadavg=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)
 run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
-start_server A "$DSN"
+start_server A "$DSN_A"
 A_PID=$SERVER_PID A_URL=$SERVER_URL
-start_server B "$DSN" FLAG_IDEMPOTENCY_MIDDLEWARE=0
+start_server B "$DSN_B" FLAG_IDEMPOTENCY_MIDDLEWARE=0
 B_PID=$SERVER_PID B_URL=$SERVER_URL
 
 # Each measured run first waits up to $SETTLE for other work on the machine
@@ -163,24 +171,38 @@ B_PID=$SERVER_PID B_URL=$SERVER_URL
 lg() { "$BIN/loadgen" -settle "$SETTLE" -duration "$DUR" -warmup "$WARM" "$@"; }
 floor() { "$BIN/sqlfloor" -settle "$SETTLE" -database-url "$BASE_DSN" -schema idem_bench_floor -duration "$DUR" -warmup "$WARM" "$@"; }
 
-say "sweep: A, B and C at ${LEVELS[*]} clients, $DUR each after a $WARM warm-up"
+# point NAME C: one measured run of the sweep.
+point() {
+  case $1 in
+    A) run "A unique c=$2" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode unique -concurrency "$2" ;;
+    B) run "B unique c=$2" lg -subject B -url "$B_URL" -server-pid "$B_PID" -mode unique -concurrency "$2" ;;
+    C) run "C unique c=$2" floor -subject C -mode unique -concurrency "$2" ;;
+    Ahot) run "A hot c=$2" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode hot -concurrency "$2" ;;
+    Anokey) run "A nokey c=$2" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode nokey -concurrency "$2" ;;
+    Chot) run "C hot c=$2" floor -subject C -mode hot -concurrency "$2" ;;
+  esac
+}
+
+# Blocks: one run of each point, the order rotating by one from block to
+# block, so each point takes every position in turn rather than always
+# running first or last; benchreport pairs the i-th runs of two points,
+# which come from the same block.
+say "sweep: A, B and C at ${LEVELS[*]} clients (and A hot, A nokey, C hot at 16), $DUR each after a $WARM warm-up, in rotating blocks"
+block=0
 for c in "${LEVELS[@]}"; do
-  reps=$REPS
-  ((c == 16)) && reps=$REPS16
+  reps=$REPS points=(A B C)
+  if ((c == 16)); then
+    reps=$REPS16 points=(A B C Ahot Anokey Chot)
+  fi
   for ((r = 1; r <= reps; r++)); do
-    run "A unique c=$c" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode unique -concurrency "$c"
-    run "B unique c=$c" lg -subject B -url "$B_URL" -server-pid "$B_PID" -mode unique -concurrency "$c"
-    run "C unique c=$c" floor -subject C -mode unique -concurrency "$c"
+    n=${#points[@]}
+    for ((i = 0; i < n; i++)); do
+      point "${points[(i + block) % n]}" "$c"
+    done
+    block=$((block + 1))
   done
 done
-
-say "replays of one hot key, and requests without a key, at 16 clients"
-for ((r = 1; r <= REPS16; r++)); do
-  run "A hot" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode hot -concurrency 16
-  run "A nokey" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode nokey -concurrency 16
-done
 run "C claim" floor -subject C -mode claim -concurrency 16
-run "C hot" floor -subject C -mode hot -concurrency 16
 
 if command -v pgbench >/dev/null; then
   say "pgbench: the library's claim and complete SQL at 16 clients, ${PGB_T}s each"
@@ -241,14 +263,18 @@ rtt_port=$(free_port) rtt_http=$(free_port)
 RTT_PID=$!
 pids+=("$RTT_PID")
 sleep 0.5
-RTT_DSN=$(with_schema "postgres://${BASE_DSN#*://}" idem_bench)
 # Point the proxied servers at the proxy: same URL, host and port replaced.
-RTT_DSN=$(sed -E "s#^(postgres(ql)?://([^@/]*@)?)[^/?]*#\1127.0.0.1:$rtt_port#" <<<"$RTT_DSN")
-start_server A-rtt "$RTT_DSN"
+rtt_dsn() {
+  with_schema "postgres://${BASE_DSN#*://}" "$1" | sed -E "s#^(postgres(ql)?://([^@/]*@)?)[^/?]*#\1127.0.0.1:$rtt_port#"
+}
+start_server A-rtt "$(rtt_dsn idem_bench_a)"
 AR_PID=$SERVER_PID AR_URL=$SERVER_URL
-start_server B-rtt "$RTT_DSN" FLAG_IDEMPOTENCY_MIDDLEWARE=0
+start_server B-rtt "$(rtt_dsn idem_bench_b)" FLAG_IDEMPOTENCY_MIDDLEWARE=0
 BR_PID=$SERVER_PID BR_URL=$SERVER_URL
-rtt() { "$BIN/loadgen" -duration "$RTT_DUR" -warmup 0 -concurrency 16 -rtt-url "http://127.0.0.1:$rtt_http/counts" "$@"; }
+# The warm-up opens the fresh servers' connections and prepares their
+# statements; loadgen counts round trips from its end, over the window's
+# requests only.
+rtt() { "$BIN/loadgen" -duration "$RTT_DUR" -warmup "$WARM" -concurrency 16 -rtt-url "http://127.0.0.1:$rtt_http/counts" "$@"; }
 run "A/rtt unique" rtt -subject A/rtt -url "$AR_URL" -mode unique
 run "B/rtt unique" rtt -subject B/rtt -url "$BR_URL" -mode unique
 run "A/rtt hot" rtt -subject A/rtt -url "$AR_URL" -mode hot
@@ -264,7 +290,7 @@ if ((PROFILE)); then
   printf '{"Replace":{"%s":"%s"}}\n' "$PWD/examples/server/zz_bench_pprof.go" "$PWD/bench/profile/pprof.go.in" >"$overlay"
   go build -overlay "$overlay" -o "$BIN/server-pprof" ./examples/server
   pprof_port=$(free_port)
-  SERVER_BIN=$BIN/server-pprof start_server A-pprof "$DSN" BENCH_PPROF_ADDR="127.0.0.1:$pprof_port"
+  SERVER_BIN=$BIN/server-pprof start_server A-pprof "$DSN_A" BENCH_PPROF_ADDR="127.0.0.1:$pprof_port"
   AP_PID=$SERVER_PID AP_URL=$SERVER_URL
   "$BIN/loadgen" -subject A/pprof -url "$AP_URL" -mode unique -concurrency 16 -duration 8s -warmup 1s >"$OUT/profile-load.log" 2>&1 &
   lg_pid=$!
@@ -283,17 +309,28 @@ if ((PROFILE)); then
 fi
 
 say "report"
-"$BIN/benchreport" -in "$LOG" -json "$OUT/latest.json" -svg bench/chart.svg -md BENCHMARKS.md \
+# Drafts first; they replace the published files only if every measurement
+# succeeded, so a failed run publishes nothing.
+draft=$OUT/draft
+rm -rf "$draft" && mkdir -p "$draft"
+cp BENCHMARKS.md "$draft/BENCHMARKS.md"
+"$BIN/benchreport" -in "$LOG" -json "$draft/latest.json" -svg "$draft/chart.svg" -svg-link bench/chart.svg \
+  -md "$draft/BENCHMARKS.md" \
   -command "make bench/load$( ((quick)) && echo ' (bash bench/load.sh -quick)')" \
   -profile "$profile_txt" -quick="$((quick))" -duration "$DUR" -repeats "$REPS" -date "$run_date" \
   -commit "$(git rev-parse --short HEAD 2>/dev/null || true)" \
   -nproc "$(nproc)" -cpu "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)" \
   -memory "$(free -h | awk '/^Mem:/ {print $2}')" \
   -postgres "$(psql "$BASE_DSN" -X -Atc 'SHOW server_version')" \
-  -go "$(go env GOVERSION)" -loadavg "$loadavg" | tee "$OUT/report.txt"
-echo "wrote $OUT/latest.json, bench/chart.svg and BENCHMARKS.md ($((SECONDS - started))s)"
+  -go "$(go env GOVERSION)" -loadavg "$loadavg" | tee "$OUT/report.txt" ||
+  failures+=("benchreport")
 
 if ((${#failures[@]})); then
   printf 'load.sh: FAILED: %s\n' "${failures[@]}" >&2
+  echo "load.sh: nothing published; the drafts are in $draft ($((SECONDS - started))s)" >&2
   exit 1
 fi
+mv "$draft/latest.json" "$OUT/latest.json"
+mv "$draft/chart.svg" bench/chart.svg
+mv "$draft/BENCHMARKS.md" BENCHMARKS.md
+echo "wrote $OUT/latest.json, bench/chart.svg and BENCHMARKS.md ($((SECONDS - started))s)"

@@ -52,8 +52,8 @@ type machine struct {
 }
 
 type options struct {
-	in, jsonOut, svgOut, mdOut, profile, command string
-	m                                            machine
+	in, jsonOut, svgOut, svgLink, mdOut, profile, command string
+	m                                                     machine
 }
 
 func main() {
@@ -61,6 +61,7 @@ func main() {
 	flag.StringVar(&o.in, "in", "", "file with the run's output (SUMMARY lines); - for stdin")
 	flag.StringVar(&o.jsonOut, "json", "bench/results/latest.json", "JSON results to write")
 	flag.StringVar(&o.svgOut, "svg", "bench/chart.svg", "chart to write")
+	flag.StringVar(&o.svgLink, "svg-link", "", "the chart's path in the Markdown, when it is written elsewhere first (default: -svg)")
 	flag.StringVar(&o.mdOut, "md", "BENCHMARKS.md", "Markdown file whose figures section is regenerated")
 	flag.StringVar(&o.profile, "profile", "", "pprof -top text to include (optional)")
 	flag.StringVar(&o.command, "command", "make bench/load", "the command that produced the run")
@@ -118,7 +119,11 @@ func run(o options) error {
 	if err := os.WriteFile(o.svgOut, []byte(rep.chart()), 0o644); err != nil {
 		return err
 	}
-	return updateMarkdown(o.mdOut, rep.markdown(text, profile, o.command, o.svgOut))
+	link := o.svgLink
+	if link == "" {
+		link = o.svgOut
+	}
+	return updateMarkdown(o.mdOut, rep.markdown(text, profile, o.command, link))
 }
 
 // group is the runs of one subject, mode and concurrency.
@@ -222,17 +227,26 @@ func joinRatios(v []float64) string {
 	return strings.Join(parts, ", ")
 }
 
-// pairedRatios divides each run of x by the run of y next to it: the two
-// subjects run back to back, so drift in other load on the machine hits
-// both halves of a pair alike, and the median of the pairs is reported.
+// pairedRatios divides each run's req/s in x by that of the run of y from
+// the same block (load.sh runs one of each subject per block, in an order
+// that rotates from block to block, so the i-th runs of two groups ran side
+// by side): drift in other load on the machine hits both halves of a pair
+// alike, and the median of the pairs is reported.
 func pairedRatios(x, y *group) []float64 {
+	return paired(x, y, func(a, b result.Summary) float64 { return a.RPS / b.RPS },
+		func(s result.Summary) bool { return s.RPS > 0 })
+}
+
+// paired is f of each pair of runs, the i-th of x with the i-th of y,
+// where ok holds for y's.
+func paired(x, y *group, f func(x, y result.Summary) float64, ok func(y result.Summary) bool) []float64 {
 	if x == nil || y == nil {
 		return nil
 	}
 	var pairs []float64
 	for i := range min(len(x.Runs), len(y.Runs)) {
-		if y.Runs[i].RPS > 0 {
-			pairs = append(pairs, x.Runs[i].RPS/y.Runs[i].RPS)
+		if ok(y.Runs[i]) {
+			pairs = append(pairs, f(x.Runs[i], y.Runs[i]))
 		}
 	}
 	return pairs
@@ -268,27 +282,32 @@ func (r *report) ratios() {
 			Detail: fmt.Sprintf("if a miss cost exactly B's request plus C's claim+complete on the shared cores, A would serve 1/(1/%.0f + 1/%.0f) = %.0f req/s; it serves %.0f (near 1.00: the middleware costs about its SQL and little else)",
 				b.RPS, f.RPS, model, a.RPS)})
 	}
-	h, okH := r.get("A", "hot", ratioAt)
-	if okA && okH && a.RPS > 0 && h.P50Ms > 0 {
-		v := h.RPS / a.RPS
-		lat := a.P50Ms / h.P50Ms
+	gh, gm := r.Groups[key("A", "hot", ratioAt)], r.Groups[key("A", "unique", ratioAt)]
+	if pairs := pairedRatios(gh, gm); len(pairs) > 0 {
+		h := gh.Median
+		v := median(pairs)
+		lats := paired(gm, gh, func(m, h result.Summary) float64 { return m.P50Ms / h.P50Ms },
+			func(h result.Summary) bool { return h.P50Ms > 0 })
+		lat := median(lats)
 		ok := v >= targetReplay && lat >= targetReplay
 		r.Ratios = append(r.Ratios, ratio{Name: "replay/miss throughput at 16 clients", Value: v, Target: targetReplay, Met: &ok,
-			Detail: fmt.Sprintf("medians %.0f replays/s vs %.0f misses/s (ranges %s vs %s); p50 %.2fms vs %.2fms (miss/replay latency %.2fx), p99 %.2fms vs %.2fms; target met when both throughput and p50 are >= 2x",
-				h.RPS, a.RPS, r.rpsRange("A", "hot"), r.rpsRange("A", "unique"), h.P50Ms, a.P50Ms, lat, h.P99Ms, a.P99Ms)})
+			Detail: fmt.Sprintf("median of %d paired runs (%s); median p50 miss/replay latency of the same pairs %.2fx (%s); medians %.0f replays/s vs %.0f misses/s (ranges %s vs %s), p50 %.2fms vs %.2fms, p99 %.2fms vs %.2fms; target met when both throughput and p50 are >= 2x",
+				len(pairs), joinRatios(pairs), lat, joinRatios(lats), h.RPS, gm.Median.RPS, r.rpsRange("A", "hot"), r.rpsRange("A", "unique"),
+				h.P50Ms, gm.Median.P50Ms, h.P99Ms, gm.Median.P99Ms)})
 	}
 	for _, c := range levels {
-		a, okA := r.get("A", "unique", c)
-		f, okC := r.get("C", "unique", c)
-		if okA && okC && f.RPS > 0 {
-			r.Ratios = append(r.Ratios, ratio{Name: fmt.Sprintf("A/C throughput at %d clients", c), Value: a.RPS / f.RPS,
-				Detail: fmt.Sprintf("%.0f req/s through HTTP vs %.0f claim+complete/s straight through pgx", a.RPS, f.RPS)})
+		ga, gc := r.Groups[key("A", "unique", c)], r.Groups[key("C", "unique", c)]
+		if pairs := pairedRatios(ga, gc); len(pairs) > 0 {
+			r.Ratios = append(r.Ratios, ratio{Name: fmt.Sprintf("A/C throughput at %d clients", c), Value: median(pairs),
+				Detail: fmt.Sprintf("median of %d paired runs (%s); median %.0f req/s through HTTP vs %.0f claim+complete/s straight through pgx",
+					len(pairs), joinRatios(pairs), ga.Median.RPS, gc.Median.RPS)})
 		}
 	}
-	fh, okFH := r.get("C", "hot", ratioAt)
-	if okH && okFH && fh.RPS > 0 {
-		r.Ratios = append(r.Ratios, ratio{Name: "A hot / C hot at 16 clients", Value: h.RPS / fh.RPS,
-			Detail: fmt.Sprintf("%.0f replays/s through HTTP vs %.0f claims of a completed key/s straight through pgx", h.RPS, fh.RPS)})
+	gfh := r.Groups[key("C", "hot", ratioAt)]
+	if pairs := pairedRatios(gh, gfh); len(pairs) > 0 {
+		r.Ratios = append(r.Ratios, ratio{Name: "A hot / C hot at 16 clients", Value: median(pairs),
+			Detail: fmt.Sprintf("median of %d paired runs (%s); median %.0f replays/s through HTTP vs %.0f claims of a completed key/s straight through pgx",
+				len(pairs), joinRatios(pairs), gh.Median.RPS, gfh.Median.RPS)})
 	}
 	for _, mode := range []string{"unique", "hot"} {
 		f, okC := r.get("C", mode, ratioAt)

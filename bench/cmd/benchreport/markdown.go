@@ -22,7 +22,7 @@ func (r *report) markdown(text, profile, command, svgPath string) string {
 	if m.Commit != "" {
 		fmt.Fprintf(&b, ", at commit `%s`", m.Commit)
 	}
-	fmt.Fprintf(&b, ". Each point: %s measured after a warm-up, the median of %d runs (A, B and C interleaved).\n\n", m.Duration, m.Repeats16)
+	fmt.Fprintf(&b, ". Each point: %s measured after a warm-up, the median of %d runs, one per block (the order of the points rotating from block to block); ratios pair the runs of a block.\n\n", m.Duration, m.Repeats16)
 	b.WriteString("| machine | |\n|---|---|\n")
 	fmt.Fprintf(&b, "| cores (`nproc`) | %s |\n| CPU | %s |\n", m.Nproc, m.CPU)
 	if m.Memory != "" {

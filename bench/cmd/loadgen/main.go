@@ -37,7 +37,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -251,19 +250,11 @@ func run(ctx context.Context, o options) (result.Summary, bool, error) {
 	return s, ok, err
 }
 
-// tally is one worker's counts.
-type tally struct {
-	lat        result.Latencies
-	status     map[int]int64
-	replayed   int64
-	errors     int64
-	unexpected int64
-	total      int64 // every completed request, warm-up included
-	lastErr    error
-}
-
 // steady runs the unique, nokey and hot modes: -concurrency workers in a
-// closed loop for the warm-up and the measured window.
+// closed loop for the warm-up and the measured window (result.Load). Only
+// the answers the mode expects count as requests; round trips are counted
+// from the window's start, after the warm-up, over the requests sent in
+// the window.
 func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool, error) {
 	body := []byte(orderBody)
 	hotKey := ""
@@ -277,120 +268,57 @@ func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool,
 			return false, fmt.Errorf("hot key: first request answered %d (replayed %v), want a fresh 201", a.status, a.replayed)
 		}
 	}
-	expect := func(a answer) bool {
-		if a.status != http.StatusCreated {
-			return false
-		}
-		return a.replayed == (o.mode == "hot")
-	}
 
 	s.BackgroundBusyPct = result.Settle(o.settle, 30)
-	rtt0, err := rttCounts(ctx, o.rttURL)
-	if err != nil {
-		return false, err
+	var (
+		rtt0   counts
+		rttErr error
+		cpu    []result.CPUSample
+	)
+	load := result.Load{
+		Workers: o.concurrency, Warmup: o.warmup, Duration: o.duration, Requests: o.requests,
+		AtStart: func() {
+			rtt0, rttErr = rttCounts(ctx, o.rttURL)
+			cpu = append(cpu, result.SampleCPU(o.serverPID))
+		},
+		AtEnd: func() { cpu = append(cpu, result.SampleCPU(o.serverPID)) },
 	}
-	start := time.Now()
-	measureFrom := start.Add(o.warmup)
-	deadline := measureFrom.Add(o.duration)
-	runCtx, cancel := context.WithDeadline(ctx, deadline.Add(o.timeout))
+	runCtx, cancel := context.WithTimeout(ctx, o.warmup+o.duration+2*o.timeout)
 	defer cancel()
-	// CPU samples at both ends of the measured window.
-	cpu := make(chan result.CPUSample, 2)
-	for _, at := range []time.Time{measureFrom, deadline} {
-		t := time.AfterFunc(time.Until(at), func() { cpu <- result.SampleCPU(o.serverPID) })
-		defer t.Stop()
-	}
-	var measured atomic.Int64
-	var lastDone atomic.Int64 // unix nanos of the last counted completion
-	tallies := make([]tally, o.concurrency)
-	var wg sync.WaitGroup
-	for i := range tallies {
-		t := &tallies[i]
-		t.status = map[int]int64{}
-		t.lat = make(result.Latencies, 0, 4096)
-		wg.Go(func() {
-			for {
-				now := time.Now()
-				if !now.Before(deadline) || runCtx.Err() != nil {
-					return
-				}
-				counted := !now.Before(measureFrom)
-				if counted && o.requests > 0 && measured.Add(1) > o.requests {
-					return
-				}
-				key := hotKey
-				if o.mode == "unique" {
-					key = newKey()
-				}
-				a, err := c.do(runCtx, http.MethodPost, "/api/trading/orders", key, body, nil)
-				done := time.Now()
-				t.total++
-				if !counted || done.After(deadline) {
-					continue
-				}
-				t.lat = append(t.lat, done.Sub(now))
-				for {
-					prev := lastDone.Load()
-					if done.UnixNano() <= prev || lastDone.CompareAndSwap(prev, done.UnixNano()) {
-						break
-					}
-				}
-				if err != nil {
-					t.errors++
-					t.lastErr = err
-					continue
-				}
-				t.status[a.status]++
-				if a.replayed {
-					t.replayed++
-				}
-				if !expect(a) {
-					t.unexpected++
-				}
-			}
-		})
-	}
-	wg.Wait()
-
-	var all result.Latencies
-	s.Status = map[string]int64{}
-	var total int64
-	var lastErr error
-	for _, t := range tallies {
-		all = append(all, t.lat...)
-		for code, n := range t.status {
-			s.Status[strconv.Itoa(code)] += n
+	r := load.Run(runCtx, func(ctx context.Context) result.Sample {
+		key := hotKey
+		if o.mode == "unique" {
+			key = newKey()
 		}
-		s.Replayed += t.replayed
-		s.Errors += t.errors
-		s.Unexpected += t.unexpected
-		total += t.total
-		if t.lastErr != nil {
-			lastErr = t.lastErr
-		}
+		a, err := c.do(ctx, http.MethodPost, "/api/trading/orders", key, body, nil)
+		return outcome(a, err, o.mode == "hot")
+	})
+	if rttErr != nil {
+		return false, rttErr
 	}
-	end := deadline
-	if o.requests > 0 && int64(len(all)) >= o.requests {
-		end = time.Unix(0, lastDone.Load())
+	r.Fill(s)
+	if len(cpu) == 2 && s.Requests > 0 {
+		result.FillCPU(s, cpu[0], cpu[1], o.serverPID > 0)
 	}
-	window := end.Sub(measureFrom)
-	s.Requests = int64(len(all))
-	s.DurationS = window.Seconds()
-	if window > 0 {
-		s.RPS = float64(s.Requests) / window.Seconds()
-	}
-	all.Fill(s)
-	if o.requests == 0 && s.Requests > 0 {
-		c0, c1 := <-cpu, <-cpu
-		result.FillCPU(s, c0, c1, o.serverPID > 0)
-	}
-	if err := rttPerRequest(ctx, o.rttURL, rtt0, total, s); err != nil {
+	if err := rttPerRequest(ctx, o.rttURL, rtt0, r.Sent(), s); err != nil {
 		return false, err
 	}
-	if lastErr != nil {
-		fmt.Fprintln(os.Stderr, "loadgen: last transport error:", lastErr)
+	if r.LastErr != nil {
+		fmt.Fprintln(os.Stderr, "loadgen: last transport error:", r.LastErr)
 	}
 	return s.Errors == 0 && s.Unexpected == 0 && s.Requests > 0, nil
+}
+
+// outcome classifies one answer of a steady mode: a 201, a replay exactly
+// when the mode replays, is OK.
+func outcome(a answer, err error, replays bool) result.Sample {
+	switch {
+	case err != nil:
+		return result.Sample{Outcome: result.Failed, Err: err}
+	case a.status != http.StatusCreated || a.replayed != replays:
+		return result.Sample{Outcome: result.Unexpected, Status: a.status, Replayed: a.replayed}
+	}
+	return result.Sample{Outcome: result.OK, Status: a.status, Replayed: a.replayed}
 }
 
 // storm releases -keys x -copies requests at once per round, then settles
@@ -575,8 +503,9 @@ type counts struct {
 	Xacts      int64 `json:"xacts"`
 }
 
-// rttPerRequest divides the counters' growth over the whole load by the
-// requests sent in it, warm-up included.
+// rttPerRequest divides the counters' growth since before, read at the
+// window's start with no request in flight, by the requests sent in the
+// window, once all of them have ended.
 func rttPerRequest(ctx context.Context, url string, before counts, requests int64, s *result.Summary) error {
 	if url == "" || requests == 0 {
 		return nil

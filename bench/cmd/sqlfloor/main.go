@@ -27,7 +27,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -215,91 +214,27 @@ func run(ctx context.Context, o options) (result.Summary, error) {
 	}
 
 	s.BackgroundBusyPct = result.Settle(o.settle, 30)
-	start := time.Now()
-	measureFrom := start.Add(o.warmup)
-	deadline := measureFrom.Add(o.duration)
-	var (
-		mu       sync.Mutex
-		all      result.Latencies
-		measured int64
-		lastDone time.Time
-		lastErr  error
-	)
-	cpu := make(chan result.CPUSample, 2)
-	for _, at := range []time.Time{measureFrom, deadline} {
-		t := time.AfterFunc(time.Until(at), func() { cpu <- result.SampleCPU(0) })
-		defer t.Stop()
+	var cpu []result.CPUSample
+	load := result.Load{
+		Workers: o.concurrency, Warmup: o.warmup, Duration: o.duration, Requests: o.requests,
+		AtStart: func() { cpu = append(cpu, result.SampleCPU(0)) },
+		AtEnd:   func() { cpu = append(cpu, result.SampleCPU(0)) },
 	}
-	var wg sync.WaitGroup
-	for range o.concurrency {
-		wg.Go(func() {
-			lat := make(result.Latencies, 0, 4096)
-			var errs, unexpected int64
-			var werr error
-			var last time.Time
-			defer func() {
-				mu.Lock()
-				all = append(all, lat...)
-				s.Errors += errs
-				s.Unexpected += unexpected
-				if werr != nil {
-					lastErr = werr
-				}
-				if last.After(lastDone) {
-					lastDone = last
-				}
-				mu.Unlock()
-			}()
-			for {
-				now := time.Now()
-				if !now.Before(deadline) || ctx.Err() != nil {
-					return
-				}
-				counted := !now.Before(measureFrom)
-				if counted && o.requests > 0 {
-					mu.Lock()
-					measured++
-					over := measured > o.requests
-					mu.Unlock()
-					if over {
-						return
-					}
-				}
-				ok, err := op(ctx)
-				done := time.Now()
-				if !counted || done.After(deadline) {
-					continue
-				}
-				lat = append(lat, done.Sub(now))
-				last = done
-				switch {
-				case err != nil:
-					errs++
-					werr = err
-				case !ok:
-					unexpected++
-				}
-			}
-		})
+	r := load.Run(ctx, func(ctx context.Context) result.Sample {
+		switch ok, err := op(ctx); {
+		case err != nil:
+			return result.Sample{Outcome: result.Failed, Err: err}
+		case !ok:
+			return result.Sample{Outcome: result.Unexpected}
+		}
+		return result.Sample{Outcome: result.OK}
+	})
+	r.Fill(&s)
+	if len(cpu) == 2 && s.Requests > 0 {
+		result.FillCPU(&s, cpu[0], cpu[1], false)
 	}
-	wg.Wait()
-	end := deadline
-	if o.requests > 0 && int64(len(all)) >= o.requests {
-		end = lastDone
-	}
-	window := end.Sub(measureFrom)
-	s.Requests = int64(len(all))
-	s.DurationS = window.Seconds()
-	if window > 0 {
-		s.RPS = float64(s.Requests) / window.Seconds()
-	}
-	all.Fill(&s)
-	if o.requests == 0 && s.Requests > 0 {
-		c0, c1 := <-cpu, <-cpu
-		result.FillCPU(&s, c0, c1, false)
-	}
-	if lastErr != nil {
-		fmt.Fprintln(os.Stderr, "sqlfloor: last error:", lastErr)
+	if r.LastErr != nil {
+		fmt.Fprintln(os.Stderr, "sqlfloor: last error:", r.LastErr)
 	}
 	return s, nil
 }

@@ -31,8 +31,8 @@ type Summary struct {
 	Mode        string  `json:"mode"`              // unique, nokey, hot, storm
 	Concurrency int     `json:"concurrency"`
 	DurationS   float64 `json:"duration_s"` // the measured window
-	Requests    int64   `json:"requests"`   // completed inside the window
-	RPS         float64 `json:"rps"`
+	Requests    int64   `json:"requests"`   // answered as the mode expects inside the window
+	RPS         float64 `json:"rps"`        // Requests per second of the window
 	P50Ms       float64 `json:"p50_ms"`
 	P90Ms       float64 `json:"p90_ms"`
 	P99Ms       float64 `json:"p99_ms"`
@@ -40,8 +40,8 @@ type Summary struct {
 
 	Status     map[string]int64 `json:"status,omitempty"` // HTTP status -> count
 	Replayed   int64            `json:"replayed,omitempty"`
-	Errors     int64            `json:"errors"`     // transport or SQL errors
-	Unexpected int64            `json:"unexpected"` // answers the mode does not expect
+	Errors     int64            `json:"errors"`     // transport or SQL errors, warm-up included
+	Unexpected int64            `json:"unexpected"` // answers the mode does not expect, warm-up included
 
 	// Storm only.
 	Keys             int    `json:"keys,omitempty"`

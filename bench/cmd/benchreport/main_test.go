@@ -1,0 +1,109 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idempotency/bench/internal/result"
+)
+
+// TestMedian: the middle value, the mean of the two middle ones for an
+// even count, and the caller's slice left in its order.
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{4, 1, 3, 2}, 2.5},
+		{[]float64{5, 5, 1}, 5},
+	} {
+		in := slices.Clone(c.in)
+		if got := median(in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+		if !slices.Equal(in, c.in) {
+			t.Errorf("median reordered its argument: %v", in)
+		}
+	}
+}
+
+func sum(subject, mode string, rps, p50 float64) result.Summary {
+	return result.Summary{Subject: subject, Mode: mode, Concurrency: 16, RPS: rps, P50Ms: p50}
+}
+
+// TestPairedRatios: the i-th run of one group over the i-th of the other,
+// pairs whose divisor is zero left out, none without both groups.
+func TestPairedRatios(t *testing.T) {
+	x := &group{Runs: []result.Summary{{RPS: 100}, {RPS: 300}, {RPS: 50}, {RPS: 9}}}
+	y := &group{Runs: []result.Summary{{RPS: 50}, {RPS: 0}, {RPS: 100}}}
+	if got, want := pairedRatios(x, y), []float64{2, 0.5}; !slices.Equal(got, want) {
+		t.Errorf("pairedRatios = %v, want %v", got, want)
+	}
+	if got := pairedRatios(x, nil); got != nil {
+		t.Errorf("pairedRatios without a group = %v, want none", got)
+	}
+}
+
+// TestGroupMedian: a point's figure is its run with the median req/s (the
+// lower middle one for an even count), with the range of all its runs.
+func TestGroupMedian(t *testing.T) {
+	rep := newReport([]result.Summary{
+		sum("A", "unique", 300, 1), sum("A", "unique", 100, 3), sum("A", "unique", 200, 2),
+		sum("B", "unique", 40, 1), sum("B", "unique", 10, 1), sum("B", "unique", 30, 1), sum("B", "unique", 20, 1),
+	}, machine{})
+	a := rep.Groups[key("A", "unique", 16)]
+	if a.Median.RPS != 200 || a.Median.P50Ms != 2 || a.MinRPS != 100 || a.MaxRPS != 300 {
+		t.Errorf("A: median %v (p50 %v), range %v-%v; want the 200 run, 100-300", a.Median.RPS, a.Median.P50Ms, a.MinRPS, a.MaxRPS)
+	}
+	if b := rep.Groups[key("B", "unique", 16)]; b.Median.RPS != 20 {
+		t.Errorf("B: median %v, want 20", b.Median.RPS)
+	}
+}
+
+// TestReplayRatioPairsRuns: the replay/miss ratio is the median of the
+// ratios of runs from the same block, not the ratio of two medians from
+// different runs (which here would be 2).
+func TestReplayRatioPairsRuns(t *testing.T) {
+	rep := newReport([]result.Summary{
+		sum("A", "unique", 100, 8), sum("A", "hot", 100, 8), // block 1
+		sum("A", "hot", 200, 2), sum("A", "unique", 50, 9), // block 2, the other order
+		sum("A", "unique", 100, 8), sum("A", "hot", 400, 1), // block 3
+	}, machine{})
+	q := find(t, rep, "replay/miss throughput at 16 clients")
+	if q.Value != 4 {
+		t.Errorf("replay/miss = %v, want 4, the median of the pairs 1, 4, 4", q.Value)
+	}
+	// Latency: miss p50 / replay p50 of the same pairs: 1, 4.5, 8.
+	if !strings.Contains(q.Detail, "pairs 4.50x") || q.Met == nil || !*q.Met {
+		t.Errorf("replay/miss detail %q, met %v; want the paired latency 4.50x, met", q.Detail, q.Met)
+	}
+}
+
+// TestABRatioPairsRuns: so are A/B and A/C.
+func TestABRatioPairsRuns(t *testing.T) {
+	rep := newReport([]result.Summary{
+		sum("A", "unique", 100, 1), sum("B", "unique", 200, 1), sum("C", "unique", 100, 1),
+		sum("B", "unique", 100, 1), sum("C", "unique", 50, 1), sum("A", "unique", 90, 1),
+		sum("C", "unique", 200, 1), sum("A", "unique", 300, 1), sum("B", "unique", 310, 1),
+	}, machine{})
+	if q := find(t, rep, "A/B throughput at 16 clients"); q.Value != 0.9 {
+		t.Errorf("A/B = %v, want 0.9 (pairs 0.5, 0.9, 0.97)", q.Value)
+	}
+	if q := find(t, rep, "A/C throughput at 16 clients"); q.Value != 1.5 {
+		t.Errorf("A/C = %v, want 1.5 (pairs 1, 1.8, 1.5)", q.Value)
+	}
+}
+
+func find(t *testing.T, rep *report, name string) ratio {
+	t.Helper()
+	for _, q := range rep.Ratios {
+		if q.Name == name {
+			return q
+		}
+	}
+	t.Fatalf("no ratio %q in %v", name, rep.Ratios)
+	return ratio{}
+}

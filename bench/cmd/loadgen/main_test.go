@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/bench/internal/result"
+)
+
+// fakeServer answers the demo login and the order route: every third order
+// a 503, the others a fresh 201. Its /counts is a pgrtt stand-in: two round
+// trips per order, plus 100 for the first (a cold pool's connections and
+// statements).
+func fakeServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	var orders, trips atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/demo/users", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"user_id":1,"token":"t"}`))
+	})
+	mux.HandleFunc("POST /api/trading/orders", func(w http.ResponseWriter, _ *http.Request) {
+		n := orders.Add(1)
+		trips.Add(2)
+		if n == 1 {
+			trips.Add(100)
+		}
+		if n%3 == 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux.HandleFunc("GET /counts", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(counts{RoundTrips: trips.Load(), Xacts: orders.Load()})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv, &orders
+}
+
+// TestSteadyCountsOnlyExpectedAnswers: the 503s fail the run and are no
+// part of the requests or the req/s; round trips per request leave out the
+// warm-up's (the cold first request's 100 included).
+func TestSteadyCountsOnlyExpectedAnswers(t *testing.T) {
+	srv, orders := fakeServer(t)
+	o := options{url: srv.URL, mode: "unique", concurrency: 4, duration: 200 * time.Millisecond,
+		warmup: 50 * time.Millisecond, timeout: 10 * time.Second, rttURL: srv.URL + "/counts", keys: 1, copies: 1, rounds: 1}
+	if err := o.check(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // never hangs
+	defer cancel()
+	s, ok, err := run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		t.Error("a run with 503s passed")
+	}
+	if s.Requests == 0 || s.Requests != s.Status["201"] {
+		t.Errorf("requests %d, want the window's 201s (%v)", s.Requests, s.Status)
+	}
+	if s.Status["503"] == 0 || s.Unexpected < s.Status["503"] {
+		t.Errorf("unexpected %d, status %v: want every 503 unexpected", s.Unexpected, s.Status)
+	}
+	if want := float64(s.Requests) / s.DurationS; s.RPS != want {
+		t.Errorf("rps %v, want the 201s over the window, %v", s.RPS, want)
+	}
+	if s.RoundTripsPerReq != 2 || orders.Load() <= s.Requests {
+		t.Errorf("%.3f round trips per request (after %d orders), want exactly 2", s.RoundTripsPerReq, orders.Load())
+	}
+}
+
+// TestOutcome: a steady mode's answers are OK only as a 201 that is a
+// replay exactly when the mode replays.
+func TestOutcome(t *testing.T) {
+	for _, c := range []struct {
+		a       answer
+		err     error
+		replays bool
+		want    result.Outcome
+	}{
+		{answer{status: 201}, nil, false, result.OK},
+		{answer{status: 201, replayed: true}, nil, true, result.OK},
+		{answer{status: 201, replayed: true}, nil, false, result.Unexpected},
+		{answer{status: 201}, nil, true, result.Unexpected},
+		{answer{status: 409}, nil, false, result.Unexpected},
+		{answer{status: 500}, nil, false, result.Unexpected},
+		{answer{}, errors.New("connection reset"), false, result.Failed},
+	} {
+		if got := outcome(c.a, c.err, c.replays); got.Outcome != c.want || (c.err == nil && got.Status != c.a.status) {
+			t.Errorf("outcome(%+v, %v, replays %v) = %+v, want %v", c.a, c.err, c.replays, got, c.want)
+		}
+	}
+}
