@@ -128,7 +128,11 @@ type Store interface {
 	// Claim inserts an in_flight row for req and returns it with Won set, or,
 	// when the key already exists for (Key, Scope, Endpoint), returns that
 	// row unchanged with Won unset. It never takes over or modifies an
-	// existing row.
+	// existing row. The one exception to Won unset is the caller's own
+	// claim: an existing row that is in_flight, inside its lease and holds
+	// req.Owner (not zero) is returned with Won set, so a request whose
+	// earlier claim committed but whose reply was lost goes on as the
+	// owner.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
 	// (new hash, TTL, lease and Reclaimable; attempt+1; old response
