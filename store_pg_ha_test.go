@@ -261,3 +261,41 @@ func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 		t.Fatalf("Claim after ReleaseOwner: won %v attempt %d, %v; want a new claim", res.Won, res.Record.Attempt, err)
 	}
 }
+
+// TestPostgresTakeoverLostReplyThenOwnClaimWins: a takeover whose reply is
+// lost after it committed reads as lost on the store's retry (its fence
+// no longer matches); the request's next Claim with the same owner token,
+// which the middleware makes after a lost takeover, wins the row the
+// takeover made, so the request still runs once, as the owner.
+func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
+	t.Parallel()
+	rc := &replyCutter{marker: []byte("UPDATE idempotency_keys SET\n\tattempt = attempt + 1,\n\trequest_hash")}
+	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
+	s := idempotency.NewPostgresStore(pool)
+	ctx := t.Context()
+
+	first := pgRequest("u", time.Millisecond, time.Millisecond)
+	rec := pgClaim(t, s, first)
+	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+		t.Fatal(err)
+	}
+	expired := pgWaitFor(t, s, first, func(r idempotency.Record) bool { return r.Expired })
+
+	second := first
+	second.TTL, second.Lease, second.Owner = time.Hour, time.Minute, uuid.New()
+	rc.cuts.Store(1)
+	res, err := s.Takeover(ctx, expired.Fence(), second)
+	if err != nil || res.Won {
+		t.Fatalf("Takeover whose reply was lost: won %v, %v; want a loss (its retry's fence no longer matches)", res.Won, err)
+	}
+	if n := rc.cut.Load(); n != 1 {
+		t.Fatalf("%d replies cut, want 1", n)
+	}
+	res, err = s.Claim(ctx, second)
+	if err != nil || !res.Won || res.Record.Attempt != expired.Attempt+1 {
+		t.Fatalf("Claim with the takeover's token: won %v attempt %d, %v; want won, attempt %d", res.Won, res.Record.Attempt, err, expired.Attempt+1)
+	}
+	if err := s.Complete(ctx, res.Record.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+		t.Fatalf("Complete by the takeover's owner: %v", err)
+	}
+}
