@@ -79,6 +79,15 @@ type Config struct {
 	// 1024 bytes is refused with 400 idempotency_scope_invalid before any
 	// claim: the store could not hold it.
 	Scope func(*http.Request) string
+	// RouteName, when set, names a request's route when its RouteConfig.Name
+	// is empty, before r.Pattern is consulted: for routers that do not set
+	// r.Pattern (gorilla/mux, gin, echo) or set it only partly. It must
+	// return the route's template (for example "POST /accounts/{id}/orders"),
+	// never the raw path: the name becomes a metrics label and the key's
+	// scope_endpoint, so a path with ids in it would explode the label set
+	// and scope one key per path. "" falls through to r.Pattern. The
+	// contrib modules provide one per framework. Defaults to nil.
+	RouteName func(*http.Request) string
 	// Enabled is the kill-switch, asked on every request: false makes every
 	// route a pure pass-through. Defaults to EnabledFromEnv.
 	Enabled func(*http.Request) bool
@@ -102,8 +111,9 @@ type Config struct {
 // with the defaults below.
 type RouteConfig struct {
 	// Name is the endpoint name: the key's scope_endpoint and the metrics
-	// label. Defaults to the ServeMux pattern that matched (r.Pattern); with
-	// neither, keys are scoped by method and path and the label is
+	// label. Defaults to Config.RouteName's answer, then to the ServeMux
+	// pattern that matched (r.Pattern); with
+	// none, keys are scoped by method and path and the label is
 	// "unnamed" (a path longer than 1 KiB is then refused with 400
 	// idempotency_scope_invalid). At most 1024 bytes of UTF-8.
 	Name string
@@ -719,14 +729,17 @@ func (rt *route) passThrough(w http.ResponseWriter, r *http.Request) {
 
 // endpoint returns the key's scope_endpoint and the metrics label.
 func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
-	switch {
-	case rt.name != "":
-		return rt.name, rt.name
-	case r.Pattern != "":
-		return r.Pattern, r.Pattern
-	default:
+	name := rt.name
+	if name == "" && rt.m.cfg.RouteName != nil {
+		name = rt.m.cfg.RouteName(r)
+	}
+	if name == "" {
+		name = r.Pattern
+	}
+	if name == "" {
 		return r.Method + " " + r.URL.EscapedPath(), unnamedEndpoint
 	}
+	return name, name
 }
 
 // maxScopeBytes bounds a key's user scope and its endpoint, so that (key,

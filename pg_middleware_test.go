@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/tcpproxy"
@@ -146,7 +145,8 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestPostgresRoundTripsThroughMiddleware: a new key costs two statements
-// (claim, complete); a replay and every 409/422 cost one.
+// (claim, complete); a replay, a 422 and the 409s (in flight, previous
+// failed) cost one each.
 func TestPostgresRoundTripsThroughMiddleware(t *testing.T) {
 	t.Parallel()
 	tr := &countingTracer{}
@@ -170,6 +170,44 @@ func TestPostgresRoundTripsThroughMiddleware(t *testing.T) {
 		}
 		if got := tr.n.Load() - before; got != s.statements {
 			t.Fatalf("%s: %d statements, want %d", s.name, got, s.statements)
+		}
+	}
+
+	// The 409s: a key in flight, then the same key once its handler failed.
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := mw.MustRoute(idempotency.RouteConfig{Name: "slow"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	key = uuid.NewString()
+	first := make(chan int)
+	go func() { first <- do(slow, key, `{}`).Code }()
+	<-started // claimed: the owner sends nothing more until released
+	for _, s := range []struct {
+		name, want string
+		before     func()
+	}{
+		{"in flight", "idempotency_in_flight", func() {}},
+		{"previous failed", "idempotency_previous_failed", func() {
+			close(release)
+			if code := <-first; code != 500 {
+				t.Fatalf("owner: status %d, want 500", code)
+			}
+		}},
+	} {
+		s.before()
+		before := tr.n.Load()
+		if w := do(slow, key, `{}`); w.Code != 409 || !strings.Contains(w.Body.String(), s.want) {
+			t.Fatalf("%s: %d %s", s.name, w.Code, w.Body)
+		}
+		if got := tr.n.Load() - before; got != 1 {
+			t.Fatalf("%s: %d statements, want 1", s.name, got)
 		}
 	}
 }
@@ -227,9 +265,8 @@ func TestPostgresOutage(t *testing.T) {
 			if el := time.Since(start); el > 5*storeTimeout {
 				t.Fatalf("fail-open answered after %v", el)
 			}
-			bypass, err := testutil.GatherAndCount(reg, "idempotency_bypasses_total")
-			if err != nil || bypass != 1 {
-				t.Fatalf("bypass series = %d (%v)", bypass, err)
+			if n := gathered(t, reg, "idempotency_bypasses_total", "billing", "store_unavailable"); n != 1 {
+				t.Fatalf("bypasses{billing,store_unavailable} = %v, want 1", n)
 			}
 			proxy.Restore()
 			// The pool reconnects on its own; allow it a few attempts.
@@ -245,6 +282,35 @@ func TestPostgresOutage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gathered returns the value of the counter name whose label values are
+// labels (sorted by label name, as gathered) in reg, or 0 when no such
+// series exists.
+func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for i, l := range m.GetLabel() {
+				if l.GetValue() != labels[i] {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }
 
 // TestPostgresPoolExhaustion: with every pool connection held, a claim gives

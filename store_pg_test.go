@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -711,6 +713,9 @@ func TestPostgresErrors(t *testing.T) {
 		role := "idem_test_role_" + hex.EncodeToString(b[:])
 		schema := pool.Config().ConnConfig.RuntimeParams["search_path"]
 		if _, err := pool.Exec(t.Context(), `CREATE ROLE `+role+` LOGIN; GRANT USAGE ON SCHEMA `+schema+` TO `+role); err != nil {
+			if os.Getenv(testdb.EnvRequire) == "1" {
+				t.Fatalf("cannot create a role (%s=1 forbids skipping): %v", testdb.EnvRequire, err)
+			}
 			t.Skipf("cannot create a role: %v", err)
 		}
 		t.Cleanup(func() {
@@ -1065,29 +1070,44 @@ func TestPostgresFencing(t *testing.T) {
 		}
 		// Claimers take orphans over (or claim them anew once deleted) and
 		// claim new keys, racing the cleaners.
+		// Each orphan ends up owned, once: taken over (its row, attempt 2)
+		// or, when cleanup deleted it first, claimed anew (a new row).
 		owned := make(chan idempotency.Fence, 4*n)
+		var anew atomic.Int64
 		for w := range 4 {
 			claimers.Go(func() {
 				for i := w; i < n; i += 4 {
 					req := orphans[i]
 					req.TTL, req.Lease = time.Hour, time.Hour
-					res, err := s.Claim(ctx, req)
-					if err != nil {
-						errc <- err
-						return
-					}
-					if !res.Won && res.Record.Expired {
-						res, err = s.Takeover(ctx, res.Record.Fence(), req)
+					var res idempotency.ClaimResult
+					for round := 0; !res.Won; round++ {
+						if round == 4 {
+							errc <- errors.New("an orphan's row kept changing")
+							return
+						}
+						var err error
+						res, err = s.Claim(ctx, req)
 						if err != nil {
 							errc <- err
 							return
 						}
+						if res.Won {
+							anew.Add(1)
+							break
+						}
+						if !res.Record.Expired {
+							errc <- fmt.Errorf("an orphan's row is live: %+v", res.Record)
+							return
+						}
+						// A takeover that loses to cleanup claims again.
+						if res, err = s.Takeover(ctx, res.Record.Fence(), req); err != nil {
+							errc <- err
+							return
+						}
 					}
-					if res.Won {
-						owned <- res.Record.Fence()
-					}
+					owned <- res.Record.Fence()
 					fresh := pgRequest("u", time.Hour, time.Hour)
-					res, err = s.Claim(ctx, fresh)
+					res, err := s.Claim(ctx, fresh)
 					if err != nil || !res.Won {
 						errc <- errors.Join(err, errors.New("claim of a fresh key lost"))
 						return
@@ -1118,30 +1138,33 @@ func TestPostgresFencing(t *testing.T) {
 				t.Fatalf("claimer racing cleanup: Complete: %v (cleanup deleted a live row?)", err)
 			}
 		}
+		if count != 2*n {
+			t.Fatalf("%d claims won, want %d (every orphan, every fresh key)", count, 2*n)
+		}
+		// Cleanup deleted exactly the orphans that were then claimed anew:
+		// no live row, and no orphan twice.
+		if deleted.Load() != anew.Load() {
+			t.Fatalf("cleanup deleted %d rows, but %d orphans were claimed anew after their deletion", deleted.Load(), anew.Load())
+		}
+		var rows, orphanRows int
+		if err := s.Pool().QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE idem_key = ANY($1)) FROM idempotency_keys`,
+			orphanKeys(orphans)).Scan(&rows, &orphanRows); err != nil {
+			t.Fatal(err)
+		}
+		if rows != 3*n || orphanRows != n {
+			t.Fatalf("%d rows (%d of orphan keys) left, want %d (%d)", rows, orphanRows, 3*n, n)
+		}
 		t.Logf("cleanup deleted %d rows while %d claims were won", deleted.Load(), count)
 	})
 }
 
-// waitBlockedBy polls pg_stat_activity until some backend is waiting for
-// a lock held by blocker's backend (condition polling, not a sleep-as-sync).
-func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, blocker uint32) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		err := pool.QueryRow(t.Context(),
-			`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, int32(blocker)).Scan(&n)
-		if err != nil {
-			t.Fatalf("pg_stat_activity: %v", err)
-		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no backend ever waited for the blocker's lock")
-		}
-		time.Sleep(2 * time.Millisecond)
+// orphanKeys returns the keys of reqs.
+func orphanKeys(reqs []idempotency.ClaimRequest) []string {
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = r.Key
 	}
+	return keys
 }
 
 // TestPostgresEraseRacingTakeover: a user's expired completed row is being
@@ -1150,6 +1173,10 @@ func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, blocker uint32) {
 // skipped, never neither. Found by a review: the DELETE's re-check skipped
 // the taken-over row while the report, read from the statement's snapshot,
 // still saw it as deletable; erase now runs in REPEATABLE READ and retries.
+//
+// The store's own Takeover and DeleteScope race: a third transaction holds
+// the row's lock until both are queued on it, the takeover first, so the
+// takeover commits while the erase waits.
 func TestPostgresEraseRacingTakeover(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -1163,8 +1190,6 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 	}
 	rec = pgWaitFor(t, s, req, func(r idempotency.Record) bool { return r.Expired })
 
-	// A retry's takeover (pgTakeoverSQL, verbatim apart from parameters),
-	// still uncommitted: it holds the row lock.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1174,17 +1199,25 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&blocker); err != nil {
 		t.Fatal(err)
 	}
-	tag, err := tx.Exec(ctx, `UPDATE idempotency_keys SET
-	attempt = attempt + 1, request_hash = $3, status = 'in_flight',
-	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL,
-	created_at = now(), locked_at = now(), locked_until = now() + $5::interval,
-	expires_at = now() + $4::interval, reclaimable = false
-WHERE id = $1 AND attempt = $2 AND expires_at < now()
-	AND NOT (status = 'in_flight' AND locked_until >= now())`,
-		rec.ID, rec.Attempt, req.RequestHash, time.Hour, time.Minute)
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("takeover: %v %v", tag, err)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE id = $1 FOR UPDATE`, rec.ID); err != nil {
+		t.Fatal(err)
 	}
+
+	// A retry's takeover, with a lease that outlives the test: once it
+	// commits, the row is in flight and erasure must skip and report it.
+	retry := pgRequest("gdpr-user", time.Hour, time.Hour)
+	retry.Key = req.Key
+	taken := make(chan error, 1)
+	go func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res, err := s.Takeover(tctx, rec.Fence(), retry)
+		if err == nil && !res.Won {
+			err = errors.New("the takeover lost")
+		}
+		taken <- err
+	}()
+	waitBlockedTree(t, pool, blocker, 1)
 
 	type out struct {
 		res idempotency.ErasureResult
@@ -1197,9 +1230,12 @@ WHERE id = $1 AND attempt = $2 AND expires_at < now()
 		res, err := s.DeleteScope(ectx, "gdpr-user")
 		done <- out{res, err}
 	}()
-	waitBlockedBy(t, pool, blocker)
+	waitBlockedTree(t, pool, blocker, 2)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if err := <-taken; err != nil {
+		t.Fatalf("Takeover: %v", err)
 	}
 	o := <-done
 	if o.err != nil {
@@ -1212,5 +1248,35 @@ WHERE id = $1 AND attempt = $2 AND expires_at < now()
 	if left != len(o.res.Skipped) {
 		t.Fatalf("erase reported Deleted=%d Skipped=%d, but %d row(s) of the user remain: a row was neither erased nor reported",
 			o.res.Deleted, len(o.res.Skipped), left)
+	}
+	if left != 1 || o.res.Deleted != 0 || o.res.Skipped[0].ID != rec.ID || o.res.Skipped[0].Attempt != rec.Attempt+1 {
+		t.Fatalf("erase reported Deleted=%d Skipped=%+v with %d row(s) left; want the taken-over row skipped",
+			o.res.Deleted, o.res.Skipped, left)
+	}
+}
+
+// waitBlockedTree polls pg_stat_activity until n backends wait, directly
+// or through each other, for a lock held by blocker's backend (condition
+// polling, not a sleep-as-sync).
+func waitBlockedTree(t *testing.T, pool *pgxpool.Pool, blocker uint32, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got int
+		err := pool.QueryRow(t.Context(), `WITH RECURSIVE blocked(pid) AS (
+	SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))
+	UNION
+	SELECT a.pid FROM pg_stat_activity a JOIN blocked b ON b.pid = ANY(pg_blocking_pids(a.pid))
+) SELECT count(*) FROM blocked`, int32(blocker)).Scan(&got)
+		if err != nil {
+			t.Fatalf("pg_stat_activity: %v", err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d backend(s) waited for the blocker's lock, want %d", got, n)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }

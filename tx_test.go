@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -427,16 +428,38 @@ func TestTxReclaimNearExpiry(t *testing.T) {
 // TestTxNoTimeLeftForTheHandler: when waiting for a pooled connection
 // leaves the handler no time (its deadline, lease less store timeout, has
 // passed), the handler is not run: the transaction rolls back, the key is
-// released, the client gets 503, and its retry runs once.
+// released, the client gets 503, and its retry runs once. The connections
+// come back once the handler's deadline has passed, reckoned from the
+// claim's own store deadline, and the claim then has seconds left.
 func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 	t.Parallel()
-	f, h := newTxFixture(t, idempotency.Config{Lease: 3 * time.Second, StoreTimeout: 2 * time.Second}, idempotency.RouteConfig{})
-	// Hold every connection, so the claim waits for one; give them back
-	// once the handler's deadline (a second after the claim began) has
-	// passed and the claim can still finish inside its store timeout.
+	const lease, storeTimeout = 5 * time.Second, 4 * time.Second
+	watch := &acquireWatch{deadline: make(chan time.Time, 1)}
+	pool := testdb.New(t, testdb.MaxConns(4), testdb.Tracer(watch))
+	if _, err := pool.Exec(context.Background(),
+		`CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{Lease: lease, StoreTimeout: storeTimeout,
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders", Transactional: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		tx, _ := idempotency.TxFromContext(r.Context())
+		key, _ := idempotency.KeyFromContext(r.Context())
+		if _, err := tx.Exec(r.Context(), `INSERT INTO orders (idem_key) VALUES ($1)`, key); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	// Hold every connection, so the claim waits for one.
 	var held []*pgxpool.Conn
-	for range f.pool.Config().MaxConns {
-		c, err := f.pool.Acquire(context.Background())
+	for range pool.Config().MaxConns {
+		c, err := pool.Acquire(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -444,19 +467,60 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 	}
 	key := uuid.NewString()
 	answered := make(chan *httptest.ResponseRecorder)
+	watch.armed.Store(true)
 	go func() { answered <- do(h, key, `{}`) }()
-	time.Sleep(1200 * time.Millisecond) // the time that passes, not synchronisation
+	// The claim waits for a connection under its store deadline, which
+	// began after the claim did: the handler's deadline is at most
+	// lease - 2*storeTimeout from it.
+	var claimDeadline time.Time
+	select {
+	case claimDeadline = <-watch.deadline:
+	case <-time.After(10 * lease):
+		t.Fatal("the claim never asked the pool for a connection")
+	}
+	handlerDeadline := claimDeadline.Add(lease - 2*storeTimeout)
+	time.Sleep(time.Until(handlerDeadline) + 10*time.Millisecond) // until that deadline has passed
 	for _, c := range held {
 		c.Release()
 	}
-	w := <-answered
-	if w.Code != http.StatusServiceUnavailable || f.calls.Load() != 0 {
-		t.Fatalf("first: %d %s, %d executions; want 503 and none", w.Code, w.Body, f.calls.Load())
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-answered:
+	case <-time.After(10 * lease):
+		t.Fatal("no answer")
 	}
-	if w := do(h, key, `{}`); w.Code != 201 || f.calls.Load() != 1 || f.orders(t) != 1 {
-		t.Fatalf("retry: %d %s, %d executions, %d orders", w.Code, w.Body, f.calls.Load(), f.orders(t))
+	if w.Code != http.StatusServiceUnavailable || calls.Load() != 0 {
+		t.Fatalf("first: %d %s, %d executions; want 503 and none", w.Code, w.Body, calls.Load())
+	}
+	var orders int
+	if w := do(h, key, `{}`); w.Code != 201 || calls.Load() != 1 {
+		t.Fatalf("retry: %d %s, %d executions", w.Code, w.Body, calls.Load())
+	}
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders); err != nil || orders != 1 {
+		t.Fatalf("%d orders (%v), want 1", orders, err)
 	}
 }
+
+// acquireWatch is a pool tracer that reports the deadline of the first
+// connection request made under one once armed (the middleware's; the
+// test's own have none).
+type acquireWatch struct {
+	armed    atomic.Bool
+	once     sync.Once
+	deadline chan time.Time
+}
+
+func (a *acquireWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (a *acquireWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (a *acquireWatch) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	if d, ok := ctx.Deadline(); ok && a.armed.Load() {
+		a.once.Do(func() { a.deadline <- d })
+	}
+	return ctx
+}
+func (a *acquireWatch) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
 
 // TestTxNeverReclaimsAnOrdinaryClaim: a stale key claimed by a route that
 // was not transactional (an old instance mid rolling deploy, or another
@@ -518,24 +582,6 @@ func (b *logBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
-}
-
-// gathered sums the series of a counter in reg.
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
 }
 
 // keyStatus reads a key's row status.
@@ -798,7 +844,7 @@ func TestTxResponseOverBufferCap(t *testing.T) {
 	if f.orders(t) != 0 || f.calls.Load() != 2 {
 		t.Fatalf("orders %d, executions %d; want none and 2", f.orders(t), f.calls.Load())
 	}
-	if n := gathered(t, f.reg, "idempotency_response_too_large_total"); n != 2 {
+	if n := gathered(t, f.reg, "idempotency_response_too_large_total", "orders"); n != 2 {
 		t.Fatalf("idempotency_response_too_large_total = %v, want 2", n)
 	}
 

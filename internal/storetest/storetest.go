@@ -900,8 +900,8 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 			live := mustClaim(t, s, request(scope, longTTL, longLease))
 
 			// A limit of zero deletes nothing.
-			if n, err := s.DeleteExpired(ctx, 0); err == nil && n != 0 {
-				t.Errorf("DeleteExpired(0) = %d, want 0", n)
+			if n, err := s.DeleteExpired(ctx, 0); err != nil || n != 0 {
+				t.Errorf("DeleteExpired(0) = %d, %v; want 0, nil", n, err)
 			}
 			if left := exportIDs(t, s, scope); len(left) != expired+1 {
 				t.Fatalf("after DeleteExpired(0), %d rows left, want %d", len(left), expired+1)
