@@ -33,5 +33,5 @@ func CompleteArgsForTest(f Fence, resp Response) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []any{f.ID, f.Attempt, resp.Status, jsonBody, rawBody, headers}, nil
+	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -37,10 +38,17 @@ const (
 
 // Fence identifies one ownership of a key: the row and the attempt that
 // claimed it. Every state change made by an owner is conditional on both, so
-// an owner whose key was taken over changes nothing.
+// an owner whose key was taken over changes nothing. Build it with
+// Record.Fence.
 type Fence struct {
 	ID      int64 // the row's id
 	Attempt int32 // the row's attempt when it was claimed; bumped by takeover and reclaim
+	// Scope is the row's user scope. Every fenced statement names it, so
+	// on a table distributed by scope_user_id (Citus) it reaches one shard,
+	// and on any table it finds the row through the primary key
+	// (scope_user_id, id). A Fence whose Scope is not the row's owns
+	// nothing.
+	Scope string
 }
 
 // ClaimRequest is what the middleware asks a Store to claim.
@@ -55,6 +63,15 @@ type ClaimRequest struct {
 	// writes roll back if it dies, so Reclaim may take its stale row over.
 	// Rows claimed without it are never reclaimed.
 	Reclaimable bool
+	// Owner is the claiming request's random token (uuid.New(), one per
+	// request, never derived from its key or body), stored in the row by
+	// Claim, Takeover and Reclaim; the zero value (uuid.Nil) stores none.
+	// It is not the fencing attempt: it lets the request that made a claim
+	// recognise the claim as its own when the claim's reply was lost. A
+	// Claim that finds the key's row in_flight, inside its lease and
+	// carrying this Owner reports it as won (the store's own retry after a
+	// lost connection does so), and OwnerReleaser frees such a row.
+	Owner uuid.UUID
 }
 
 // Response is a handler's answer as recorded for replay.
@@ -87,7 +104,7 @@ type Record struct {
 }
 
 // Fence returns the fencing token of the ownership this record describes.
-func (r Record) Fence() Fence { return Fence{ID: r.ID, Attempt: r.Attempt} }
+func (r Record) Fence() Fence { return Fence{ID: r.ID, Attempt: r.Attempt, Scope: r.Scope} }
 
 // ClaimResult is the outcome of a claim, a takeover or a reclaim.
 type ClaimResult struct {
@@ -112,7 +129,11 @@ type Store interface {
 	// Claim inserts an in_flight row for req and returns it with Won set, or,
 	// when the key already exists for (Key, Scope, Endpoint), returns that
 	// row unchanged with Won unset. It never takes over or modifies an
-	// existing row.
+	// existing row. The one exception to Won unset is the caller's own
+	// claim: an existing row that is in_flight, inside its lease and holds
+	// req.Owner (not zero) is returned with Won set, so a request whose
+	// earlier claim committed but whose reply was lost goes on as the
+	// owner.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
 	// (new hash, TTL, lease and Reclaimable; attempt+1; old response
@@ -150,6 +171,27 @@ type Store interface {
 	// ExportScope returns every row of the user scope, oldest first, with
 	// recorded responses (GDPR access and portability).
 	ExportScope(ctx context.Context, scope string) ([]Record, error)
+}
+
+// OwnerReleaser is implemented by stores that can free a key by the owner
+// token of the claim that took it (ClaimRequest.Owner). Both stores of this
+// package implement it; a Store of another package need not, so callers
+// check with a type assertion.
+//
+// It is for a claim whose outcome is unknown (its deadline fired, its reply
+// was lost, its retry failed) and whose handler never ran: such a claim may
+// have committed, leaving the key in_flight with nobody to finish it. Since
+// the handler never ran, deleting the row is safe, and the client's retry
+// then runs as new instead of waiting out the lease or TTL.
+type OwnerReleaser interface {
+	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint)
+	// only if it is in_flight and carries the owner token req.Owner, and
+	// reports whether it deleted one. Other fields of req are ignored. A
+	// row finished, taken over or reclaimed since (any other token, or
+	// none) is left alone, and so is every row when req.Owner is zero.
+	// Like every store call it honours ctx's deadline; its errors are
+	// *StoreErrors with Op "release".
+	ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error)
 }
 
 // TxStore is a Store that can back a transactional route

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // MemoryStore is a Store that keeps its keys in the memory of one process.
@@ -16,8 +18,9 @@ import (
 // and it loses every key when the process exits.
 //
 // Memory is bounded only by MemoryMaxRows: without it, a client that sends
-// new keys fills the process's memory for the keys' TTL. Cleanup costs in proportion to the rows it deletes, erasure and
-// export to the rows of the scope, never to the whole store.
+// new keys fills the process's memory for the keys' TTL. Cleanup costs in
+// proportion to the rows it deletes, erasure and export to the rows of the
+// scope, never to the whole store.
 //
 // A MemoryStore is safe for concurrent use. The zero value is an empty store
 // ready to use, without a cap; NewMemoryStore returns one too.
@@ -41,7 +44,8 @@ type memoryRow struct {
 	// in_flight row the later of its expiry and its lease end (a running
 	// lease keeps a row). The row may go once due is before now.
 	due   time.Time
-	index int // its index in MemoryStore.expiry
+	index int       // its index in MemoryStore.expiry
+	owner uuid.UUID // the current owner's token (ClaimRequest.Owner); uuid.Nil for none
 }
 
 // memoryKey is the unique (key, scope, endpoint) of a row.
@@ -49,7 +53,10 @@ type memoryKey struct {
 	key, scope, endpoint string
 }
 
-var _ Store = (*MemoryStore)(nil)
+var (
+	_ Store         = (*MemoryStore)(nil)
+	_ OwnerReleaser = (*MemoryStore)(nil)
+)
 
 // NewMemoryStore returns an empty MemoryStore configured by opts.
 func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
@@ -95,9 +102,10 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 	s.mu.Lock()
 	now := s.clock()
 	if id, ok := s.ids[k]; ok {
-		rec := s.rows[id].Record
+		row := s.rows[id]
+		rec, mine := row.Record, memoryOwns(row, req.Owner, now)
 		s.mu.Unlock()
-		return ClaimResult{Record: memoryReadRecord(rec, now)}, nil
+		return ClaimResult{Won: mine, Record: memoryReadRecord(rec, now)}, nil
 	}
 	if s.maxRows > 0 && len(s.rows) >= s.maxRows && !s.deleteFirstExpired(now) {
 		s.mu.Unlock()
@@ -118,7 +126,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		LockedUntil: now.Add(req.Lease),
 		ExpiresAt:   now.Add(req.TTL),
 		Reclaimable: req.Reclaimable,
-	}}
+	}, owner: req.Owner}
 	s.insert(k, row)
 	rec := row.Record
 	s.mu.Unlock()
@@ -126,7 +134,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 }
 
 // Takeover implements Store. Like the Postgres store it is fenced on the
-// row's id, its attempt and its expiry, and never takes an in_flight row
+// row's id, scope, attempt and expiry, and never takes an in_flight row
 // whose lease still runs; the key, scope and endpoint of the row are kept.
 func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	if err := memoryCtxError(ctx, "takeover"); err != nil {
@@ -136,7 +144,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
+	if !ok || row.Scope != f.Scope || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
 		s.mu.Unlock()
 		return ClaimResult{}, nil
 	}
@@ -149,6 +157,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = now.Add(req.TTL)
 	row.Reclaimable = req.Reclaimable
+	row.owner = req.Owner
 	s.reorder(row)
 	rec := row.Record
 	s.mu.Unlock()
@@ -164,7 +173,7 @@ func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (C
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || row.Attempt != f.Attempt || row.Status != StatusInFlight || !row.LockedUntil.Before(now) || !row.Reclaimable {
+	if !ok || row.Scope != f.Scope || row.Attempt != f.Attempt || row.Status != StatusInFlight || !row.LockedUntil.Before(now) || !row.Reclaimable {
 		s.mu.Unlock()
 		return ClaimResult{}, nil
 	}
@@ -172,6 +181,7 @@ func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (C
 	row.LockedAt = now
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = maxTime(row.ExpiresAt, now.Add(req.TTL))
+	row.owner = req.Owner
 	s.reorder(row)
 	rec := row.Record
 	s.mu.Unlock()
@@ -224,6 +234,29 @@ func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change fun
 	}
 	change(row)
 	return nil
+}
+
+// ReleaseOwner implements OwnerReleaser: it deletes the key's row only
+// while it is in_flight with the owner token req.Owner.
+func (s *MemoryStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
+	if err := memoryCtxError(ctx, "release"); err != nil {
+		return false, err
+	}
+	if req.Owner == uuid.Nil {
+		return false, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.ids[memoryKey{key: req.Key, scope: req.Scope, endpoint: req.Endpoint}]
+	if !ok {
+		return false, nil
+	}
+	row := s.rows[id]
+	if row.Status != StatusInFlight || row.owner != req.Owner {
+		return false, nil
+	}
+	s.delete(row)
+	return true, nil
 }
 
 // Cleanup implements Store. It deletes the rows whose time ran out

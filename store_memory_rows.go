@@ -7,6 +7,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // The MemoryStore's row bookkeeping: its clock, ownership, the expiry
@@ -24,10 +26,17 @@ func (s *MemoryStore) clock() time.Time {
 // owned returns the row f owns in_flight, or nil. s.mu must be held.
 func (s *MemoryStore) owned(f Fence) *memoryRow {
 	row, ok := s.rows[f.ID]
-	if !ok || row.Status != StatusInFlight || row.Attempt != f.Attempt {
+	if !ok || row.Scope != f.Scope || row.Status != StatusInFlight || row.Attempt != f.Attempt {
 		return nil
 	}
 	return row
+}
+
+// memoryOwns reports whether row is the live claim of the request whose
+// owner token is owner: in_flight inside its lease with that token, as
+// pgClaimSQL decides. No token owns nothing.
+func memoryOwns(row *memoryRow, owner uuid.UUID, now time.Time) bool {
+	return owner != uuid.Nil && row.owner == owner && memoryLeaseRunning(&row.Record, now)
 }
 
 // insert adds a new row under k. s.mu must be held.

@@ -3,7 +3,10 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,7 +24,10 @@ type PostgresStore struct {
 	pool *pgxpool.Pool
 }
 
-var _ Store = (*PostgresStore)(nil)
+var (
+	_ Store         = (*PostgresStore)(nil)
+	_ OwnerReleaser = (*PostgresStore)(nil)
+)
 
 // NewPostgresStore returns a PostgresStore using pool. The pool stays the
 // caller's: the store never closes it, and the caller closes it once the
@@ -68,17 +74,18 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 
 // claimArgs are pgClaimSQL's parameters for req, in order.
 func claimArgs(req ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, req.Reclaimable}
+	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, req.Reclaimable, ownerArg(req.Owner)}
 }
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "takeover", pgTakeoverSQL, f.ID, f.Attempt, req.RequestHash, req.TTL, req.Lease, req.Reclaimable)
+	return s.claimExisting(ctx, "takeover", pgTakeoverSQL,
+		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, req.Reclaimable, ownerArg(req.Owner))
 }
 
 // Reclaim implements Store with one fenced UPDATE.
 func (s *PostgresStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "reclaim", pgReclaimSQL, f.ID, f.Attempt, req.Lease, req.TTL)
+	return s.claimExisting(ctx, "reclaim", pgReclaimSQL, f.ID, f.Attempt, f.Scope, req.Lease, req.TTL, ownerArg(req.Owner))
 }
 
 // claimExisting runs a fenced UPDATE ... RETURNING that makes the caller the
@@ -152,11 +159,11 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// fenced runs a statement on q whose first two parameters are f, returning
-// ErrNotOwner when it changed no row.
+// fenced runs a statement on q whose first three parameters are f (id,
+// attempt, scope), returning ErrNotOwner when it changed no row.
 func fenced(ctx context.Context, q execer, sql string, f Fence, args ...any) error {
 	return retrySerialization(ctx, func() error {
-		tag, err := q.Exec(ctx, sql, append([]any{f.ID, f.Attempt}, args...)...)
+		tag, err := q.Exec(ctx, sql, append([]any{f.ID, f.Attempt, f.Scope}, args...)...)
 		if err != nil {
 			return err
 		}
@@ -167,23 +174,95 @@ func fenced(ctx context.Context, q execer, sql string, f Fence, args ...any) err
 	})
 }
 
-// Cleanup implements Store with one DELETE of at most limit rows,
-// oldest expiry first. Rows locked by a concurrent cleaner are skipped, not
-// waited for.
+// Cleanup implements Store: it reads at most limit deletable rows,
+// earliest expiry first, without locking them (pgExpiredBatchSQL), then
+// deletes them with one DELETE per scope (pgDeleteExpiredSQL), all sent in
+// one pipelined batch, which runs as one transaction. Each DELETE checks
+// the predicate again, so a row taken over since the read stays. Two
+// cleaners running at once may read the same rows: the second waits for
+// the first's delete and then deletes none of them, so its batch may count
+// fewer rows than it read (the next batch or run goes on).
 func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
 	var n int64
-	err := retrySerialization(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, pgCleanupSQL, int64(limit))
-		n = tag.RowsAffected()
+	err := retrySerialization(ctx, func() (err error) {
+		n, err = s.cleanupBatch(ctx, limit)
 		return err
 	})
 	if err != nil {
 		return 0, pgStoreError("cleanup", err)
 	}
 	return n, nil
+}
+
+// cleanupBatch runs one batch of Cleanup.
+func (s *PostgresStore) cleanupBatch(ctx context.Context, limit int) (int64, error) {
+	rows, err := s.pool.Query(ctx, pgExpiredBatchSQL, int64(limit))
+	if err != nil {
+		return 0, err
+	}
+	byScope := make(map[string][]int64)
+	var (
+		scope string
+		id    int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&scope, &id}, func() error {
+		byScope[scope] = append(byScope[scope], id)
+		return nil
+	})
+	if err != nil || len(byScope) == 0 {
+		return 0, err
+	}
+	// One order for every cleaner, so two of them lock rows in the same
+	// order and do not deadlock.
+	scopes := slices.Sorted(maps.Keys(byScope))
+	batch := &pgx.Batch{}
+	for _, sc := range scopes {
+		ids := byScope[sc]
+		slices.Sort(ids)
+		batch.Queue(pgDeleteExpiredSQL, sc, ids)
+	}
+	results := s.pool.SendBatch(ctx, batch)
+	var n int64
+	for range scopes {
+		tag, err := results.Exec()
+		if err != nil {
+			results.Close()
+			return 0, err
+		}
+		n += tag.RowsAffected()
+	}
+	return n, results.Close()
+}
+
+// ReleaseOwner implements OwnerReleaser with one DELETE that names the
+// key's scope (one shard on Citus). A lost connection is retried once, like
+// a claim: the DELETE is idempotent.
+func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
+	if req.Owner == uuid.Nil {
+		return false, nil
+	}
+	var n int64
+	err := retryConnLoss(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, pgReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return false, pgStoreError("release", err)
+	}
+	return n > 0, nil
+}
+
+// ownerArg passes an owner token as its text form, or NULL for none. The
+// statements cast it ($n::uuid), so it works in every pgx query mode.
+func ownerArg(o uuid.UUID) any {
+	if o == uuid.Nil {
+		return nil
+	}
+	return o.String()
 }
 
 // Erase implements Store in one statement: the rows it deletes and
@@ -199,7 +278,7 @@ func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult,
 	err := retrySerialization(ctx, func() error {
 		res = ErasureResult{}
 		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, pgEraseSQL, scope)
+			rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
 			if err != nil {
 				return err
 			}

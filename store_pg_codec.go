@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idempotency/internal/storedbody"
+	"github.com/jackc/pgx/v5"
 )
 
 // How PostgresStore encodes a Record into its columns and decodes it back.

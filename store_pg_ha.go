@@ -37,12 +37,14 @@ func jsonbArg(b []byte) json.RawMessage { return json.RawMessage(b) }
 // connection was lost or shut down (isConnLoss): after a failover the pool
 // still holds connections to the old primary, and pgx checks
 // target_session_attrs only when it opens a connection, never retrying the
-// statement in flight. Only claims and reads go through it. A claim's
-// retry is safe but not exact: when the lost attempt's INSERT had
-// committed, the retry reads that row as someone else's claim (in flight),
-// so the request answers as a concurrent duplicate would (409) although
-// nothing ran; the key then waits for its lease or TTL as a lost claim
-// reply does (README, "What it does not promise").
+// statement in flight. Only claims, reads and ReleaseOwner go through it.
+// When the lost attempt of a claim had committed, the retry finds that
+// row: with an owner token (ClaimRequest.Owner) it recognises the row as
+// its own and wins it (pgClaimSQL); without one it reads the row as
+// someone else's claim in flight, and the request answers as a concurrent
+// duplicate would (409) although nothing ran. A takeover or reclaim whose
+// reply was lost reads as lost (no row matches its fence any more); the
+// caller's next Claim with the same token then wins the row.
 //
 // f is retried as retrySerialization does too.
 func retryConnLoss(ctx context.Context, f func() error) error {

@@ -1,10 +1,16 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -102,4 +108,195 @@ func TestPostgresRetriesConnectionLossOnce(t *testing.T) {
 		t.Fatalf("reason %q, want %q: %v", got, idempotency.ReasonConnection, err)
 	}
 	idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
+}
+
+// replyCutter loses the server's whole reply to chosen statements: a
+// connection that sent a statement holding marker reads that statement's
+// reply up to its ReadyForQuery (so the server has run and committed it),
+// drops it and fails as a lost connection would. It cuts the first cuts
+// such statements, over every connection of the pool.
+type replyCutter struct {
+	marker []byte
+	cuts   atomic.Int32 // replies still to cut
+	cut    atomic.Int32 // replies cut so far
+}
+
+// option configures a test pool to dial through rc, in the exec query mode
+// (each statement is one write holding its SQL text and one reply).
+func (rc *replyCutter) option() testdb.Option {
+	return testdb.Configure(func(c *pgxpool.Config) {
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &cutConn{Conn: conn, rc: rc}, nil
+		}
+	})
+}
+
+// cutConn is one connection dialled through a replyCutter.
+type cutConn struct {
+	net.Conn
+	rc    *replyCutter
+	armed atomic.Bool // a statement to cut was sent: its reply is lost
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, c.rc.marker) && c.rc.cuts.Add(-1) >= 0 {
+		c.armed.Store(true)
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *cutConn) Read(b []byte) (int, error) {
+	if !c.armed.CompareAndSwap(true, false) {
+		return c.Conn.Read(b)
+	}
+	var reply []byte
+	chunk := make([]byte, 4096)
+	for !readyForQuery(reply) {
+		n, err := c.Conn.Read(chunk)
+		reply = append(reply, chunk[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	c.rc.cut.Add(1)
+	c.Conn.Close()
+	return 0, io.ErrUnexpectedEOF
+}
+
+// readyForQuery reports whether the backend messages in b include a
+// ReadyForQuery ('Z'): the server has finished the statement and its
+// implicit transaction.
+func readyForQuery(b []byte) bool {
+	for len(b) >= 5 {
+		n := 1 + int(binary.BigEndian.Uint32(b[1:5]))
+		if len(b) < n {
+			return false
+		}
+		if b[0] == 'Z' {
+			return true
+		}
+		b = b[n:]
+	}
+	return false
+}
+
+// TestPostgresClaimRetryWinsItsOwnRow: a claim whose reply is lost after
+// the server committed it is run again by the store on a new connection;
+// with an owner token the retry recognises the row as its own claim and
+// wins it (the request goes on and records its outcome), where without
+// one it reads the row as someone else's claim in flight (the behaviour
+// before owner tokens: the request answered 409 and the key stayed in
+// flight until its lease or TTL ended).
+func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
+	t.Parallel()
+	rc := &replyCutter{marker: []byte("INSERT INTO idempotency_keys")}
+	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
+	s := idempotency.NewPostgresStore(pool)
+	ctx := t.Context()
+
+	owned := idempotencytest.Request("u", time.Hour, time.Minute)
+	owned.Owner = uuid.New()
+	rc.cuts.Store(1)
+	res, err := s.Claim(ctx, owned)
+	if err != nil || !res.Won {
+		t.Fatalf("Claim whose first reply was lost: won %v, %v; want won", res.Won, err)
+	}
+	if n := rc.cut.Load(); n != 1 {
+		t.Fatalf("%d replies cut, want 1", n)
+	}
+	if res.Record.Attempt != 1 || res.Record.Status != idempotency.StatusInFlight || res.Record.LeaseOver {
+		t.Errorf("won record: attempt %d status %q lease over %v, want 1, in_flight, false", res.Record.Attempt, res.Record.Status, res.Record.LeaseOver)
+	}
+	if err := s.Complete(ctx, res.Record.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+		t.Fatalf("Complete by the retried claim: %v", err)
+	}
+
+	anonymous := idempotencytest.Request("u", time.Hour, time.Minute)
+	rc.cuts.Store(1)
+	res, err = s.Claim(ctx, anonymous)
+	if err != nil || res.Won || res.Record.Status != idempotency.StatusInFlight {
+		t.Fatalf("Claim without a token whose first reply was lost: won %v status %q, %v; want its own row read as in flight by another",
+			res.Won, res.Record.Status, err)
+	}
+	if n := rc.cut.Load(); n != 2 {
+		t.Fatalf("%d replies cut, want 2", n)
+	}
+}
+
+// TestPostgresReleaseOwnerFreesAnUnknownClaim: a claim that failed with
+// both replies lost (its outcome unknown to the caller, although it
+// committed) leaves the key in flight; ReleaseOwner with the claim's token,
+// what the middleware calls when the handler never ran, frees it, and the
+// next request claims the key as new.
+func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
+	t.Parallel()
+	rc := &replyCutter{marker: []byte("INSERT INTO idempotency_keys")}
+	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
+	s := idempotency.NewPostgresStore(pool)
+	ctx := t.Context()
+
+	req := idempotencytest.Request("u", time.Hour, time.Minute)
+	req.Owner = uuid.New()
+	rc.cuts.Store(2)
+	_, err := s.Claim(ctx, req)
+	if got := idempotencytest.StoreReason(t, "claim with both replies lost", err); got != idempotency.ReasonConnection {
+		t.Fatalf("reason %q, want %q: %v", got, idempotency.ReasonConnection, err)
+	}
+	next := req
+	next.Owner = uuid.New()
+	if res, err := s.Claim(ctx, next); err != nil || res.Won || res.Record.Status != idempotency.StatusInFlight {
+		t.Fatalf("the key after the unknown claim: won %v status %q, %v; want in flight", res.Won, res.Record.Status, err)
+	}
+	released, err := s.ReleaseOwner(ctx, req)
+	if err != nil || !released {
+		t.Fatalf("ReleaseOwner: %v, %v; want true", released, err)
+	}
+	res, err := s.Claim(ctx, next)
+	if err != nil || !res.Won || res.Record.Attempt != 1 {
+		t.Fatalf("Claim after ReleaseOwner: won %v attempt %d, %v; want a new claim", res.Won, res.Record.Attempt, err)
+	}
+}
+
+// TestPostgresTakeoverLostReplyThenOwnClaimWins: a takeover whose reply is
+// lost after it committed reads as lost on the store's retry (its fence
+// no longer matches); the request's next Claim with the same owner token,
+// which the middleware makes after a lost takeover, wins the row the
+// takeover made, so the request still runs once, as the owner.
+func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
+	t.Parallel()
+	rc := &replyCutter{marker: []byte("UPDATE idempotency_keys SET\n\tattempt = attempt + 1,\n\trequest_hash")}
+	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
+	s := idempotency.NewPostgresStore(pool)
+	ctx := t.Context()
+
+	first := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
+	rec := idempotencytest.MustClaim(t, s, first)
+	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+		t.Fatal(err)
+	}
+	expired := idempotencytest.WaitFor(t, s, first, "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
+
+	second := first
+	second.TTL, second.Lease, second.Owner = time.Hour, time.Minute, uuid.New()
+	rc.cuts.Store(1)
+	res, err := s.Takeover(ctx, expired.Fence(), second)
+	if err != nil || res.Won {
+		t.Fatalf("Takeover whose reply was lost: won %v, %v; want a loss (its retry's fence no longer matches)", res.Won, err)
+	}
+	if n := rc.cut.Load(); n != 1 {
+		t.Fatalf("%d replies cut, want 1", n)
+	}
+	res, err = s.Claim(ctx, second)
+	if err != nil || !res.Won || res.Record.Attempt != expired.Attempt+1 {
+		t.Fatalf("Claim with the takeover's token: won %v attempt %d, %v; want won, attempt %d", res.Won, res.Record.Attempt, err, expired.Attempt+1)
+	}
+	if err := s.Complete(ctx, res.Record.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+		t.Fatalf("Complete by the takeover's owner: %v", err)
+	}
 }

@@ -28,20 +28,26 @@ const pgClaimColumns = `id, request_hash, status, attempt,
 // ON CONFLICT DO NOTHING never locks or writes the existing row, so replays
 // of one key never queue behind each other.
 //
+// The existing row counts as won when it is the caller's own claim: in
+// flight, inside its lease and holding the caller's owner token (a claim
+// whose reply was lost, run again by retryConnLoss or by the caller). A
+// NULL token (none given, or a row of another writer) never matches.
+//
 // $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
-// $7 reclaimable.
+// $7 reclaimable, $8 owner token (NULL for none).
 const pgClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys
 		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		 created_at, locked_at, locked_until, expires_at, reclaimable)
+		 created_at, locked_at, locked_until, expires_at, reclaimable, owner_token)
 	VALUES ($1, $2, $3, $4, 'in_flight', 1,
-		now(), now(), now() + $6::interval, now() + $5::interval, $7)
+		now(), now(), now() + $6::interval, now() + $5::interval, $7, $8::uuid)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 	RETURNING ` + pgClaimColumns + `
 )
 SELECT *, true AS won FROM ins
 UNION ALL
-SELECT ` + pgClaimColumns + `, false AS won
+SELECT ` + pgClaimColumns + `,
+	(status = 'in_flight' AND locked_until >= now() AND owner_token = $8::uuid) IS TRUE AS won
 FROM idempotency_keys
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 	AND NOT EXISTS (SELECT 1 FROM ins)`
@@ -49,11 +55,17 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // pgTakeoverSQL turns an expired row into a fresh claim, fenced on attempt.
 // An in_flight row whose lease still runs is left to its owner even when
 // expired (instances with different TTL and lease settings can produce one).
+// The new owner's token replaces the old one (NULL when it gave none).
 //
-// $1 id, $2 attempt, $3 request hash, $4 TTL, $5 lease, $6 reclaimable.
+// Every fenced statement names scope_user_id: the primary key is
+// (scope_user_id, id), and on Citus the table is distributed by it, so the
+// statement reaches one shard (store_pg_citus_test.go pins it).
+//
+// $1 id, $2 attempt, $3 scope, $4 request hash, $5 TTL, $6 lease,
+// $7 reclaimable, $8 owner token.
 const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	attempt = attempt + 1,
-	request_hash = $3,
+	request_hash = $4,
 	status = 'in_flight',
 	response_code = NULL,
 	response_body = NULL,
@@ -61,10 +73,11 @@ const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	response_headers = NULL,
 	created_at = now(),
 	locked_at = now(),
-	locked_until = now() + $5::interval,
-	expires_at = now() + $4::interval,
-	reclaimable = $6
-WHERE id = $1 AND attempt = $2 AND expires_at < now()
+	locked_until = now() + $6::interval,
+	expires_at = now() + $5::interval,
+	reclaimable = $7,
+	owner_token = $8::uuid
+WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
 	AND NOT (status = 'in_flight' AND locked_until >= now())
 RETURNING ` + pgColumns
 
@@ -73,59 +86,74 @@ RETURNING ` + pgColumns
 // key reclaimed near the end of its TTL would otherwise expire with its
 // new record, and the next retry would run as a new request.
 //
-// $1 id, $2 attempt, $3 lease, $4 TTL.
+// $1 id, $2 attempt, $3 scope, $4 lease, $5 TTL, $6 owner token.
 const pgReclaimSQL = `UPDATE idempotency_keys SET
 	attempt = attempt + 1,
 	locked_at = now(),
-	locked_until = now() + $3::interval,
-	expires_at = GREATEST(expires_at, now() + $4::interval)
-WHERE id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now() AND reclaimable
+	locked_until = now() + $4::interval,
+	expires_at = GREATEST(expires_at, now() + $5::interval),
+	owner_token = $6::uuid
+WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now() AND reclaimable
 RETURNING ` + pgColumns
 
 // pgCompleteSQL records the response, fenced on the owner's attempt.
 //
-// $1 id, $2 attempt, $3 status code, $4 JSON body, $5 raw body, $6 headers.
+// $1 id, $2 attempt, $3 scope, $4 status code, $5 JSON body, $6 raw body,
+// $7 headers.
 const pgCompleteSQL = `UPDATE idempotency_keys SET
 	status = 'completed',
-	response_code = $3,
-	response_body = $4,
-	response_body_raw = $5,
-	response_headers = $6
-WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
+	response_code = $4,
+	response_body = $5,
+	response_body_raw = $6,
+	response_headers = $7
+WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
 
 // pgFailSQL marks the row failed, fenced on the owner's attempt.
 const pgFailSQL = `UPDATE idempotency_keys SET status = 'failed'
-WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
+WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
 
 // pgReleaseSQL deletes the row, fenced on the owner's attempt.
 const pgReleaseSQL = `DELETE FROM idempotency_keys
-WHERE id = $1 AND status = 'in_flight' AND attempt = $2`
+WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
 
-// pgCleanupSQL deletes one batch of expired rows, never an in_flight
-// row whose lease still runs. SKIP LOCKED lets concurrent cleaners take
-// different rows; the outer statement repeats the predicate because a row
-// may have been taken over or reclaimed between the subquery's read and the
-// delete.
+// pgReleaseOwnerSQL deletes the key's row only while it is in_flight with
+// the given owner token (see OwnerReleaser).
+//
+// $1 key, $2 scope, $3 endpoint, $4 owner token.
+const pgReleaseOwnerSQL = `DELETE FROM idempotency_keys
+WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
+	AND status = 'in_flight' AND owner_token = $4::uuid`
+
+// pgExpiredBatchSQL reads one batch of rows cleanup may delete: expired,
+// and not in_flight inside their lease; earliest expiry first (never by
+// id: ids made on different Citus nodes are not ordered by time). It takes
+// no row lock: FOR UPDATE SKIP LOCKED fails on Citus when it spans shards.
 //
 // $1 batch size.
-const pgCleanupSQL = `DELETE FROM idempotency_keys
-WHERE id IN (
-	SELECT id FROM idempotency_keys
-	WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
-	ORDER BY expires_at
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
+const pgExpiredBatchSQL = `SELECT scope_user_id, id FROM idempotency_keys
+WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
+ORDER BY expires_at
+LIMIT $1`
 
-// pgEraseSQL erases a user scope and reports the rows it left, in one
+// pgDeleteExpiredSQL deletes the rows of one scope that pgExpiredBatchSQL
+// read. It repeats the predicate: a row may have been taken over, reclaimed
+// or deleted between the read and the delete, and an in_flight row whose
+// lease runs is never deleted. It names one scope, so on Citus it reaches
+// one shard.
+//
+// $1 scope, $2 ids.
+const pgDeleteExpiredSQL = `DELETE FROM idempotency_keys
+WHERE scope_user_id = $1 AND id = ANY($2::bigint[])
+	AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
+
+// pgDeleteScopeSQL erases a user scope and reports the rows it left, in one
 // statement: the DELETE and the SELECT share one snapshot and one now(), so
 // every row of the scope is either counted as deleted or returned as
 // skipped. It always returns at least one row; when nothing was skipped, the
 // row's record columns are NULL.
 //
 // $1 scope.
-const pgEraseSQL = `WITH del AS (
+const pgDeleteScopeSQL = `WITH del AS (
 	DELETE FROM idempotency_keys
 	WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= now())
 	RETURNING id

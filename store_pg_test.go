@@ -250,6 +250,7 @@ func TestPostgresMigrations(t *testing.T) {
 			{"locked_until", "timestamp with time zone", "NO", nil},
 			{"reclaimable", "boolean", "NO", str("false")},
 			{"expires_at", "timestamp with time zone", "NO", nil},
+			{"owner_token", "uuid", "YES", nil},
 		}
 		if len(cols) != len(want) {
 			t.Fatalf("idempotency_keys has %d columns, want %d: %+v", len(cols), len(want), cols)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 )
 
@@ -69,6 +70,12 @@ func runClaim(t *testing.T, setup setupFunc) {
 					"Cleanup":     func() error { _, err := s.Cleanup(done, 100); return err },
 					"Erase":       func() error { _, err := s.Erase(done, req.Scope); return err },
 					"ExportScope": func() error { _, err := s.ExportScope(done, req.Scope); return err },
+					"ReleaseOwner": func() error {
+						owned := req
+						owned.Owner = uuid.New()
+						_, err := mustOwnerReleaser(t, s).ReleaseOwner(done, owned)
+						return err
+					},
 				}
 				for name, call := range calls {
 					err := call()

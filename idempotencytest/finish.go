@@ -223,6 +223,8 @@ func fenceWrongFenceIsNotOwner(t *testing.T, setup setupFunc) {
 		{ID: f.ID, Attempt: f.Attempt + 1},
 		{ID: f.ID, Attempt: f.Attempt - 1},
 		{ID: f.ID + 1<<20, Attempt: f.Attempt},
+		{ID: f.ID, Attempt: f.Attempt},                  // no scope
+		{ID: f.ID, Attempt: f.Attempt, Scope: "user-2"}, // another scope
 		{},
 	}
 	for _, w := range wrong {

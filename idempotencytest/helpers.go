@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 )
 
@@ -338,4 +339,29 @@ func StoreReason(t testing.TB, what string, err error) string {
 		t.Errorf("%s: StoreError without its cause", what)
 	}
 	return se.Reason
+}
+
+// ownedRequest returns a claim of a new random key with a fresh owner token.
+func ownedRequest(scope string, ttl, lease time.Duration) idempotency.ClaimRequest {
+	req := Request(scope, ttl, lease)
+	req.Owner = uuid.New()
+	return req
+}
+
+// unowned returns req without its owner token, to read its row as anyone
+// else would.
+func unowned(req idempotency.ClaimRequest) idempotency.ClaimRequest {
+	req.Owner = uuid.Nil
+	return req
+}
+
+// mustOwnerReleaser returns s as an OwnerReleaser, which every store of
+// this module implements.
+func mustOwnerReleaser(t testing.TB, s idempotency.Store) idempotency.OwnerReleaser {
+	t.Helper()
+	r, ok := s.(idempotency.OwnerReleaser)
+	if !ok {
+		t.Fatalf("%T does not implement idempotency.OwnerReleaser", s)
+	}
+	return r
 }

@@ -48,7 +48,8 @@ const (
 type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 
 // Run runs the suite against the stores newStore returns, by area: Claim,
-// the fenced outcomes (Complete, Fail, Release), Takeover and Reclaim, and
+// the fenced outcomes (Complete, Fail, Release), owner tokens
+// (ClaimRequest.Owner, OwnerReleaser), Takeover and Reclaim, and
 // maintenance (Cleanup, Erase, ExportScope). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
@@ -61,6 +62,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	}
 	runClaim(t, setup)
 	runFinish(t, setup)
+	runOwner(t, setup)
 	runTakeover(t, setup)
 	runMaintenance(t, setup)
 }

@@ -7,10 +7,14 @@
 --   attempt is the fencing token; locked_until is the owner's lease end;
 --   reclaimable marks keys claimed by a transactional route, the only ones whose stale
 --   in_flight rows may be reclaimed (their owner's writes rolled back with it);
+--   owner_token is the claiming request's random token (NULL when the writer gave none), so a
+--   request whose claim reply was lost recognises, or frees, its own in_flight row;
+--   the primary key is (scope_user_id, id), not id alone: Citus distributes the table by
+--   scope_user_id, and every unique constraint must then hold it (README, "Scaling");
 --   idx_idem_keys_expires has no status predicate so cleanup also finds expired in-flight orphans.
 -- Every time column is written from the database's now(), never an application clock.
 CREATE TABLE idempotency_keys (
-    id                 BIGSERIAL      PRIMARY KEY,
+    id                 BIGSERIAL      NOT NULL,
     idem_key           TEXT           NOT NULL,
     scope_user_id      TEXT           NOT NULL DEFAULT '',
     scope_endpoint     TEXT           NOT NULL,
@@ -27,10 +31,16 @@ CREATE TABLE idempotency_keys (
     locked_until       TIMESTAMPTZ    NOT NULL,
     reclaimable        BOOLEAN        NOT NULL DEFAULT false,
     expires_at         TIMESTAMPTZ    NOT NULL,
+    owner_token        UUID,
+    PRIMARY KEY (scope_user_id, id),
     CONSTRAINT uq_idem_key_user_endpoint
         UNIQUE (idem_key, scope_user_id, scope_endpoint)
 );
 
+-- This file runs before the table can be distributed, so its CREATE INDEX statements may share it
+-- with the CREATE TABLE. Every later migration that creates an index holds that CREATE INDEX alone:
+-- on a distributed table Citus refuses one that shares its file with other statements
+-- (migrations_test.go checks it).
 CREATE INDEX idx_idem_keys_expires
     ON idempotency_keys (expires_at);
 

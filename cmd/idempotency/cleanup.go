@@ -24,8 +24,9 @@ func cleanupHelp(w io.Writer) {
 Deletes expired keys (expires_at has passed), batch after batch, until a batch
 comes back short. Expired in_flight orphans whose lease is over go too; an
 in_flight key whose lease still runs is never deleted. Safe while the table is
-live: each batch is one short DELETE that skips rows other cleaners hold, and
---timeout bounds each batch. A progress line goes to stderr every --progress.
+live: each batch reads expired rows without locking them and deletes them with
+one short DELETE per user scope that checks them again, and --timeout bounds
+each batch. A progress line goes to stderr every --progress.
 
 --dry-run counts what would be deleted (the same predicate) and deletes nothing.
 

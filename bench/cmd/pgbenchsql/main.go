@@ -125,8 +125,8 @@ func run(src, example, out string) error {
 	if schema == "" || insOrder == "" || insPlaced == "" {
 		return fmt.Errorf("%s: schemaSQL, insertOrderSQL or insertOrderPlacedSQL not found", example)
 	}
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "false"}
-	completeArgs := []string{":c_id", ":c_attempt", "201", ":body", "NULL", ":headers"}
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "false", "NULL"}
+	completeArgs := []string{":c_id", ":c_attempt", ":scope", "201", ":body", "NULL", ":headers"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
 		return oneLine(bind(claim, args))
