@@ -24,18 +24,22 @@ type claimed struct {
 	outcome   claimOutcome
 	record    Record    // claimWon: the owned row; claimDuplicate: the live row
 	claimedAt time.Time // claimWon: when the winning call began (the lease's start)
+	tx        RouteTx   // claimWon on a transactional route: the transaction that holds the claim
 }
 
-// maxClaimRounds bounds the claim loop: a takeover or reclaim that loses
+// maxClaimRounds bounds the claim loop: a takeover that loses
 // its race claims again, which can only repeat while other requests keep
 // winning the same key.
 const maxClaimRounds = 4
 
 // claimKey claims the request's key: a new key is won at once; an expired
-// row is taken over, and a stale row of a transactional route reclaimed,
-// each fenced on the row it read, claiming again when that race is lost.
-// It counts the request as a miss (won) or a hit (any other outcome).
+// row is taken over, fenced on the row it read, claiming again when that
+// race is lost. It counts the request as a miss (won) or a hit (any other
+// outcome).
 func (rq *request) claimKey() (claimed, error) {
+	if rq.rt.txStore != nil {
+		return rq.claimKeyTx()
+	}
 	for round := 1; ; round++ {
 		claimedAt := time.Now()
 		res, err := rq.storeClaim("claim", rq.m.store.Claim)
@@ -46,8 +50,7 @@ func (rq *request) claimKey() (claimed, error) {
 			rq.rm.miss.Inc()
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt}, nil
 		}
-		op, next := rq.reuse(res.Record)
-		if next == nil {
+		if !takeoverable(res.Record) {
 			rq.rm.hit.Inc()
 			return claimed{outcome: claimDuplicate, record: res.Record}, nil
 		}
@@ -56,15 +59,14 @@ func (rq *request) claimKey() (claimed, error) {
 			return claimed{outcome: claimContended}, nil
 		}
 		fence := res.Record.Fence()
-		res, err = rq.storeClaim(op, func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-			return next(ctx, fence, req)
+		res, err = rq.storeClaim("takeover", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+			return rq.m.store.Takeover(ctx, fence, req)
 		})
 		switch {
 		case err != nil:
 			return claimed{}, err
 		case res.Won:
 			rq.rm.miss.Inc()
-			rq.logReclaim(op, res.Record)
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt}, nil
 		case lostRace(res):
 			continue // read the row again: the last round answers in flight
@@ -74,62 +76,74 @@ func (rq *request) claimKey() (claimed, error) {
 	}
 }
 
-// reuse returns how a row that is not this request's may still be claimed:
-// an expired row is a new key (takeover); a stale in_flight row a
-// transactional route claimed for this same request was rolled back and
-// may be reclaimed. next is nil for a live row.
-func (rq *request) reuse(rec Record) (op string, next func(context.Context, Fence, ClaimRequest) (ClaimResult, error)) {
-	switch {
-	case rec.Expired && (rec.Status != StatusInFlight || rec.LeaseOver):
-		return "takeover", rq.m.store.Takeover
-	case rq.rt.txStore != nil && rec.Reclaimable && rec.Status == StatusInFlight && rec.LeaseOver &&
-		rec.RequestHash == rq.claim.RequestHash:
-		// Only rows a transactional route claimed: another owner's
-		// effects did not roll back with it.
-		return "reclaim", rq.m.store.Reclaim
+// claimKeyTx claims the key of a transactional route inside the
+// transaction its handler will write through (TxStore.BeginClaim): won,
+// the transaction stays open and holds the claim; an expired row is taken
+// over inside it; any other row is answered as a duplicate, after the
+// transaction is rolled back. A claim that waited past the route's lock
+// wait for an owner still mid-handler fails as contention (409 in flight).
+func (rq *request) claimKeyTx() (claimed, error) {
+	for round := 1; ; round++ {
+		claimedAt := time.Now()
+		var tx RouteTx
+		res, err := rq.storeClaim("begin", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+			t, r, err := rq.rt.txStore.BeginClaim(ctx, &req)
+			tx = t
+			return r, err
+		})
+		if err != nil {
+			return claimed{}, err
+		}
+		if res.Won {
+			rq.rm.miss.Inc()
+			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil
+		}
+		if !takeoverable(res.Record) || round == maxClaimRounds {
+			rq.endTx(tx)
+			rq.rm.hit.Inc()
+			if takeoverable(res.Record) {
+				return claimed{outcome: claimContended}, nil
+			}
+			return claimed{outcome: claimDuplicate, record: res.Record}, nil
+		}
+		fence := res.Record.Fence()
+		res, err = rq.storeClaim("takeover", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+			return tx.Takeover(ctx, fence, req)
+		})
+		switch {
+		case err != nil:
+			rq.endTx(tx)
+			return claimed{}, err
+		case res.Won:
+			rq.rm.miss.Inc()
+			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil
+		}
+		rq.endTx(tx) // lost the race: read the row again in a new transaction
 	}
-	return "", nil
 }
 
-// lostRace reports a takeover or reclaim that lost its race: by the Store
-// contract, no win and no row (ClaimResult.Record.ID is 0).
+// endTx rolls back a transaction that holds no claim. A rollback that
+// fails leaves nothing behind: the server rolls back when the connection
+// goes.
+func (rq *request) endTx(tx RouteTx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rq.r.Context()), rq.m.cfg.StoreTimeout)
+	defer cancel()
+	_ = tx.Abort(ctx)
+}
+
+// takeoverable reports a row that is a new key for a claim: expired, and
+// not in flight inside its lease.
+func takeoverable(rec Record) bool {
+	return rec.Expired && (rec.Status != StatusInFlight || rec.LeaseOver)
+}
+
+// lostRace reports a takeover that lost its race: by the Store contract,
+// no win and no row (ClaimResult.Record.ID is 0).
 func lostRace(res ClaimResult) bool { return !res.Won && res.Record.ID == 0 }
-
-// logReclaim warns of a reclaimed key, whose previous attempt rolled back.
-func (rq *request) logReclaim(op string, rec Record) {
-	if op == "reclaim" {
-		rq.m.log.Warn("idempotency: reclaimed a stale key; its previous attempt's transaction rolled back",
-			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "attempt", rec.Attempt)
-	}
-}
 
 // storeClaim runs one claiming store call for the request.
 func (rq *request) storeClaim(op string, call func(context.Context, ClaimRequest) (ClaimResult, error)) (ClaimResult, error) {
 	return storeCall(rq.m, rq.r.Context(), op, func(ctx context.Context) (ClaimResult, error) {
 		return call(ctx, rq.claim)
 	})
-}
-
-// answerAsLoser answers a transactional request whose key was reclaimed
-// while its handler ran (its writes rolled back): it reads the key again
-// and answers as a duplicate would, the reclaimer's replay once it
-// completed, else 409 in flight.
-func (rq *request) answerAsLoser() {
-	res, err := rq.storeClaim("claim", rq.m.store.Claim)
-	switch {
-	case err != nil:
-		rq.claimFailed(err)
-	case res.Won:
-		// The row vanished (erased or cleaned up) and this claim took the
-		// key: nothing ran under it, so give it back and ask for a retry.
-		rq.settle(res.Record.Fence(), outcomeRelease, Response{}, time.Now().Add(rq.m.cfg.Lease))
-		rq.answer(answerInFlight)
-	default:
-		// Already counted as a miss when it claimed: no hit on top.
-		rec := res.Record
-		if rec.Status == StatusInFlight {
-			rec.LeaseOver = false // its new owner holds a fresh lease
-		}
-		rq.answerDuplicate(rec)
-	}
 }

@@ -25,6 +25,10 @@ const (
 	minTTL                  = time.Minute
 )
 
+// DefaultTxLockWait is RouteConfig.TxLockWait's default: a duplicate waits
+// this long for an owner mid-handler to commit before it answers 409.
+const DefaultTxLockWait = 10 * time.Millisecond
+
 // Config configures a Middleware. The zero value is usable: every field has
 // a default.
 type Config struct {
@@ -116,12 +120,19 @@ type RouteConfig struct {
 	// completion the key is released, so a later retry executes again. The
 	// route gives up at-most-once for sequential retries. Defaults to false.
 	NoStore bool
-	// Transactional begins a database transaction after the claim and hands
-	// it to the handler (TxFromContext); the handler's writes and the
-	// completed record commit together, and a stale key is reclaimed safely.
+	// Transactional claims the key inside a database transaction and hands
+	// that transaction to the handler (TxFromContext): the claim, the
+	// handler's writes and the record commit together, so a process that
+	// dies mid-handler leaves nothing behind and the retry executes at once.
 	// Requires a store that implements TxStore (PostgresStore does) and a
 	// fail-closed route. Defaults to false.
 	Transactional bool
+	// TxLockWait, on a transactional route, bounds how long a claim waits
+	// for another open transaction that holds the same key (its owner is
+	// mid-handler) before answering 409 in flight. Only the claim, the
+	// takeover and the re-read wait; the handler's statements keep the
+	// session's lock_timeout. Defaults to DefaultTxLockWait.
+	TxLockWait time.Duration
 	// ReleaseOnError, on a transactional route, releases the key when the
 	// handler fails (>= 500 or panic) instead of marking it failed: the
 	// rollback proves nothing happened, so a retry may execute. Defaults to
@@ -163,6 +174,7 @@ func (rc RouteConfig) withDefaults() RouteConfig {
 	rc.TTL = cmp.Or(rc.TTL, DefaultTTL)
 	rc.MaxBodyBytes = min(cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes), math.MaxInt64-1)
 	rc.MaxResponseBytes = cmp.Or(rc.MaxResponseBytes, DefaultMaxResponseBytes)
+	rc.TxLockWait = cmp.Or(rc.TxLockWait, DefaultTxLockWait)
 	return rc
 }
 
@@ -181,6 +193,8 @@ func (rc *RouteConfig) validate(lease time.Duration) error {
 		return fmt.Errorf("idempotency: RouteConfig.MaxBodyBytes must be positive, got %d", rc.MaxBodyBytes)
 	case rc.MaxResponseBytes < 0:
 		return fmt.Errorf("idempotency: RouteConfig.MaxResponseBytes must be positive, got %d", rc.MaxResponseBytes)
+	case rc.TxLockWait < time.Millisecond:
+		return fmt.Errorf("idempotency: RouteConfig.TxLockWait must be at least 1ms, got %v", rc.TxLockWait)
 	case rc.ReleaseOnError && !rc.Transactional:
 		return errors.New("idempotency: RouteConfig.ReleaseOnError needs RouteConfig.Transactional")
 	case rc.Transactional && rc.FailOpen:

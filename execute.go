@@ -23,24 +23,31 @@ type execution struct {
 }
 
 // execute runs the handler of a won claim, settles its outcome, then sends
-// the response.
-func (rq *request) execute(own Record, claimedAt time.Time) {
-	rq.run(&own, claimedAt)
+// the response. tx is the transaction that holds a transactional route's
+// claim.
+func (rq *request) execute(own Record, claimedAt time.Time, tx RouteTx) {
+	rq.run(&own, claimedAt, tx)
 }
 
 // run runs the handler, for the claim own (nil: unclaimed) made at
-// claimedAt: transaction, deadline, buffer, panic, classify, settle.
-func (rq *request) run(own *Record, claimedAt time.Time) {
-	x := &execution{request: *rq}
+// claimedAt (in tx on a transactional route): transaction, deadline,
+// buffer, panic, classify, settle.
+func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
+	x := &execution{request: *rq, tx: tx}
 	if own != nil {
 		x.owned, x.fence, x.leaseEnd = true, own.Fence(), claimedAt.Add(rq.m.cfg.Lease)
 		x.r = x.withKey()
 	}
-	if rq.rt.txStore != nil && !x.begin() {
-		return
+	switch {
+	case rq.rt.txStore == nil:
+	case tx == nil:
+		if !x.begin() {
+			return
+		}
+	default:
+		x.before = x.w.Header().Clone()
 	}
 	if x.owned && x.tooLate() {
-		x.abort() // first: the release may need its connection
 		x.giveBack()
 		return
 	}
@@ -100,10 +107,14 @@ func (x *execution) tooLate() bool {
 // giveBack releases a won key whose handler never ran and asks the client
 // to retry.
 func (x *execution) giveBack() {
-	// Nothing ran, so the release may be retried (fenced) for a while: a
-	// key left in flight would answer outcome_unknown for its whole TTL.
-	// Bounded, so the client still gets its 503 soon.
-	x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
+	if x.tx != nil {
+		x.abort() // the claim rolls back with the transaction
+	} else {
+		// Nothing ran, so the release may be retried (fenced) for a
+		// while: a key left in flight would answer outcome_unknown for its
+		// whole TTL. Bounded, so the client still gets its 503 soon.
+		x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
+	}
 	x.m.log.Warn("idempotency: the store was too slow to leave the handler any time; key released",
 		"endpoint", x.claim.Endpoint, "key", x.claim.Key)
 	x.answer(answerUnavailable)
@@ -112,15 +123,15 @@ func (x *execution) giveBack() {
 // panicked settles a handler that panicked (or called runtime.Goexit, where
 // p is nil), then re-raises.
 func (x *execution) panicked(p any) {
-	o := x.failed()
-	if x.tx != nil {
-		if x.owned && x.checkState() == TxEnded {
+	switch {
+	case x.tx != nil:
+		o := x.failed()
+		if x.checkState() == TxEnded {
 			o = outcomeFail // what it committed itself stays: never free the key
 		}
-		x.abort()
-	}
-	if x.owned {
-		x.settle(x.fence, o, Response{}, x.failureDeadline())
+		x.settleTx(o, Response{})
+	case x.owned:
+		x.settle(x.fence, x.failed(), Response{}, x.leaseEnd)
 	}
 	if p != nil { // nil: runtime.Goexit, which carries on by itself
 		panic(p)
@@ -130,34 +141,17 @@ func (x *execution) panicked(p any) {
 // conclude settles the outcome of a handler that returned, and sends its
 // response or the answer that replaces it.
 func (x *execution) conclude() {
-	state := TxOpen
 	if x.tx != nil {
-		state = x.checkState()
-	}
-	if x.buf.tooLarge { // transactional only: nothing was sent
-		x.abort()
-		if x.owned {
-			x.settle(x.fence, outcomeFail, Response{}, x.failureDeadline())
-		}
-		x.answerTooLarge()
+		x.concludeTx()
 		return
 	}
-	o := x.classify(x.buf.statusCode(), state)
-	inTx := x.tx != nil && o == outcomeComplete && state == TxOpen
-	switch {
-	case inTx:
-		if !x.commit() {
-			return
-		}
-	case x.tx != nil:
-		x.abort()
-	}
-	if x.owned && !inTx {
-		resp, deadline := Response{}, x.failureDeadline()
+	o := x.classify(x.buf.statusCode(), TxOpen)
+	if x.owned {
+		resp := Response{}
 		if o == outcomeComplete {
-			resp, deadline = x.buf.response(x.rt.replayHeaders), x.leaseEnd
+			resp = x.buf.response(x.rt.replayHeaders)
 		}
-		x.settle(x.fence, o, resp, deadline)
+		x.settle(x.fence, o, resp, x.leaseEnd)
 	}
 	x.buf.finish()
 }
@@ -188,16 +182,6 @@ func (x *execution) failed() outcome {
 		return outcomeRelease
 	}
 	return outcomeFail
-}
-
-// failureDeadline bounds settling a failure. On a transactional route it
-// gets one attempt (a zero deadline): a stale row there is reclaimable, so
-// the client need not wait out the lease for a failing store.
-func (x *execution) failureDeadline() time.Time {
-	if x.tx != nil {
-		return time.Time{}
-	}
-	return x.leaseEnd
 }
 
 // txBufferFactor is how many times its MaxResponseBytes a transactional

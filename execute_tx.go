@@ -4,77 +4,153 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"time"
 )
 
 // The transactional difference of a run (README "Transactional
-// routes"): the handler writes through a transaction of the route's
-// TxStore, which commits together with the completed record, fenced on the
-// claim's attempt. Nothing is sent before the commit.
+// routes"): the claim was made inside the transaction the handler writes
+// through (claimKeyTx), and the record commits with the handler's writes.
+// Failure paths roll back to the savepoint taken after the claim and
+// record in the same transaction, so the key is never free for a waiting
+// duplicate; only 429 and the release option roll back whole. Nothing is
+// sent before the commit, and nothing touches the transaction while the
+// handler may still use it.
 
-// begin starts the run's transaction. When it cannot, a claimed key is
-// given back (nothing ran) and the client gets 503.
+// begin starts the transaction of an unclaimed run (no key, or the
+// kill-switch off): a BEGIN that fails answers 503.
 func (x *execution) begin() bool {
-	tx, err := storeCall(x.m, x.r.Context(), "begin", x.rt.txStore.Begin)
+	tx, _, err := storeCallTx(x, "begin", nil)
 	if err == nil {
 		x.tx, x.before = tx, x.w.Header().Clone()
 		return true
 	}
-	if x.owned {
-		x.settle(x.fence, outcomeRelease, Response{}, time.Time{})
-		x.m.log.Warn("idempotency: cannot begin the route's transaction; key released",
-			"endpoint", x.claim.Endpoint, "key", x.claim.Key, "error", err)
-	} else {
-		x.m.log.Warn("idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
-	}
+	x.m.log.Warn("idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
 	x.answer(answerUnavailable)
 	return false
 }
 
-// abort rolls the run's transaction back, if it has one. A rollback that
-// fails leaves nothing behind: the server rolls back when the connection
-// goes.
-func (x *execution) abort() {
-	if x.tx == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), x.m.cfg.StoreTimeout)
-	defer cancel()
-	_ = x.tx.Abort(ctx)
+// storeCallTx runs BeginClaim for req as the store call op.
+func storeCallTx(x *execution, op string, req *ClaimRequest) (RouteTx, ClaimResult, error) {
+	var tx RouteTx
+	res, err := storeCall(x.m, x.r.Context(), op, func(ctx context.Context) (ClaimResult, error) {
+		t, r, err := x.rt.txStore.BeginClaim(ctx, req)
+		tx = t
+		return r, err
+	})
+	return tx, res, err
 }
 
-// commit commits the handler's writes, with the completed record on an
-// owned run. When it cannot, everything is rolled back and the client gets
-// what a duplicate would (the key was reclaimed meanwhile) or 503.
-func (x *execution) commit() bool {
-	_, err := storeCall(x.m, x.r.Context(), "commit", func(ctx context.Context) (struct{}, error) {
-		if x.owned {
-			return struct{}{}, x.tx.Commit(ctx, &Settlement{Fence: x.fence, Response: x.buf.response(x.rt.replayHeaders)})
+// abort rolls the run's whole transaction back (the claim with it), if it
+// has one. A rollback that fails leaves nothing behind: the server rolls
+// back when the connection goes.
+func (x *execution) abort() {
+	if x.tx != nil {
+		x.endTx(x.tx)
+	}
+}
+
+// concludeTx settles a transactional run whose handler returned, then
+// sends its response or the answer that replaces it.
+func (x *execution) concludeTx() {
+	state := x.checkState()
+	switch {
+	case state == TxClosed:
+		// The server rolled everything back, the claim included: the key
+		// is free, and the retry executes.
+		x.abort()
+		restoreHeader(x.w.Header(), x.before)
+		x.answer(answerUnavailable)
+		return
+	case x.buf.tooLarge: // nothing was sent
+		if x.settleTx(outcomeFail, Response{}) {
+			x.answerTooLarge()
 		}
-		return struct{}{}, x.tx.Commit(ctx, nil)
-	})
+		return
+	}
+	o := x.classify(x.buf.statusCode(), state)
+	resp := Response{}
+	if o == outcomeComplete {
+		resp = x.buf.response(x.rt.replayHeaders)
+	}
+	if x.settleTx(o, resp) {
+		x.buf.finish()
+	}
+}
+
+// settleTx settles outcome o of a transactional run and reports whether
+// the handler's own response may be sent; when it may not, the client has
+// its answer already.
+//
+// Completed from an open transaction: the record and COMMIT. Failed, or
+// any answer from an aborted transaction: back to the savepoint, then the
+// record and COMMIT. Released (429, the release option): a full rollback.
+// A transaction the handler ended itself: settled with an ordinary fenced
+// statement. Unclaimed runs commit or roll back alone.
+func (x *execution) settleTx(o outcome, resp Response) bool {
+	state := x.tx.State()
+	switch {
+	case state == TxClosed:
+		restoreHeader(x.w.Header(), x.before)
+		x.answer(answerUnavailable)
+		return false
+	case !x.owned && o == outcomeComplete && state == TxOpen:
+		return x.commit(nil)
+	case !x.owned, o == outcomeRelease && state != TxEnded:
+		x.abort()
+		return true
+	case state == TxEnded:
+		// Its COMMIT made the claim permanent (then the fenced statement
+		// records the answer), or its ROLLBACK freed the key (then the
+		// fence finds nothing to change).
+		x.abort()
+		x.settle(x.fence, o, resp, x.leaseEnd)
+		return true
+	}
+	s := &Settlement{Fence: x.fence, Failed: o == outcomeFail, Undo: o == outcomeFail || state == TxAborted, Response: resp}
+	if s.Failed {
+		s.Response = Response{}
+	}
+	return x.commit(s)
+}
+
+// commit commits the run's transaction with settlement s (nil: unclaimed).
+// When the handler's writes violate a deferred constraint, the writes are
+// undone and the key recorded failed: the client gets 409
+// idempotency_previous_failed, as every retry will. When the commit fails
+// (or its reply is lost), everything is rolled back, and the client gets
+// 503: the handler ran, and the row decides whether it committed.
+func (x *execution) commit(s *Settlement) bool {
+	err := x.commitOnce(s)
+	if err != nil && s != nil && errors.Is(err, ErrDeferredConstraint) {
+		x.m.log.Error("idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed",
+			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
+		if err = x.commitOnce(&Settlement{Fence: s.Fence, Failed: true, Undo: true}); err == nil {
+			restoreHeader(x.w.Header(), x.before)
+			x.answer(answerPreviousFailed)
+			return false
+		}
+	}
 	if err == nil {
 		return true
 	}
 	x.abort()
 	restoreHeader(x.w.Header(), x.before)
-	switch {
-	case x.owned && errors.Is(err, ErrNotOwner):
-		// The key was reclaimed while this handler ran: its writes rolled
-		// back, and the client gets what any duplicate would.
-		x.m.log.Warn("idempotency: key reclaimed while its handler ran; writes rolled back",
-			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
-		x.answerAsLoser()
-	case x.owned:
-		x.m.log.Error("idempotency: commit failed; the key is reclaimable after its lease",
+	if x.owned {
+		x.m.log.Error("idempotency: commit failed; the handler ran, the retry replays if it committed and executes if not",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
 		x.rm.settleFailures.Inc()
-		x.answer(answerUnavailable)
-	default:
+	} else {
 		x.m.log.Error("idempotency: commit failed", "endpoint", x.label, "error", err)
-		x.answer(answerUnavailable)
 	}
+	x.answer(answerUnavailable)
 	return false
+}
+
+// commitOnce runs RouteTx.Commit as the store call "commit".
+func (x *execution) commitOnce(s *Settlement) error {
+	_, err := storeCall(x.m, x.r.Context(), "commit", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, x.tx.Commit(ctx, s)
+	})
+	return err
 }
 
 // checkState reads how the handler left its transaction and logs what it
@@ -92,6 +168,9 @@ func (x *execution) checkState() TxState {
 	case state == TxAborted && status < 400 && !x.buf.tooLarge:
 		x.m.log.Warn("idempotency: the handler answered success from an aborted transaction; its writes did not happen",
 			"endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
+	case state == TxClosed:
+		x.m.log.Warn("idempotency: the route's connection closed while its handler ran (a statement past its deadline, or the session ended); "+
+			"everything rolled back, the claim included", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	}
 	return state
 }

@@ -206,13 +206,17 @@ func TestTxPassThrough(t *testing.T) {
 	}
 }
 
-// TestTxReclaimFencesSlowOwner: an owner that outlives its lease while
-// another request reclaims the key and commits: exactly one order is
-// committed, and the slow owner's client gets the reclaimer's replay.
-func TestTxReclaimFencesSlowOwner(t *testing.T) {
+// TestTxBlockedOwnerHeldUntilServerBound: an owner blocked in Go (it
+// ignores its deadline) keeps its transaction, and so its key: duplicates
+// get 409 in flight, each within the lock wait plus the store timeout,
+// until the server-side bound (idle_in_transaction_session_timeout, set
+// locally from the lease) ends the owner's session. The claim then rolls
+// back with everything else, one duplicate executes, and the owner's
+// client, once its handler returns, gets 503: exactly one order commits.
+func TestTxBlockedOwnerHeldUntilServerBound(t *testing.T) {
 	t.Parallel()
-	const lease = 1500 * time.Millisecond
-	f, h := newTxFixture(t, idempotency.Config{Lease: lease, StoreTimeout: 500 * time.Millisecond},
+	const lease, storeTimeout = 1500 * time.Millisecond, 500 * time.Millisecond
+	f, h := newTxFixture(t, idempotency.Config{Lease: lease, StoreTimeout: storeTimeout},
 		idempotency.RouteConfig{TTL: time.Minute})
 	ownerWaiting := make(chan struct{})
 	releaseOwner := make(chan struct{})
@@ -227,31 +231,43 @@ func TestTxReclaimFencesSlowOwner(t *testing.T) {
 	ownerDone := make(chan *httptest.ResponseRecorder)
 	go func() { ownerDone <- do(h, key, `{}`) }()
 	<-ownerWaiting
-	// Duplicates get 409 in flight until the lease is over; then one
-	// reclaims and executes.
-	var reclaimer string
+	var (
+		executed string
+		inFlight int
+	)
 	deadline := time.Now().Add(20 * lease)
 	for {
+		start := time.Now()
 		w := do(h, key, `{}`)
+		if took := time.Since(start); took > 5*(idempotency.DefaultTxLockWait+storeTimeout) {
+			t.Fatalf("a duplicate took %v, want about the lock wait (never hangs)", took)
+		}
 		if w.Code == 201 {
-			reclaimer = w.Body.String()
+			executed = w.Body.String()
 			break
 		}
 		if w.Code != 409 || !strings.Contains(w.Body.String(), "idempotency_in_flight") {
-			t.Fatalf("duplicate during the lease: %d %s", w.Code, w.Body)
+			t.Fatalf("duplicate while the owner holds the key: %d %s", w.Code, w.Body)
 		}
+		inFlight++
 		if time.Now().After(deadline) {
-			t.Fatal("the key was never reclaimed")
+			t.Fatal("the server never ended the blocked owner's session")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if inFlight == 0 {
+		t.Error("no duplicate met the blocked owner's key in flight")
+	}
 	close(releaseOwner)
 	owner := <-ownerDone
-	if owner.Code != 201 || owner.Header().Get(idempotency.HeaderReplayed) != "true" || !isReplayOf(owner.Body.String(), reclaimer) {
-		t.Fatalf("slow owner got %d %s, want the reclaimer's replay of %s", owner.Code, owner.Body, reclaimer)
+	if owner.Code != http.StatusServiceUnavailable {
+		t.Fatalf("blocked owner got %d %s, want 503 (its session ended, its claim rolled back)", owner.Code, owner.Body)
 	}
 	if f.orders(t) != 1 || f.calls.Load() != 2 {
 		t.Fatalf("orders %d executions %d, want 1 committed of 2", f.orders(t), f.calls.Load())
+	}
+	if w := do(h, key, `{}`); w.Header().Get(idempotency.HeaderReplayed) != "true" || !isReplayOf(w.Body.String(), executed) {
+		t.Fatalf("retry: %d %s, want the replay of %s", w.Code, w.Body, executed)
 	}
 }
 
@@ -371,57 +387,6 @@ func TestTxUnrepresentableJSONNumber(t *testing.T) {
 	}
 	if f.orders(t) != 1 || f.calls.Load() != 1 {
 		t.Fatalf("orders %d executions %d", f.orders(t), f.calls.Load())
-	}
-}
-
-// TestTxReclaimNearExpiry: a stale key reclaimed just before its TTL ends
-// gets a fresh TTL with its new owner, so the reclaimer's record replays
-// instead of expiring with it (a retry would then run the order again).
-// Found by a review: the reclaim used to move only the lease.
-func TestTxReclaimNearExpiry(t *testing.T) {
-	t.Parallel()
-	const ttl = time.Minute
-	f, h := newTxFixture(t, idempotency.Config{Lease: 3 * time.Second, StoreTimeout: 500 * time.Millisecond},
-		idempotency.RouteConfig{TTL: ttl})
-	ownerIn, releaseOwner := make(chan struct{}), make(chan struct{})
-	f.behave = func(n int64, w http.ResponseWriter, r *http.Request) bool {
-		if n == 1 {
-			close(ownerIn)
-			<-releaseOwner // a stuck owner: fenced out, its writes roll back
-		}
-		return false
-	}
-	key := uuid.NewString()
-	ownerDone := make(chan struct{})
-	go func() { defer close(ownerDone); do(h, key, `{}`) }()
-	defer func() { close(releaseOwner); <-ownerDone }()
-	<-ownerIn
-
-	// As if almost a TTL had passed since the claim: the lease long over,
-	// the key a moment from expiring.
-	tag, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys
-		SET locked_until = now() - interval '1 millisecond', expires_at = now() + interval '1 second'
-		WHERE idem_key = $1`, key)
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("simulate time: %v %v", tag, err)
-	}
-	first := do(h, key, `{}`)
-	if first.Code != 201 || first.Header().Get(idempotency.HeaderReplayed) != "" {
-		t.Fatalf("reclaiming retry: %d %s", first.Code, first.Body)
-	}
-	var left time.Duration
-	if err := f.pool.QueryRow(context.Background(),
-		`SELECT expires_at - now() FROM idempotency_keys WHERE idem_key = $1`, key).Scan(&left); err != nil {
-		t.Fatal(err)
-	}
-	if left < ttl-10*time.Second {
-		t.Errorf("the reclaimed key expires in %v, want about a TTL (%v)", left, ttl)
-	}
-	if w := do(h, key, `{}`); w.Header().Get(idempotency.HeaderReplayed) != "true" || !isReplayOf(w.Body.String(), first.Body.String()) {
-		t.Fatalf("retry: %d %s", w.Code, w.Body)
-	}
-	if f.orders(t) != 1 {
-		t.Fatalf("committed orders %d, want 1", f.orders(t))
 	}
 }
 
@@ -661,8 +626,10 @@ func TestTxPassThroughAbortedTransaction(t *testing.T) {
 
 // TestTxHandlerEndsTransaction: a handler that ends the route's transaction
 // itself with SQL is detected afterwards: an ERROR is logged, its answer is
-// recorded with an ordinary fenced statement, and its key is never given
-// back (what it committed stays committed, so a retry must not run again).
+// recorded with an ordinary fenced statement, and after a COMMIT its key is
+// never given back (what it committed stays committed, so a retry must not
+// run again). A ROLLBACK took the claim with it (DESIGN.md: it frees the
+// key mid-handler): the fence finds no row, and the retry executes.
 func TestTxHandlerEndsTransaction(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -672,12 +639,13 @@ func TestTxHandlerEndsTransaction(t *testing.T) {
 		status     int
 		wantRetry  int
 		wantOrders int
+		wantCalls  int64
 	}{
-		{"COMMIT then 201", "COMMIT", idempotency.RouteConfig{}, 201, 201, 1},
-		{"ROLLBACK then 201", "ROLLBACK", idempotency.RouteConfig{}, 201, 201, 0},
-		{"COMMIT then 500 under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 500, 409, 1},
-		{"COMMIT then 429", "COMMIT", idempotency.RouteConfig{}, 429, 429, 1},
-		{"COMMIT then panic under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 0, 409, 1},
+		{"COMMIT then 201", "COMMIT", idempotency.RouteConfig{}, 201, 201, 1, 1},
+		{"ROLLBACK then 201", "ROLLBACK", idempotency.RouteConfig{}, 201, 201, 0, 2},
+		{"COMMIT then 500 under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 500, 409, 1, 1},
+		{"COMMIT then 429", "COMMIT", idempotency.RouteConfig{}, 429, 429, 1, 1},
+		{"COMMIT then panic under ReleaseOnError", "COMMIT", idempotency.RouteConfig{ReleaseOnError: true}, 0, 409, 1, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -713,31 +681,30 @@ func TestTxHandlerEndsTransaction(t *testing.T) {
 				t.Errorf("no ERROR logged; logs:\n%s", logs)
 			}
 			w := do(h, key, `{}`)
-			if w.Code != c.wantRetry || c.wantRetry != 409 && w.Header().Get(idempotency.HeaderReplayed) != "true" {
-				t.Fatalf("retry: %d %s, want %d replayed", w.Code, w.Body, c.wantRetry)
+			if replayed := w.Header().Get(idempotency.HeaderReplayed) == "true"; w.Code != c.wantRetry || c.wantRetry != 409 && replayed != (c.wantCalls == 1) {
+				t.Fatalf("retry: %d %s (replayed %v), want %d", w.Code, w.Body, replayed, c.wantRetry)
 			}
-			if f.calls.Load() != 1 || f.orders(t) != c.wantOrders {
-				t.Fatalf("executions %d, orders %d; want 1 and %d", f.calls.Load(), f.orders(t), c.wantOrders)
+			if f.calls.Load() != c.wantCalls || f.orders(t) != c.wantOrders {
+				t.Fatalf("executions %d, orders %d; want %d and %d", f.calls.Load(), f.orders(t), c.wantCalls, c.wantOrders)
 			}
 		})
 	}
 }
 
 // TestTxAnswersKeepOuterHeaders: when the middleware answers instead of the
-// handler (503 after a failed commit, with and without a key; the loser's
-// answer after the key was taken over), it drops only the headers the
-// handler set, not those outer middleware set before (CORS, request id).
+// handler (409 previous_failed after a deferred constraint's violation was
+// recorded failed; 503 after a failed commit without a key), it drops only
+// the headers the handler set, not those outer middleware set before (CORS,
+// request id).
 func TestTxAnswersKeepOuterHeaders(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name   string
-		key    bool
-		fenced bool // the key's attempt moves under the handler: its record is fenced out
-		want   int
+		name string
+		key  bool
+		want int
 	}{
-		{"failed commit", true, false, 503},
-		{"failed commit without a key", false, false, 503},
-		{"key taken over", true, true, 409},
+		{"deferred constraint", true, 409},
+		{"failed commit without a key", false, 503},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -748,15 +715,10 @@ func TestTxAnswersKeepOuterHeaders(t *testing.T) {
 			}
 			f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
 				tx, _ := idempotency.TxFromContext(r.Context())
-				key, _ := idempotency.KeyFromContext(r.Context())
-				var err error
-				if c.fenced {
-					_, err = f.pool.Exec(r.Context(), `UPDATE idempotency_keys SET attempt = attempt + 1 WHERE idem_key = $1`, key)
-				} else {
-					// Violates a deferred constraint: the COMMIT fails.
-					_, err = tx.Exec(r.Context(), `INSERT INTO deferred VALUES (1), (1)`)
-				}
-				if err != nil {
+				// Violates a deferred constraint: the record's SET
+				// CONSTRAINTS ALL IMMEDIATE fails, or, without a key, the
+				// COMMIT.
+				if _, err := tx.Exec(r.Context(), `INSERT INTO deferred VALUES (1), (1)`); err != nil {
 					t.Error(err)
 				}
 				w.Header().Set("X-Handler", "1")
@@ -859,9 +821,11 @@ func TestTxResponseOverBufferCap(t *testing.T) {
 
 // TestTxUnavailableIsCounted: every 503 of a transactional route counts as
 // a store_unavailable rejection, like the 503s of any other route: a
-// COMMIT that fails (with and without a key) and a BEGIN that fails (with
-// and without a key), and the failed call counts as a store error of its
-// operation (commit, begin).
+// COMMIT that fails (without a key) and a BEGIN that fails (with and
+// without a key), and the failed call counts as a store error of its
+// operation (commit, begin). A handler that violates a deferred constraint
+// on a keyed request gets its key recorded failed (409 then and after),
+// never a 503 whose retry would run the handler again.
 func TestTxUnavailableIsCounted(t *testing.T) {
 	t.Parallel()
 	t.Run("commit", func(t *testing.T) {
@@ -884,17 +848,26 @@ func TestTxUnavailableIsCounted(t *testing.T) {
 			}
 			return false
 		}
-		for _, key := range []string{uuid.NewString(), ""} {
-			if w := do(h, key, `{}`); w.Code != http.StatusServiceUnavailable {
-				t.Fatalf("key %q: %d %s, want 503", key, w.Code, w.Body)
-			}
+		key := uuid.NewString()
+		if w := do(h, key, `{}`); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "idempotency_previous_failed") {
+			t.Fatalf("keyed: %d %s, want 409 previous_failed (the violation recorded failed, never a 503)", w.Code, w.Body)
 		}
-		if n := gathered(t, f.reg, "idempotency_rejections_total", "orders", "store_unavailable"); n != 2 {
-			t.Errorf("store_unavailable rejections = %v, want 2 (one per 503)", n)
+		if w := do(h, "", `{}`); w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("no key: %d %s, want 503 (its COMMIT failed)", w.Code, w.Body)
+		}
+		if n := gathered(t, f.reg, "idempotency_rejections_total", "orders", "store_unavailable"); n != 1 {
+			t.Errorf("store_unavailable rejections = %v, want 1 (one per 503)", n)
 		}
 		// The foreign key's violation (23503) is no outage kind of its own.
-		if n := gathered(t, f.reg, "idempotency_store_errors_total", "commit", idempotency.ReasonOther); n != 2 {
-			t.Errorf("commit store errors = %v, want 2 (the failed commits)", n)
+		if n := gathered(t, f.reg, "idempotency_store_errors_total", "commit", idempotency.ReasonOther); n != 1 {
+			t.Errorf("commit store errors = %v, want 1 (the failed commit)", n)
+		}
+		// The retry of the failed key never runs again, never gets a 503.
+		if w := do(h, key, `{}`); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "idempotency_previous_failed") {
+			t.Fatalf("retry: %d %s, want 409 previous_failed", w.Code, w.Body)
+		}
+		if f.calls.Load() != 2 || f.orders(t) != 0 {
+			t.Errorf("executions %d (keyed and unkeyed), orders %d; want 2 and 0", f.calls.Load(), f.orders(t))
 		}
 	})
 	t.Run("begin", func(t *testing.T) {
@@ -935,6 +908,6 @@ func TestTxUnavailableIsCounted(t *testing.T) {
 // cannot begin a transaction.
 type beginFails struct{ *idempotency.MemoryStore }
 
-func (beginFails) Begin(context.Context) (idempotency.RouteTx, error) {
-	return nil, &idempotency.StoreError{Op: "begin", Reason: idempotency.ReasonConnection, Err: errors.New("connection refused")}
+func (beginFails) BeginClaim(context.Context, *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
+	return nil, idempotency.ClaimResult{}, &idempotency.StoreError{Op: "begin", Reason: idempotency.ReasonConnection, Err: errors.New("connection refused")}
 }

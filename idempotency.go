@@ -82,6 +82,7 @@ type route struct {
 	replayHeaders  []string // canonical names, allow-list for recording
 	noStore        bool
 	txStore        TxStore // non-nil on transactional routes
+	txLockWait     time.Duration
 	releaseOnError bool
 }
 
@@ -109,6 +110,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		replayHeaders:  headers,
 		noStore:        rc.NoStore,
 		txStore:        ts,
+		txLockWait:     rc.TxLockWait,
 		releaseOnError: rc.ReleaseOnError,
 	}, nil
 }

@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	m := &metrics{
-		miss:           counter("idempotency_miss_total", "Requests that claimed their key (new, expired takeover, reclaim).", "endpoint"),
+		miss:           counter("idempotency_miss_total", "Requests that claimed their key (new, expired takeover).", "endpoint"),
 		hit:            counter("idempotency_hit_total", "Requests that found a live row for their key.", "endpoint"),
 		replay:         counter("idempotency_replay_total", "Stored responses served.", "endpoint"),
 		conflicts:      counter("idempotency_conflicts_total", "409 and 422 answers to requests that found a live row.", "endpoint", "reason"),
@@ -104,7 +104,7 @@ type storeOps map[string]prometheus.Observer
 
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
-	for _, op := range []string{"claim", "takeover", "reclaim", "complete", "fail", "release",
+	for _, op := range []string{"claim", "takeover", "complete", "fail", "release",
 		"begin", "commit", "cleanup", "erase"} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}

@@ -19,7 +19,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		rq.claimFailed(err)
 	case res.outcome == claimWon:
-		rq.execute(res.record, res.claimedAt)
+		rq.execute(res.record, res.claimedAt, res.tx)
 	case res.outcome == claimContended:
 		rq.answer(answerInFlight)
 	default:
@@ -83,7 +83,7 @@ func (rq *request) admitScope(key string, body []byte) bool {
 		RequestHash: requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body),
 		TTL:         rq.rt.ttl,
 		Lease:       rq.m.cfg.Lease,
-		Reclaimable: rq.rt.txStore != nil,
+		LockWait:    rq.rt.txLockWait,
 	}
 	rq.rm = rq.m.metricsFor(rq.label)
 	return true
@@ -131,5 +131,5 @@ func (rq *request) passThrough() {
 		return
 	}
 	rq.name()
-	rq.run(nil, time.Time{})
+	rq.run(nil, time.Time{}, nil)
 }

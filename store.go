@@ -42,7 +42,7 @@ const (
 // Record.Fence.
 type Fence struct {
 	ID      int64 // the row's id
-	Attempt int32 // the row's attempt when it was claimed; bumped by takeover and reclaim
+	Attempt int32 // the row's attempt when it was claimed; bumped by takeover
 	// Scope is the row's user scope. Every fenced statement names it, so
 	// on a table distributed by scope_user_id (Citus) it reaches one shard,
 	// and on any table it finds the row through the primary key
@@ -59,13 +59,14 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL         time.Duration // how long the row lives: expires_at = now + TTL
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
-	// Reclaimable marks a claim made by a transactional route: its owner's
-	// writes roll back if it dies, so Reclaim may take its stale row over.
-	// Rows claimed without it are never reclaimed.
-	Reclaimable bool
+	// LockWait bounds, for a claim inside a transaction (TxStore), how
+	// long the claim, a takeover and a re-read wait on a row of the key
+	// that another open transaction holds; 0 means DefaultTxLockWait.
+	// Other claims never wait on a lock held by a handler.
+	LockWait time.Duration
 	// Owner is the claiming request's random token (uuid.New(), one per
 	// request, never derived from its key or body), stored in the row by
-	// Claim, Takeover and Reclaim; the zero value (uuid.Nil) stores none.
+	// Claim and Takeover; the zero value (uuid.Nil) stores none.
 	// It is not the fencing attempt: it lets the request that made a claim
 	// recognise the claim as its own when the claim's reply was lost. A
 	// Claim that finds the key's row in_flight, inside its lease and
@@ -92,25 +93,24 @@ type Record struct {
 	Endpoint    string    // the route's scope_endpoint
 	RequestHash string    // the hash of the request that claimed the key
 	Status      Status    // in_flight, completed or failed
-	Attempt     int32     // the fencing token: 1, plus one per takeover or reclaim
+	Attempt     int32     // the fencing token: 1, plus one per takeover
 	Response    Response  // Status is 0 while no response is recorded
 	CreatedAt   time.Time // when the key was claimed (or taken over)
-	LockedAt    time.Time // when the current owner claimed or reclaimed it
+	LockedAt    time.Time // when the current owner claimed it
 	LockedUntil time.Time // the current owner's lease end
 	ExpiresAt   time.Time // after this the key may be taken over as new
 	Expired     bool      // expires_at < now: the row may be taken over as a new key
 	LeaseOver   bool      // locked_until < now: an in_flight owner's lease has run out
-	Reclaimable bool      // claimed by a transactional route (ClaimRequest.Reclaimable)
 }
 
 // Fence returns the fencing token of the ownership this record describes.
 func (r Record) Fence() Fence { return Fence{ID: r.ID, Attempt: r.Attempt, Scope: r.Scope} }
 
-// ClaimResult is the outcome of a claim, a takeover or a reclaim.
+// ClaimResult is the outcome of a claim or a takeover.
 type ClaimResult struct {
 	// Won reports that the caller now owns the key; Record.Fence() is its
 	// token. When false, Record is the existing row, or the zero Record when
-	// a takeover or reclaim lost its race (claim again to read the row).
+	// a takeover lost its race (claim again to read the row).
 	Won    bool
 	Record Record // the claimed row, or the existing one
 }
@@ -136,21 +136,13 @@ type Store interface {
 	// owner.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
-	// (new hash, TTL, lease and Reclaimable; attempt+1; old response
+	// (new hash, TTL and lease; attempt+1; old response
 	// cleared), only if
 	// the row still has attempt f.Attempt, is expired, and is not an
 	// in_flight row whose lease still runs (possible only when instances
 	// disagree on TTL and lease). Losing returns Won unset and the zero
 	// Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
-	// Reclaim takes over the in_flight row f whose lease is over (attempt+1,
-	// a new lease from now, and expires_at moved to now + req.TTL when that
-	// is later, so the reclaimer's record stays replayable as long as a new
-	// claim's would), only if it is still in_flight with attempt f.Attempt,
-	// its lease over, and it was claimed Reclaimable. It is for
-	// transactional routes, where a stale owner's writes are known to have
-	// rolled back. Losing returns Won unset and the zero Record.
-	Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Complete records resp and marks the row completed, only if f still
 	// owns it in_flight; otherwise it returns ErrNotOwner.
 	Complete(ctx context.Context, f Fence, resp Response) error
@@ -187,7 +179,7 @@ type OwnerReleaser interface {
 	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint)
 	// only if it is in_flight and carries the owner token req.Owner, and
 	// reports whether it deleted one. Other fields of req are ignored. A
-	// row finished, taken over or reclaimed since (any other token, or
+	// row finished or taken over since (any other token, or
 	// none) is left alone, and so is every row when req.Owner is zero.
 	// Like every store call it honours ctx's deadline; its errors are
 	// *StoreErrors with Op "release".
@@ -195,42 +187,66 @@ type OwnerReleaser interface {
 }
 
 // TxStore is a Store that can back a transactional route
-// (RouteConfig.Transactional): it begins the transaction a handler writes
-// through, which commits together with the handler's completed record.
-// PostgresStore implements it; a store that wraps one can too, by
-// delegating.
+// (RouteConfig.Transactional): it claims a key inside the transaction the
+// handler then writes through, so the claim, the handler's writes and the
+// record commit together, and a process that dies mid-handler leaves no
+// claim behind. PostgresStore implements it; a store that wraps one can
+// too, by delegating.
 type TxStore interface {
 	Store
-	// Begin starts a transaction for one request's handler.
-	Begin(ctx context.Context) (RouteTx, error)
+	// BeginClaim begins a transaction and, when req is not nil, claims
+	// req's key inside it like Store.Claim. Once the key is owned it marks
+	// a savepoint, so the handler's writes can be undone without freeing
+	// the key. A claim that waits longer than req.LockWait on a row of the
+	// key held by another open transaction fails with a *StoreError of
+	// Reason ReasonConflict; the transaction is then rolled back. On
+	// success the transaction stays open whether the claim was won or not
+	// (a loser may take over an expired row with RouteTx.Takeover): the
+	// caller ends it with Commit or Abort.
+	BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error)
 }
 
 // RouteTx is one transactional route's transaction, begun by
-// TxStore.Begin and used by one request at a time. Its errors, other than
-// ErrNotOwner, are *StoreError.
+// TxStore.BeginClaim and used by one request at a time. Its errors, other
+// than ErrNotOwner, are *StoreError.
 type RouteTx interface {
 	// Tx returns the transaction the handler writes through; TxFromContext
 	// hands it out with Commit and Rollback refused.
 	Tx() pgx.Tx
 	// State reports how the handler left the transaction.
 	State() TxState
-	// Commit commits the transaction. With a Settlement it first completes
-	// the claimed record inside the transaction, fenced on s.Fence; when
-	// the fence fails (the key was reclaimed meanwhile) it returns
-	// ErrNotOwner and commits nothing. The caller calls Abort after any
-	// error.
+	// Takeover takes over the expired row f inside the transaction, as
+	// Store.Takeover does, waiting at most req.LockWait on the row, and
+	// marks the savepoint when it wins.
+	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
+	// Commit writes the settlement's record inside the transaction, fenced
+	// on s.Fence, and commits. With s.Undo it first rolls back to the
+	// savepoint (the handler's writes vanish, the claim stays). Before the
+	// record it checks every deferred constraint (SET CONSTRAINTS ALL
+	// IMMEDIATE): a violation returns an error that errors.Is
+	// ErrDeferredConstraint, with the transaction still open at the
+	// savepoint, so the caller can Commit again with Undo and Failed. With
+	// a nil s it commits the transaction alone. The caller calls Abort
+	// after any other error.
 	Commit(ctx context.Context, s *Settlement) error
-	// Abort rolls the transaction back. It may be called after Commit
-	// failed, and again after it already ended; such calls change nothing.
+	// Abort rolls the whole transaction back, the claim included. It may be
+	// called after Commit failed, and again after it already ended; such
+	// calls change nothing.
 	Abort(ctx context.Context) error
 }
 
-// Settlement is the completed record a RouteTx commits with the handler's
-// writes: the claim's fence and the response to replay.
+// Settlement is the record a RouteTx commits: the claim's fence and the
+// outcome to record.
 type Settlement struct {
 	Fence    Fence    // the claim that owns the record
-	Response Response // what duplicates are answered with
+	Failed   bool     // record failed instead of completed
+	Undo     bool     // roll back to the savepoint first: the handler's writes vanish
+	Response Response // what duplicates are answered with (completed only)
 }
+
+// ErrDeferredConstraint is returned (wrapped) by RouteTx.Commit when the
+// handler's writes violate a deferred constraint.
+var ErrDeferredConstraint = errors.New("idempotency: the handler's writes violate a deferred constraint")
 
 // TxState is how a handler left its route's transaction.
 type TxState int
@@ -244,10 +260,14 @@ const (
 	// TxEnded: the handler ended the transaction itself with SQL (COMMIT
 	// or ROLLBACK through Exec); what it wrote may have committed.
 	TxEnded
+	// TxClosed: the connection closed (a statement ran past the handler's
+	// deadline and pgx closed it, or the server ended the session): the
+	// server rolled everything back, the claim included.
+	TxClosed
 )
 
 // ErrNotOwner is returned by Complete, Fail and Release when the fence no
-// longer matches: the key was taken over, reclaimed, erased or already
+// longer matches: the key was taken over, erased or already
 // finished. The caller no longer owns the key and must change nothing.
 var ErrNotOwner = errors.New("idempotency: claim no longer owns the key")
 
@@ -273,7 +293,7 @@ const (
 // driver types. errors.Is(err, ErrStoreUnavailable) holds for every
 // *StoreError.
 type StoreError struct {
-	Op     string // claim, takeover, reclaim, complete, fail, release, cleanup, erase, export
+	Op     string // claim, takeover, begin, commit, complete, fail, release, cleanup, erase, export
 	Reason string // one of the Reason constants
 	Err    error  // the underlying error
 }

@@ -125,7 +125,6 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		LockedAt:    now,
 		LockedUntil: now.Add(req.Lease),
 		ExpiresAt:   now.Add(req.TTL),
-		Reclaimable: req.Reclaimable,
 	}, owner: req.Owner}
 	s.insert(k, row)
 	rec := row.Record
@@ -156,31 +155,6 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row.LockedAt = now
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = now.Add(req.TTL)
-	row.Reclaimable = req.Reclaimable
-	row.owner = req.Owner
-	s.reorder(row)
-	rec := row.Record
-	s.mu.Unlock()
-	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
-}
-
-// Reclaim implements Store.
-func (s *MemoryStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	if err := memoryCtxError(ctx, "reclaim"); err != nil {
-		return ClaimResult{}, err
-	}
-
-	s.mu.Lock()
-	now := s.clock()
-	row, ok := s.rows[f.ID]
-	if !ok || row.Scope != f.Scope || row.Attempt != f.Attempt || row.Status != StatusInFlight || !row.LockedUntil.Before(now) || !row.Reclaimable {
-		s.mu.Unlock()
-		return ClaimResult{}, nil
-	}
-	row.Attempt++
-	row.LockedAt = now
-	row.LockedUntil = now.Add(req.Lease)
-	row.ExpiresAt = maxTime(row.ExpiresAt, now.Add(req.TTL))
 	row.owner = req.Owner
 	s.reorder(row)
 	rec := row.Record

@@ -179,7 +179,7 @@ func TestMemoryStoreCleanupCost(t *testing.T) {
 }
 
 // TestMemoryStoreCleanupOrder drives a store through random claims,
-// outcomes, takeovers, reclaims and clock steps, and checks after each
+// outcomes, takeovers and clock steps, and checks after each
 // cleanup that it deleted exactly the rows a scan would have (expired, not
 // in_flight inside their lease): the cleanup order must follow every change
 // of a row's status, expiry and lease.
@@ -208,7 +208,6 @@ func TestMemoryStoreCleanupOrder(t *testing.T) {
 		switch op := rng.IntN(10); {
 		case op < 3 || len(reqs) == 0:
 			req := idempotencytest.Request(scopes[rng.IntN(len(scopes))], pick(), pick())
-			req.Reclaimable = rng.IntN(2) == 0
 			reqs = append(reqs, req)
 			if _, err := s.Claim(ctx, req); err != nil {
 				t.Fatal(err)
@@ -221,17 +220,15 @@ func TestMemoryStoreCleanupOrder(t *testing.T) {
 			}
 			f := res.Record.Fence()
 			req.TTL, req.Lease = pick(), pick()
-			switch rng.IntN(5) {
+			switch rng.IntN(4) {
 			case 0:
 				_ = s.Complete(ctx, f, idempotency.Response{Status: 200, BodyKind: idempotency.BodyRaw})
 			case 1:
 				_ = s.Fail(ctx, f)
 			case 2:
 				_ = s.Release(ctx, f)
-			case 3:
-				_, _ = s.Takeover(ctx, f, req)
 			default:
-				_, _ = s.Reclaim(ctx, f, req)
+				_, _ = s.Takeover(ctx, f, req)
 			}
 		case op < 9:
 			clock.advance(time.Duration(rng.Int64N(int64(20 * time.Minute))))

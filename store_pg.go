@@ -74,18 +74,13 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 
 // claimArgs are pgClaimSQL's parameters for req, in order.
 func claimArgs(req ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, req.Reclaimable, ownerArg(req.Owner)}
+	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}
 }
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	return s.claimExisting(ctx, "takeover", pgTakeoverSQL,
-		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, req.Reclaimable, ownerArg(req.Owner))
-}
-
-// Reclaim implements Store with one fenced UPDATE.
-func (s *PostgresStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "reclaim", pgReclaimSQL, f.ID, f.Attempt, f.Scope, req.Lease, req.TTL, ownerArg(req.Owner))
+		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner))
 }
 
 // claimExisting runs a fenced UPDATE ... RETURNING that makes the caller the
@@ -270,7 +265,7 @@ func ownerArg(o uuid.UUID) any {
 func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	var res ErasureResult
 	// REPEATABLE READ: a row that changed after the statement's snapshot
-	// (a takeover or reclaim committing while the DELETE waited for its
+	// (a takeover committing while the DELETE waited for its
 	// lock) fails the statement with a serialization error instead of
 	// being skipped by the DELETE's re-check while the snapshot read still
 	// sees it as deletable: every row is then deleted or reported, never

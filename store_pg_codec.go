@@ -48,7 +48,7 @@ func scanRecord(row pgx.Row, rec *Record, won *bool) error {
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
-		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable,
+		&rec.Expired, &rec.LeaseOver,
 	}
 	if won != nil {
 		dest = append(dest, won)
@@ -66,7 +66,7 @@ func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	if err := row.Scan(&rec.ID, &rec.RequestHash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
-		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable, won); err != nil {
+		&rec.Expired, &rec.LeaseOver, won); err != nil {
 		return err
 	}
 	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
@@ -100,7 +100,7 @@ type nullRecord struct {
 	body, raw, headers                 []byte
 	createdAt, lockedAt, lockedUntil   *time.Time
 	expiresAt                          *time.Time
-	expired, leaseOver, reclaimable    *bool
+	expired, leaseOver                 *bool
 }
 
 // dest returns the scan destinations in pgColumns order.
@@ -109,7 +109,7 @@ func (n *nullRecord) dest() []any {
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
 		&n.code, &n.body, &n.raw, &n.headers,
 		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt,
-		&n.expired, &n.leaseOver, &n.reclaimable,
+		&n.expired, &n.leaseOver,
 	}
 }
 
@@ -127,7 +127,7 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 		RequestHash: *n.hash, Status: Status(*n.status), Attempt: *n.attempt,
 		Response:  resp,
 		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
-		Expired: *n.expired, LeaseOver: *n.leaseOver, Reclaimable: *n.reclaimable,
+		Expired: *n.expired, LeaseOver: *n.leaseOver,
 	}, true, nil
 }
 

@@ -12,14 +12,14 @@ const pgRetries = 5
 const pgColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers,
 	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over, reclaimable`
+	expires_at < now() AS expired, locked_until < now() AS lease_over`
 
 // pgClaimColumns are pgColumns without the key, scope and endpoint, which
 // a claim already knows: the hot path decodes three strings fewer.
 const pgClaimColumns = `id, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers,
 	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over, reclaimable`
+	expires_at < now() AS expired, locked_until < now() AS lease_over`
 
 // pgClaimSQL inserts a new in_flight row or, when the key exists, reads the
 // existing row, in one statement. The read shares the INSERT's snapshot, so
@@ -34,20 +34,20 @@ const pgClaimColumns = `id, request_hash, status, attempt,
 // NULL token (none given, or a row of another writer) never matches.
 //
 // $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
-// $7 reclaimable, $8 owner token (NULL for none).
+// $7 owner token (NULL for none).
 const pgClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys
 		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		 created_at, locked_at, locked_until, expires_at, reclaimable, owner_token)
+		 created_at, locked_at, locked_until, expires_at, owner_token)
 	VALUES ($1, $2, $3, $4, 'in_flight', 1,
-		now(), now(), now() + $6::interval, now() + $5::interval, $7, $8::uuid)
+		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 	RETURNING ` + pgClaimColumns + `
 )
 SELECT *, true AS won FROM ins
 UNION ALL
 SELECT ` + pgClaimColumns + `,
-	(status = 'in_flight' AND locked_until >= now() AND owner_token = $8::uuid) IS TRUE AS won
+	(status = 'in_flight' AND locked_until >= now() AND owner_token = $7::uuid) IS TRUE AS won
 FROM idempotency_keys
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 	AND NOT EXISTS (SELECT 1 FROM ins)`
@@ -62,7 +62,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // statement reaches one shard (store_pg_citus_test.go pins it).
 //
 // $1 id, $2 attempt, $3 scope, $4 request hash, $5 TTL, $6 lease,
-// $7 reclaimable, $8 owner token.
+// $7 owner token.
 const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	attempt = attempt + 1,
 	request_hash = $4,
@@ -75,25 +75,9 @@ const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	locked_at = now(),
 	locked_until = now() + $6::interval,
 	expires_at = now() + $5::interval,
-	reclaimable = $7,
-	owner_token = $8::uuid
+	owner_token = $7::uuid
 WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
 	AND NOT (status = 'in_flight' AND locked_until >= now())
-RETURNING ` + pgColumns
-
-// pgReclaimSQL gives a stale in_flight row a new owner and lease, fenced on
-// attempt. The expiry moves to a full TTL from now when that is later: a
-// key reclaimed near the end of its TTL would otherwise expire with its
-// new record, and the next retry would run as a new request.
-//
-// $1 id, $2 attempt, $3 scope, $4 lease, $5 TTL, $6 owner token.
-const pgReclaimSQL = `UPDATE idempotency_keys SET
-	attempt = attempt + 1,
-	locked_at = now(),
-	locked_until = now() + $4::interval,
-	expires_at = GREATEST(expires_at, now() + $5::interval),
-	owner_token = $6::uuid
-WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND status = 'in_flight' AND locked_until < now() AND reclaimable
 RETURNING ` + pgColumns
 
 // pgCompleteSQL records the response, fenced on the owner's attempt.
@@ -136,8 +120,8 @@ ORDER BY expires_at
 LIMIT $1`
 
 // pgDeleteExpiredSQL deletes the rows of one scope that pgExpiredBatchSQL
-// read. It repeats the predicate: a row may have been taken over, reclaimed
-// or deleted between the read and the delete, and an in_flight row whose
+// read. It repeats the predicate: a row may have been taken over or
+// deleted between the read and the delete, and an in_flight row whose
 // lease runs is never deleted. It names one scope, so on Citus it reaches
 // one shard.
 //

@@ -16,17 +16,22 @@ import (
 // pgStatements is every SQL statement the Postgres store sends, by the
 // name of its constant. TestPostgresStatementsListed keeps it complete.
 var pgStatements = map[string]string{
-	"pgClaimSQL":         pgClaimSQL,
-	"pgTakeoverSQL":      pgTakeoverSQL,
-	"pgReclaimSQL":       pgReclaimSQL,
-	"pgCompleteSQL":      pgCompleteSQL,
-	"pgFailSQL":          pgFailSQL,
-	"pgReleaseSQL":       pgReleaseSQL,
-	"pgReleaseOwnerSQL":  pgReleaseOwnerSQL,
-	"pgExpiredBatchSQL":  pgExpiredBatchSQL,
-	"pgDeleteExpiredSQL": pgDeleteExpiredSQL,
-	"pgDeleteScopeSQL":   pgDeleteScopeSQL,
-	"pgExportScopeSQL":   pgExportScopeSQL,
+	"pgClaimSQL":               pgClaimSQL,
+	"pgTakeoverSQL":            pgTakeoverSQL,
+	"pgCompleteSQL":            pgCompleteSQL,
+	"pgFailSQL":                pgFailSQL,
+	"pgReleaseSQL":             pgReleaseSQL,
+	"pgReleaseOwnerSQL":        pgReleaseOwnerSQL,
+	"pgExpiredBatchSQL":        pgExpiredBatchSQL,
+	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
+	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
+	"pgExportScopeSQL":         pgExportScopeSQL,
+	"pgTxBoundsSQL":            pgTxBoundsSQL,
+	"pgTxWaitSQL":              pgTxWaitSQL,
+	"pgTxRestoreSQL":           pgTxRestoreSQL,
+	"pgSavepointSQL":           pgSavepointSQL,
+	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
+	"pgImmediateSQL":           pgImmediateSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

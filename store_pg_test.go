@@ -248,7 +248,6 @@ func TestPostgresMigrations(t *testing.T) {
 			{"created_at", "timestamp with time zone", "NO", str("now()")},
 			{"locked_at", "timestamp with time zone", "NO", str("now()")},
 			{"locked_until", "timestamp with time zone", "NO", nil},
-			{"reclaimable", "boolean", "NO", str("false")},
 			{"expires_at", "timestamp with time zone", "NO", nil},
 			{"owner_token", "uuid", "YES", nil},
 		}
@@ -832,88 +831,6 @@ func TestPostgresFencing(t *testing.T) {
 			if err := s.Complete(ctx, owner, idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}); err != idempotency.ErrNotOwner {
 				t.Fatalf("stale owner's Complete after the takeover: %v, want ErrNotOwner", err)
 			}
-		}
-	})
-
-	t.Run("ReclaimRacingComplete", func(t *testing.T) {
-		t.Parallel()
-		s := idempotency.NewPostgresStore(testdb.New(t))
-		ctx := t.Context()
-		wins := map[string]int{}
-		for range 20 {
-			req := idempotencytest.Request("u", time.Hour, time.Millisecond)
-			req.Reclaimable = true
-			owner := idempotencytest.MustClaim(t, s, req).Fence()
-			stale := idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.LeaseOver })
-
-			var (
-				completeErr error
-				reclaim     idempotency.ClaimResult
-				reclaimErr  error
-				wg          sync.WaitGroup
-			)
-			start := make(chan struct{})
-			wg.Go(func() {
-				<-start
-				completeErr = s.Complete(ctx, owner, idempotency.Response{Status: 201, Body: []byte("late"), BodyKind: idempotency.BodyRaw})
-			})
-			wg.Go(func() {
-				<-start
-				reclaim, reclaimErr = s.Reclaim(ctx, stale.Fence(), req)
-			})
-			close(start)
-			wg.Wait()
-			if reclaimErr != nil || (completeErr != nil && completeErr != idempotency.ErrNotOwner) {
-				t.Fatalf("Reclaim: %v; Complete: %v", reclaimErr, completeErr)
-			}
-			got, err := s.Claim(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := got.Record
-			switch {
-			case completeErr == nil && !reclaim.Won:
-				wins["complete"]++
-				if r.Status != idempotency.StatusCompleted || r.Attempt != owner.Attempt || string(r.Response.Body) != "late" {
-					t.Fatalf("Complete won: row %+v, want completed by the owner", r)
-				}
-			case completeErr == idempotency.ErrNotOwner && reclaim.Won:
-				wins["reclaim"]++
-				if r.Status != idempotency.StatusInFlight || r.Attempt != owner.Attempt+1 || r.Response.Status != 0 {
-					t.Fatalf("Reclaim won: row %+v, want the reclaimer's in-flight claim", r)
-				}
-			default:
-				t.Fatalf("Complete: %v; Reclaim won: %v; want exactly one winner", completeErr, reclaim.Won)
-			}
-		}
-		t.Logf("winners over 20 races: %v", wins)
-	})
-
-	t.Run("StaleOwnerAfterReclaim", func(t *testing.T) {
-		t.Parallel()
-		s := idempotency.NewPostgresStore(testdb.New(t))
-		ctx := t.Context()
-		req := idempotencytest.Request("u", time.Hour, time.Millisecond)
-		req.Reclaimable = true
-		owner := idempotencytest.MustClaim(t, s, req).Fence()
-		stale := idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.LeaseOver })
-		req.Lease = time.Hour
-		res, err := s.Reclaim(ctx, stale.Fence(), req)
-		if err != nil || !res.Won {
-			t.Fatalf("Reclaim: won %v err %v", res.Won, err)
-		}
-		resp := idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}
-		for name, call := range map[string]func() error{
-			"Complete": func() error { return s.Complete(ctx, owner, resp) },
-			"Fail":     func() error { return s.Fail(ctx, owner) },
-			"Release":  func() error { return s.Release(ctx, owner) },
-		} {
-			if err := call(); err != idempotency.ErrNotOwner {
-				t.Errorf("stale owner's %s after a reclaim: %v, want ErrNotOwner", name, err)
-			}
-		}
-		if err := s.Complete(ctx, res.Record.Fence(), resp); err != nil {
-			t.Fatalf("new owner's Complete: %v", err)
 		}
 	})
 

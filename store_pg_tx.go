@@ -2,20 +2,149 @@ package idempotency
 
 import (
 	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 var _ TxStore = (*PostgresStore)(nil)
 
-// Begin implements TxStore: a transaction on the store's pool, for a
-// transactional route's handler.
-func (s *PostgresStore) Begin(ctx context.Context) (RouteTx, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return nil, pgStoreError("begin", err)
+// The statements of a transactional route's claim (DESIGN.md
+// "Transactional routes: one transaction"). They run pipelined in one
+// batch after BEGIN: the bounds, the claim (or takeover), the saved
+// lock_timeout put back, and the savepoint the failure paths roll back to.
+
+// pgTxBoundsSQL saves the session's lock_timeout in a custom setting, then
+// sets, for this transaction only (set_config's is_local, since a
+// parameter cannot follow SET LOCAL), the claim's lock wait and the
+// server-side bounds of a vanished owner: statement_timeout and
+// idle_in_transaction_session_timeout from the lease.
+//
+// $1 lock wait, $2 lease (both as text, such as "10ms").
+const pgTxBoundsSQL = `SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true),
+	set_config('lock_timeout', $1, true),
+	set_config('statement_timeout', $2, true),
+	set_config('idle_in_transaction_session_timeout', $2, true)`
+
+// pgTxWaitSQL sets the lock wait again, for a takeover later in the
+// transaction. $1 lock wait.
+const pgTxWaitSQL = `SELECT set_config('lock_timeout', $1, true)`
+
+// pgTxRestoreSQL puts the session's lock_timeout back: the handler's own
+// statements keep it.
+const pgTxRestoreSQL = `SELECT set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)`
+
+// pgSavepointSQL marks the point the failure paths roll back to: the key
+// is owned, the handler has not written yet.
+const pgSavepointSQL = `SAVEPOINT idempotency_claim`
+
+// pgRollbackToSavepointSQL undoes the handler's writes and keeps the claim.
+const pgRollbackToSavepointSQL = `ROLLBACK TO SAVEPOINT idempotency_claim`
+
+// pgImmediateSQL checks every deferred constraint now, before the record:
+// a violation then fails where a failed record can still be written,
+// instead of at COMMIT, where the claim would vanish with it.
+const pgImmediateSQL = `SET CONSTRAINTS ALL IMMEDIATE`
+
+// BeginClaim implements TxStore: BEGIN (its own round trip: pgx.Tx sends
+// it alone), then one pipelined batch of the bounds, the claim
+// (pgClaimSQL), the restored lock_timeout and the savepoint. A claim that
+// reads no row (the owner it waited for committed after the statement's
+// snapshot) runs the batch again; a serialization failure (REPEATABLE READ
+// or SERIALIZABLE, when the owner it waited for commits) rolls back and
+// begins again; both a bounded number of times.
+func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
+	if req == nil {
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return nil, ClaimResult{}, pgStoreError("begin", err)
+		}
+		return &pgRouteTx{tx: tx}, ClaimResult{}, nil
 	}
-	return &pgRouteTx{tx: tx}, nil
+	wait, lease := pgInterval(cmpWait(req.LockWait)), pgInterval(req.Lease)
+	var last error
+	for range pgRetries {
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return nil, ClaimResult{}, pgStoreError("begin", err)
+		}
+		t := &pgRouteTx{tx: tx}
+		res, err := t.claim(ctx, *req, wait, lease)
+		switch {
+		case err == nil:
+			return t, res, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			last = errClaimVanished
+		case isRetryable(err):
+			last = err
+		default:
+			_ = t.rollback(ctx)
+			return nil, ClaimResult{}, pgClaimError("claim", err)
+		}
+		_ = t.rollback(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, ClaimResult{}, pgStoreError("claim", err)
+		}
+	}
+	return nil, ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
+}
+
+// cmpWait is a lock wait, DefaultTxLockWait for 0.
+func cmpWait(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultTxLockWait
+	}
+	return d
+}
+
+// pgInterval is d as a setting's text value in milliseconds (at least 1:
+// 0 would mean no bound at all).
+func pgInterval(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+}
+
+// claim runs the claim batch in t. A claim that read no row runs it again
+// in the same transaction (at READ COMMITTED each statement takes a new
+// snapshot); it returns pgx.ErrNoRows when that kept happening.
+func (t *pgRouteTx) claim(ctx context.Context, req ClaimRequest, wait, lease string) (ClaimResult, error) {
+	for range pgRetries {
+		var (
+			rec Record
+			won bool
+		)
+		b := &pgx.Batch{}
+		b.Queue(pgTxBoundsSQL, wait, lease)
+		b.Queue(pgClaimSQL, claimArgs(req)...)
+		b.Queue(pgTxRestoreSQL)
+		b.Queue(pgSavepointSQL)
+		br := t.tx.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			err = scanClaim(br.QueryRow(), req, &rec, &won)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		switch {
+		case err == nil:
+			return ClaimResult{Won: won, Record: rec}, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return ClaimResult{}, err
+		}
+		// No row: the transaction is still usable (an empty result is not
+		// an error to the server), so read again with a new statement.
+	}
+	return ClaimResult{}, pgx.ErrNoRows
 }
 
 // pgRouteTx is a PostgresStore's RouteTx.
@@ -26,10 +155,14 @@ type pgRouteTx struct {
 // Tx implements RouteTx.
 func (t *pgRouteTx) Tx() pgx.Tx { return t.tx }
 
-// State implements RouteTx from the transaction status the server reports
-// after each statement (pgconn's TxStatus).
+// State implements RouteTx from the connection and the transaction status
+// the server reports after each statement (pgconn's TxStatus).
 func (t *pgRouteTx) State() TxState {
-	switch t.tx.Conn().PgConn().TxStatus() {
+	pc := t.tx.Conn().PgConn()
+	if pc.IsClosed() {
+		return TxClosed
+	}
+	switch pc.TxStatus() {
 	case 'I': // no transaction open: the handler ended it with SQL
 		return TxEnded
 	case 'E': // a statement failed and the handler carried on
@@ -38,11 +171,45 @@ func (t *pgRouteTx) State() TxState {
 	return TxOpen
 }
 
-// Commit implements RouteTx: the fenced UPDATE of pgCompleteSQL, then
-// COMMIT.
+// Takeover implements RouteTx: the fenced UPDATE of pgTakeoverSQL inside
+// the transaction, between the lock wait and its restore, then the
+// savepoint, pipelined.
+func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
+	var rec Record
+	b := &pgx.Batch{}
+	b.Queue(pgTxWaitSQL, pgInterval(cmpWait(req.LockWait)))
+	b.Queue(pgTakeoverSQL, f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner))
+	b.Queue(pgTxRestoreSQL)
+	b.Queue(pgSavepointSQL)
+	br := t.tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = scanRecord(br.QueryRow(), &rec, nil)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
+		err = cerr
+	}
+	switch {
+	case err == nil:
+		return ClaimResult{Won: true, Record: rec}, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return ClaimResult{}, nil
+	}
+	return ClaimResult{}, pgClaimError("takeover", err)
+}
+
+// Commit implements RouteTx: the rollback to the savepoint (Undo), then one
+// pipelined batch of SET CONSTRAINTS ALL IMMEDIATE and the fenced record
+// (pgCompleteSQL or pgFailSQL), then COMMIT, tx.Commit's own round trip.
 func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 	if s != nil {
-		if err := completeIn(ctx, t.tx, s.Fence, s.Response); err != nil {
+		if err := t.record(ctx, s); err != nil {
 			return err
 		}
 	}
@@ -52,10 +219,86 @@ func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 	return nil
 }
 
+// record writes s's record in the transaction.
+func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
+	op, sql, args := "fail", pgFailSQL, []any{s.Fence.ID, s.Fence.Attempt, s.Fence.Scope}
+	if !s.Failed {
+		// A failed statement aborts the transaction, so there is no second
+		// try: every JSON body JSONB might refuse is stored raw up front.
+		jsonBody, rawBody, headers, err := completeArgs(s.Response, true)
+		if err != nil {
+			return err
+		}
+		op, sql = "complete", pgCompleteSQL
+		args = append(args, s.Response.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers))
+	}
+	if s.Undo {
+		// Alone, not in the batch: an aborted transaction refuses even to
+		// prepare the batch's other statements until it is rolled back.
+		// Only failure paths pay this round trip.
+		if _, err := t.tx.Exec(ctx, pgRollbackToSavepointSQL); err != nil {
+			return pgStoreError(op, err)
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue(pgImmediateSQL)
+	b.Queue(sql, args...)
+	br := t.tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if isIntegrityViolation(err) {
+		err = errors.Join(ErrDeferredConstraint, err)
+	}
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case errors.Is(err, ErrDeferredConstraint):
+		return &StoreError{Op: op, Reason: ReasonData, Err: err}
+	case err != nil:
+		return pgStoreError(op, err)
+	case tag.RowsAffected() == 0:
+		return ErrNotOwner
+	}
+	return nil
+}
+
+// isIntegrityViolation reports an integrity constraint violation (SQLSTATE
+// class 23), what a deferred constraint raises when it is checked.
+func isIntegrityViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23")
+}
+
 // Abort implements RouteTx.
 func (t *pgRouteTx) Abort(ctx context.Context) error {
-	if err := t.tx.Rollback(ctx); err != nil {
+	if err := t.rollback(ctx); err != nil {
 		return pgStoreError("rollback", err)
 	}
 	return nil
+}
+
+// rollback rolls the transaction back; one already ended is no error.
+func (t *pgRouteTx) rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+
+// pgClaimError translates an error of a transactional claim or takeover.
+// A lock wait that ran out on a row of the key (lock_not_available, whose
+// context names the tuple it waited for) is contention: another open
+// transaction owns the key, so it is ReasonConflict (409 in flight). One
+// on a table-level lock (DDL, a migration: no tuple in the context) is an
+// outage like any other.
+func pgClaimError(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" && strings.Contains(pgErr.Where, "tuple") {
+		return &StoreError{Op: op, Reason: ReasonConflict, Err: err}
+	}
+	return pgStoreError(op, err)
 }

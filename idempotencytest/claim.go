@@ -63,7 +63,6 @@ func runClaim(t *testing.T, setup setupFunc) {
 						_, err := s.Takeover(done, rec.Fence(), fresh)
 						return err
 					},
-					"Reclaim":     func() error { _, err := s.Reclaim(done, rec.Fence(), req); return err },
 					"Complete":    func() error { return s.Complete(done, rec.Fence(), jsonResponse()) },
 					"Fail":        func() error { return s.Fail(done, rec.Fence()) },
 					"Release":     func() error { return s.Release(done, rec.Fence()) },

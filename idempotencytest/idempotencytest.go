@@ -49,7 +49,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
-// (ClaimRequest.Owner, OwnerReleaser), Takeover and Reclaim, and
+// (ClaimRequest.Owner, OwnerReleaser), Takeover, and
 // maintenance (Cleanup, Erase, ExportScope). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own

@@ -199,43 +199,17 @@ func ownerTests(t *testing.T, setup setupFunc) {
 		}
 	})
 
-	t.Run("ReclaimCarriesItsOwner", func(t *testing.T) {
-		s, ctx := setup(t)
-		r := mustOwnerReleaser(t, s)
-		first := ownedRequest("user-1", longTTL, tiny)
-		first.Reclaimable = true
-		MustClaim(t, s, first)
-		stale := WaitFor(t, s, unowned(first), "lease over", isLeaseOver)
-		second := first
-		second.Lease, second.Owner = longLease, uuid.New()
-		res, err := s.Reclaim(ctx, stale.Fence(), second)
-		if err != nil || !res.Won {
-			t.Fatalf("Reclaim: %+v, %v", res, err)
-		}
-		if released, err := r.ReleaseOwner(ctx, first); err != nil || released {
-			t.Errorf("ReleaseOwner by the stale owner after a reclaim: %v, %v; want false", released, err)
-		}
-		if got, err := s.Claim(ctx, second); err != nil || !got.Won || got.Record.Fence() != res.Record.Fence() {
-			t.Errorf("Claim with the reclaimer's token: won %v fence %+v, %v; want won, %+v", got.Won, got.Record.Fence(), err, res.Record.Fence())
-		}
-		if released, err := r.ReleaseOwner(ctx, second); err != nil || !released {
-			t.Errorf("ReleaseOwner by the reclaimer: %v, %v; want true", released, err)
-		}
-	})
-
 	t.Run("FencedCallsNeedTheScope", func(t *testing.T) {
-		// A fence names the row's scope: with another one, a takeover or
-		// reclaim changes nothing.
+		// A fence names the row's scope: with another one, a takeover
+		// changes nothing.
 		s, _ := setup(t)
 		req := Request("user-1", tiny, tiny)
-		req.Reclaimable = true
 		MustClaim(t, s, req)
 		rec := WaitFor(t, s, req, "expired, lease over", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
 		for _, scope := range []string{"", "user-2"} {
 			f := rec.Fence()
 			f.Scope = scope
 			takeover.lost(t, s, f, newRequest("user-1"), fmt.Sprintf("with the scope %q", scope))
-			reclaim.lost(t, s, f, req, fmt.Sprintf("with the scope %q", scope))
 		}
 		sameRecord(t, "row after the refused calls", Read(t, s, req), rec)
 	})

@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idempotency"
 )
 
 // runTakeover checks how a row that is not the caller's is claimed again:
-// Takeover of an expired row, Reclaim of a stale transactional one, and the
+// Takeover of an expired row, and the
 // Expired and LeaseOver flags they depend on.
 func runTakeover(t *testing.T, setup setupFunc) {
 	t.Run("Takeover", func(t *testing.T) {
@@ -79,51 +78,6 @@ func runTakeover(t *testing.T, setup setupFunc) {
 		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) { takeoverOneWinnerAmongManyGoroutines(t, setup) })
 	})
 
-	t.Run("Reclaim", func(t *testing.T) {
-		t.Parallel()
-
-		t.Run("InFlightLeaseOverIsReclaimed", func(t *testing.T) { reclaimInFlightLeaseOverIsReclaimed(t, setup) })
-
-		t.Run("ExpiryNeverMovesEarlier", func(t *testing.T) { reclaimExpiryNeverMovesEarlier(t, setup) })
-
-		t.Run("NotUnlessClaimedReclaimable", func(t *testing.T) { reclaimNotUnlessClaimedReclaimable(t, setup) })
-
-		t.Run("NotWhileLeaseRuns", func(t *testing.T) { reclaimNotWhileLeaseRuns(t, setup) })
-
-		finishes := []struct {
-			name   string
-			finish func(ctx context.Context, s idempotency.Store, f idempotency.Fence) error
-		}{
-			{"Completed", func(ctx context.Context, s idempotency.Store, f idempotency.Fence) error {
-				return s.Complete(ctx, f, jsonResponse())
-			}},
-			{"Failed", func(ctx context.Context, s idempotency.Store, f idempotency.Fence) error {
-				return s.Fail(ctx, f)
-			}},
-		}
-		for _, fin := range finishes {
-			t.Run("Not"+fin.name, func(t *testing.T) {
-				s, ctx := setup(t)
-				req := newRequest("user-1")
-				req.Lease, req.Reclaimable = tiny, true
-				MustClaim(t, s, req)
-				// The owner finishes after its lease ran out: the fence
-				// is the attempt, not the lease.
-				rec := WaitFor(t, s, req, "lease over", isLeaseOver)
-				if err := fin.finish(ctx, s, rec.Fence()); err != nil {
-					t.Fatalf("finishing after the lease ran out: %v", err)
-				}
-				rec = Read(t, s, req)
-				reclaim.lost(t, s, rec.Fence(), req, "of a "+string(rec.Status)+" row")
-				sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
-			})
-		}
-
-		reclaim.runShared(t, setup)
-
-		t.Run("OneWinnerAmongManyGoroutines", func(t *testing.T) { reclaimOneWinnerAmongManyGoroutines(t, setup) })
-	})
-
 	t.Run("Flags", func(t *testing.T) {
 		t.Parallel()
 
@@ -134,7 +88,7 @@ func runTakeover(t *testing.T, setup setupFunc) {
 }
 
 // reuse is one of the two ways to claim a row that is not the caller's:
-// Takeover of an expired row, Reclaim of a stale in-flight one.
+// Takeover of an expired row.
 type reuse struct {
 	name  string // the Store method
 	ready string // what the row must be first: "expired" or "lease over"
@@ -150,14 +104,9 @@ var (
 		stale: func(req *idempotency.ClaimRequest) { req.TTL, req.Lease = tiny, tiny },
 		call:  idempotency.Store.Takeover,
 	}
-	reclaim = reuse{
-		name: "Reclaim", ready: "lease over", cond: isLeaseOver,
-		stale: func(req *idempotency.ClaimRequest) { req.Lease, req.Reclaimable = tiny, true },
-		call:  idempotency.Store.Reclaim,
-	}
 )
 
-// runShared runs the subtests Takeover and Reclaim share.
+// runShared runs the shared subtests of a way to claim another's row.
 func (op reuse) runShared(t *testing.T, setup setupFunc) {
 	t.Run("StaleAttemptLoses", func(t *testing.T) { op.staleAttemptLoses(t, setup) })
 	t.Run("GoneRowLoses", func(t *testing.T) { op.goneRowLoses(t, setup) })
@@ -294,116 +243,6 @@ func takeoverOneWinnerAmongManyGoroutines(t *testing.T, setup setupFunc) {
 	})
 	if won.Attempt != 2 || won.RequestHash != hashes[winner] {
 		t.Errorf("winner's record: attempt %d hash %q, want 2 and %q", won.Attempt, won.RequestHash, hashes[winner])
-	}
-	sameRecord(t, "row after the race", Read(t, s, req), won)
-}
-
-// reclaimInFlightLeaseOverIsReclaimed is the subtest Reclaim/InFlightLeaseOverIsReclaimed.
-func reclaimInFlightLeaseOverIsReclaimed(t *testing.T, setup setupFunc) {
-	s, ctx := setup(t)
-	req := newRequest("user-1")
-	req.Lease, req.Reclaimable = tiny, true
-	MustClaim(t, s, req)
-	old := WaitFor(t, s, req, "lease over", isLeaseOver)
-	if old.Expired {
-		t.Fatalf("row with a TTL of %v is Expired", req.TTL)
-	}
-
-	again := req
-	again.Lease = longLease
-	again.TTL = req.TTL + time.Hour // later than the row's expiry: it moves
-	res, err := s.Reclaim(ctx, old.Fence(), again)
-	if err != nil {
-		t.Fatalf("Reclaim: %v", err)
-	}
-	if !res.Won {
-		t.Fatalf("Reclaim of an in_flight row whose lease is over: Won = false, want true")
-	}
-	rec := res.Record
-	// Only the attempt, the lease and the expiry change.
-	want := old
-	want.Attempt = old.Attempt + 1
-	want.LockedAt, want.LockedUntil, want.ExpiresAt = rec.LockedAt, rec.LockedUntil, rec.ExpiresAt
-	sameRecord(t, "reclaimed record", rec, want)
-	if !rec.LockedAt.After(old.LockedAt) {
-		t.Errorf("Reclaim: LockedAt %v, want after the old %v", rec.LockedAt, old.LockedAt)
-	}
-	checkDuration(t, "LockedUntil - LockedAt", rec.LockedUntil.Sub(rec.LockedAt), again.Lease)
-	checkDuration(t, "ExpiresAt - LockedAt", rec.ExpiresAt.Sub(rec.LockedAt), again.TTL)
-	if rec.LeaseOver || rec.Expired {
-		t.Errorf("reclaimed record: LeaseOver %v Expired %v, want both false", rec.LeaseOver, rec.Expired)
-	}
-	sameRecord(t, "row after the reclaim", Read(t, s, req), rec)
-
-	wantNotOwner(t, "Complete by the stale owner", s.Complete(ctx, old.Fence(), jsonResponse()))
-	wantNotOwner(t, "Release by the stale owner", s.Release(ctx, old.Fence()))
-	sameRecord(t, "row after the stale owner's calls", Read(t, s, req), rec)
-	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
-		t.Fatalf("Complete by the reclaimer: %v", err)
-	}
-}
-
-// reclaimExpiryNeverMovesEarlier is the subtest Reclaim/ExpiryNeverMovesEarlier.
-func reclaimExpiryNeverMovesEarlier(t *testing.T, setup setupFunc) {
-	s, ctx := setup(t)
-	req := newRequest("user-1")
-	req.Lease, req.Reclaimable = tiny, true
-	MustClaim(t, s, req)
-	old := WaitFor(t, s, req, "lease over", isLeaseOver)
-	again := req
-	again.TTL = time.Minute // ends before the row's expiry
-	res, err := s.Reclaim(ctx, old.Fence(), again)
-	if err != nil || !res.Won {
-		t.Fatalf("Reclaim: won %v, err %v; want a win", res.Won, err)
-	}
-	if !res.Record.ExpiresAt.Equal(old.ExpiresAt) {
-		t.Errorf("Reclaim with a shorter TTL: ExpiresAt %v, want the row's %v kept", res.Record.ExpiresAt, old.ExpiresAt)
-	}
-}
-
-// reclaimNotUnlessClaimedReclaimable is the subtest Reclaim/NotUnlessClaimedReclaimable.
-func reclaimNotUnlessClaimedReclaimable(t *testing.T, setup setupFunc) {
-	// A row claimed by a non-transactional route: its owner's
-	// effects did not roll back, so it is never reclaimed.
-	s, _ := setup(t)
-	req := newRequest("user-1")
-	req.Lease = tiny
-	MustClaim(t, s, req)
-	rec := WaitFor(t, s, req, "lease over", func(r idempotency.Record) bool { return r.LeaseOver })
-	if rec.Reclaimable {
-		t.Fatal("a row claimed without Reclaimable reads back reclaimable")
-	}
-	res, err := s.Reclaim(context.Background(), rec.Fence(), req)
-	if err != nil || res.Won {
-		t.Fatalf("Reclaim of a non-reclaimable row: won %v, err %v; want a loss", res.Won, err)
-	}
-	sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
-}
-
-// reclaimNotWhileLeaseRuns is the subtest Reclaim/NotWhileLeaseRuns.
-func reclaimNotWhileLeaseRuns(t *testing.T, setup setupFunc) {
-	s, _ := setup(t)
-	req := newRequest("user-1")
-	rec := MustClaim(t, s, req)
-	reclaim.lost(t, s, rec.Fence(), req, "while the lease runs")
-	sameRecord(t, "row after the refused reclaim", Read(t, s, req), rec)
-}
-
-// reclaimOneWinnerAmongManyGoroutines is the subtest Reclaim/OneWinnerAmongManyGoroutines.
-func reclaimOneWinnerAmongManyGoroutines(t *testing.T, setup setupFunc) {
-	s, _ := setup(t)
-	req := newRequest("user-1")
-	req.Lease, req.Reclaimable = tiny, true
-	MustClaim(t, s, req)
-	rec := WaitFor(t, s, req, "lease over", isLeaseOver)
-
-	_, won := reclaim.race(t, s, rec.Fence(), func(int) idempotency.ClaimRequest {
-		again := req
-		again.Lease = longLease
-		return again
-	})
-	if won.Attempt != 2 || won.Status != idempotency.StatusInFlight {
-		t.Errorf("winner's record: attempt %d status %q, want 2 in_flight", won.Attempt, won.Status)
 	}
 	sameRecord(t, "row after the race", Read(t, s, req), won)
 }

@@ -5,8 +5,6 @@
 --   so unscoped keys conflict too and any user id type fits;
 --   response_body_raw and response_headers hold non-JSON bodies and replayable headers;
 --   attempt is the fencing token; locked_until is the owner's lease end;
---   reclaimable marks keys claimed by a transactional route, the only ones whose stale
---   in_flight rows may be reclaimed (their owner's writes rolled back with it);
 --   owner_token is the claiming request's random token (NULL when the writer gave none), so a
 --   request whose claim reply was lost recognises, or frees, its own in_flight row;
 --   the primary key is (scope_user_id, id), not id alone: Citus distributes the table by
@@ -29,7 +27,6 @@ CREATE TABLE idempotency_keys (
     created_at         TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
     locked_at          TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
     locked_until       TIMESTAMPTZ    NOT NULL,
-    reclaimable        BOOLEAN        NOT NULL DEFAULT false,
     expires_at         TIMESTAMPTZ    NOT NULL,
     owner_token        UUID,
     PRIMARY KEY (scope_user_id, id),

@@ -21,8 +21,7 @@ func inspectHelp(w io.Writer) {
 Shows the stored rows of one key in one user scope (--user omitted: the
 unscoped '' scope), one per endpoint unless --endpoint picks one: status,
 attempt, recorded response code, times, and whether the row is stale (in
-flight past its lease: a retry answers outcome_unknown, or, on a
-transactional route, reclaims the key and runs) or expired (a retry would be
+flight past its lease: a retry answers outcome_unknown) or expired (a retry would be
 a new request), both judged by the database's clock. The response body and
 headers are shown only with --show-body. Read-only. No row is not an error.
 
@@ -48,7 +47,6 @@ const inspectSQL = `SELECT idem_key, scope_user_id, scope_endpoint, request_hash
 	created_at, locked_at, locked_until, expires_at,
 	status = 'in_flight' AND locked_until < now() AS stale,
 	expires_at < now() AS expired,
-	reclaimable,
 	now()
 FROM ` + table + `
 WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
@@ -60,10 +58,6 @@ type inspectRow struct {
 	ResponseBodyBytes int64 `json:"response_body_bytes"`
 	Stale             bool  `json:"stale"`   // in_flight with its lease over
 	Expired           bool  `json:"expired"` // expires_at has passed: a retry is a new request
-	// Reclaimable: claimed by a transactional route, so a stale row is
-	// reclaimed and run by the next retry rather than answering
-	// outcome_unknown.
-	Reclaimable bool `json:"reclaimable"`
 }
 
 func runInspect(ctx context.Context, c *cli, args []string) error {
@@ -124,7 +118,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		if err := rs.Scan(&r.Key, &r.User, &r.Endpoint, &r.RequestHash, &status, &r.Attempt,
 			&code, &kind, &r.ResponseBodyBytes, &body, &raw, &headers,
 			&r.CreatedAt, &r.LockedAt, &r.LockedUntil, &r.ExpiresAt,
-			&r.Stale, &r.Expired, &r.Reclaimable, &now); err != nil {
+			&r.Stale, &r.Expired, &now); err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
 		r.Status = status
@@ -206,13 +200,9 @@ func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {
 	line("expires", "%s", when(r.ExpiresAt, now))
 	switch {
 	// What a retry of a stale row meets: an expired row is taken over as
-	// a new request; a transactional route's is reclaimed and run (its
-	// owner's writes rolled back with it); any other answers
-	// outcome_unknown until it expires.
+	// a new request; any other answers outcome_unknown until it expires.
 	case r.Stale && r.Expired:
 		line("stale", "YES: in flight past its lease, and expired: a retry is a new request")
-	case r.Stale && r.Reclaimable:
-		line("stale", "YES: in flight past its lease, claimed by a transactional route: the next retry reclaims the key and runs the request")
 	case r.Stale:
 		line("stale", "YES: in flight past its lease; the outcome is unknown (clients get 409 idempotency_outcome_unknown)")
 	case r.Status == string(idempotency.StatusInFlight):

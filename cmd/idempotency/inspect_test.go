@@ -2,14 +2,13 @@ package main
 
 import (
 	"bytes"
-	"context"
+
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency"
 )
 
 func TestInspect(t *testing.T) {
@@ -111,33 +110,21 @@ func TestInspectExpired(t *testing.T) {
 }
 
 // TestInspectStaleVerdict: what a stale row's retry meets depends on the
-// route that claimed it. A transactional route's stale key is reclaimed and
-// run by the next retry; an ordinary route's answers outcome_unknown; an
-// expired one is a new request either way.
+// row: an ordinary route's answers outcome_unknown; an expired one is a new
+// request.
 func TestInspectStaleVerdict(t *testing.T) {
 	t.Parallel()
 	db := newTestDB(t)
 	const ep = "POST /api/trading/orders"
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	reclaimable := newKey()
-	if res, err := db.store.Claim(ctx, idempotency.ClaimRequest{Key: reclaimable, Scope: "7", Endpoint: ep,
-		RequestHash: strings.Repeat("ab", 32), TTL: time.Hour, Lease: time.Millisecond, Reclaimable: true}); err != nil || !res.Won {
-		t.Fatalf("claim: won %v, %v", res.Won, err)
-	}
 	ordinary, orphan := newKey(), newKey()
 	db.claim(t, ordinary, "7", ep, time.Hour, time.Millisecond)
 	db.claim(t, orphan, "7", ep, time.Millisecond, time.Millisecond)
-	db.waitRows(t, 3, "status = 'in_flight' AND locked_until < now()")
+	db.waitRows(t, 2, "status = 'in_flight' AND locked_until < now()")
 	db.waitRows(t, 1, "expires_at < now()")
 
-	for _, c := range []struct {
-		key, want   string
-		reclaimable bool
-	}{
-		{reclaimable, "stale      YES: in flight past its lease, claimed by a transactional route: the next retry reclaims the key and runs the request", true},
-		{ordinary, "stale      YES: in flight past its lease; the outcome is unknown (clients get 409 idempotency_outcome_unknown)", false},
-		{orphan, "stale      YES: in flight past its lease, and expired: a retry is a new request", false},
+	for _, c := range []struct{ key, want string }{
+		{ordinary, "stale      YES: in flight past its lease; the outcome is unknown (clients get 409 idempotency_outcome_unknown)"},
+		{orphan, "stale      YES: in flight past its lease, and expired: a retry is a new request"},
 	} {
 		r := runDB(t, db.dsn, "inspect", "--user", "7", "--key", c.key)
 		wantCode(t, r, exitOK)
@@ -148,13 +135,12 @@ func TestInspectStaleVerdict(t *testing.T) {
 		wantCode(t, r, exitOK)
 		var out struct {
 			Rows []struct {
-				Stale       bool `json:"stale"`
-				Reclaimable bool `json:"reclaimable"`
+				Stale bool `json:"stale"`
 			}
 		}
 		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out.Rows) != 1 ||
-			!out.Rows[0].Stale || out.Rows[0].Reclaimable != c.reclaimable {
-			t.Errorf("inspect --json %s (want reclaimable %v): %v\n%s", c.key, c.reclaimable, err, r.stdout)
+			!out.Rows[0].Stale {
+			t.Errorf("inspect --json %s: %v\n%s", c.key, err, r.stdout)
 		}
 	}
 }
