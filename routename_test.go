@@ -59,7 +59,7 @@ func TestRouteName(t *testing.T) {
 		t.Fatalf("stored endpoints %q", got)
 	}
 	const want = `
-# HELP idempotency_miss_total Requests that claimed their key (new, expired takeover, reclaim).
+# HELP idempotency_miss_total Requests that claimed their key (new, expired takeover).
 # TYPE idempotency_miss_total counter
 idempotency_miss_total{endpoint="POST /orders/{account}"} 1
 idempotency_miss_total{endpoint="POST /tmpl/{id}"} 1
