@@ -32,6 +32,7 @@ var pgStatements = map[string]string{
 	"pgSavepointSQL":           pgSavepointSQL,
 	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
 	"pgImmediateSQL":           pgImmediateSQL,
+	"pgCheckSQL":               pgCheckSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

@@ -55,7 +55,7 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 		return usagef("--progress must not be negative, got %v", progress)
 	}
 
-	pool, err := c.open(ctx)
+	pool, err := c.openChecked(ctx)
 	if err != nil {
 		return err
 	}

@@ -63,6 +63,26 @@ func (c *cli) open(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// openChecked is open for the commands that read or change keys: it also
+// checks that the table has what the library needs
+// (PostgresStore.Check), so an old schema is one clear error.
+func (c *cli) openChecked(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := c.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := c.statementContext(ctx)
+	defer cancel()
+	if err := idempotency.NewPostgresStore(pool).Check(sctx); err != nil {
+		pool.Close()
+		if errors.Is(err, idempotency.ErrSchemaOutdated) {
+			return nil, err
+		}
+		return nil, c.dbError(ctx, "check the table", err)
+	}
+	return pool, nil
+}
+
 // parseErrorDetail returns pgx's reason for refusing a URL without the URL
 // itself, so no password reaches a terminal or a log.
 func parseErrorDetail(err error) string {

@@ -36,7 +36,7 @@ func runErase(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	pool, err := c.open(ctx)
+	pool, err := c.openChecked(ctx)
 	if err != nil {
 		return err
 	}

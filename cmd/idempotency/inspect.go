@@ -89,7 +89,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		ep = &endpoint.v
 	}
 
-	pool, err := c.open(ctx)
+	pool, err := c.openChecked(ctx)
 	if err != nil {
 		return err
 	}

@@ -345,3 +345,19 @@ func TestStatementTimeout(t *testing.T) {
 		t.Errorf("stderr %q", r.stderr)
 	}
 }
+
+// TestOutdatedSchema: a table made by an older 000001 (here: no
+// owner_token) is refused up front with the name of what it lacks, before
+// any command reads or changes keys.
+func TestOutdatedSchema(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	if _, err := db.pool.Exec(t.Context(), `ALTER TABLE idempotency_keys DROP COLUMN owner_token`); err != nil {
+		t.Fatal(err)
+	}
+	r := runDB(t, db.dsn, "stats")
+	wantCode(t, r, exitFailure)
+	if !strings.Contains(r.stderr, "lacks column owner_token") {
+		t.Errorf("stderr %q, want the missing column named", r.stderr)
+	}
+}

@@ -110,7 +110,17 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 			return nil, nil, err
 		}
 		s.data = &pgRepo{pool: pool, timeout: cfg.storeTimeout}
-		store = idempotency.NewPostgresStore(pool)
+		pgStore := idempotency.NewPostgresStore(pool)
+		// An old schema must stop the server here: run against it, every
+		// claim fails, and the fail-open billing route would run without
+		// deduplication.
+		cctx, cancel := context.WithTimeout(ctx, cfg.storeTimeout)
+		err := pgStore.Check(cctx)
+		cancel()
+		if err != nil {
+			return nil, nil, err
+		}
+		store = pgStore
 	}
 
 	s.idem, err = idempotency.New(store, idempotency.Config{
