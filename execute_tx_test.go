@@ -38,9 +38,9 @@ type txFixture struct {
 	behave func(n int64, w http.ResponseWriter, r *http.Request) bool
 }
 
-func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig) (*txFixture, http.Handler) {
+func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig, opts ...testdb.Option) (*txFixture, http.Handler) {
 	t.Helper()
-	f := &txFixture{pool: testdb.New(t, testdb.MaxConns(16)), reg: prometheus.NewRegistry()}
+	f := &txFixture{pool: testdb.New(t, append([]testdb.Option{testdb.MaxConns(16)}, opts...)...), reg: prometheus.NewRegistry()}
 	if _, err := f.pool.Exec(context.Background(),
 		`CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, execution BIGINT NOT NULL)`); err != nil {
 		t.Fatal(err)

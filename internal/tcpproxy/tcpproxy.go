@@ -39,6 +39,7 @@ type Proxy struct {
 type link struct {
 	client, upstream net.Conn // upstream is nil for a black-holed connection
 	discard          bool     // set once the link was black-holed: bytes are dropped
+	mute             bool     // set by DropReplies: the next bytes from upstream are dropped and the link closed
 }
 
 func (l *link) close() {
@@ -88,6 +89,18 @@ func (p *Proxy) Blackhole() {
 	p.mode = blackholing
 	for l := range p.links {
 		l.discard = true
+	}
+}
+
+// DropReplies makes every live connection lose what the target sends next:
+// those bytes are dropped and the connection closed, so the client's
+// request reached the target (a COMMIT committed) but its reply was lost.
+// New connections are not affected.
+func (p *Proxy) DropReplies() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.mute = true
 	}
 }
 
@@ -167,8 +180,8 @@ func (p *Proxy) dial(c net.Conn) {
 		return
 	}
 	p.wg.Add(2)
-	go p.pipe(l, u, c)
-	go p.pipe(l, c, u)
+	go p.pipe(l, u, c, false)
+	go p.pipe(l, c, u, true)
 }
 
 // track registers l, unless the proxy closed or started refusing meanwhile,
@@ -196,8 +209,9 @@ func (p *Proxy) untrack(l *link) {
 }
 
 // pipe copies src to dst until either fails, dropping what it reads while
-// l is black-holed.
-func (p *Proxy) pipe(l *link, dst io.Writer, src io.Reader) {
+// l is black-holed; fromUpstream: src is the target, whose bytes a muted
+// link drops before it closes.
+func (p *Proxy) pipe(l *link, dst io.Writer, src io.Reader, fromUpstream bool) {
 	defer p.wg.Done()
 	defer p.untrack(l)
 	buf := make([]byte, 32<<10)
@@ -205,8 +219,11 @@ func (p *Proxy) pipe(l *link, dst io.Writer, src io.Reader) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			discard := l.discard
+			discard, mute := l.discard, l.mute && fromUpstream
 			p.mu.Unlock()
+			if mute {
+				return // untrack closes the link
+			}
 			if !discard {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
