@@ -201,14 +201,20 @@ func TestTxRestartsOnSerializationFailure(t *testing.T) {
 // the error's context names no tuple.
 func TestTxTableLockIsAnOutage(t *testing.T) {
 	t.Parallel()
-	f, h := newTxFixture(t, idempotency.Config{StoreTimeout: 2 * time.Second}, idempotency.RouteConfig{})
+	// One connection, warmed up by a first request: the claim's statements
+	// are prepared already, so the claim itself meets the lock, under its
+	// bounded wait.
+	f, h := newTxFixture(t, idempotency.Config{StoreTimeout: 2 * time.Second}, idempotency.RouteConfig{}, testdb.MaxConns(1))
+	if w := do(h, uuid.NewString(), `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("warm-up: %d %s", w.Code, w.Body)
+	}
 	ctx := t.Context()
-	conn, err := f.pool.Acquire(ctx)
+	locker, err := pgx.ConnectConfig(ctx, f.pool.Config().ConnConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
+	defer locker.Close(context.Background())
+	tx, err := locker.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,8 +226,11 @@ func TestTxTableLockIsAnOutage(t *testing.T) {
 	if w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("claim behind a table lock: %d %s, want 503", w.Code, w.Body)
 	}
-	if f.calls.Load() != 0 {
-		t.Fatal("the handler ran")
+	if n := gathered(t, f.reg, "idempotency_store_errors_total", "begin", idempotency.ReasonTimeout); n != 1 {
+		t.Errorf("begin timeouts = %v, want 1", n)
+	}
+	if f.calls.Load() != 1 {
+		t.Fatal("the handler ran behind the lock")
 	}
 }
 
