@@ -37,17 +37,17 @@ const (
 	crashStormWorkers  = 8
 )
 
-// TestCrashMidHandlerPostgres is issue #5: a server is killed with SIGKILL
-// while transactional orders are inside their handlers. The database rolls
-// their transactions back and the keys stay in_flight. A restarted server
-// answers retries 409 idempotency_in_flight while the dead owner's lease
-// runs, then exactly one retry per key reclaims it and executes, and every
-// later retry replays that answer: never two orders for one key, also when
-// several retries race for the expired lease.
+// TestCrashMidHandlerPostgres: a server is killed with SIGKILL while
+// transactional orders are inside their handlers. Their claims live in the
+// handlers' transactions (DESIGN.md "Transactional routes: one
+// transaction"), so the database rolls everything back, the claims
+// included: no row is left for either key. A restarted server executes the
+// retries at once, with no lease to wait out, exactly once per key, also
+// when several retries race for one key; every later retry replays.
 //
 // Two users, two keys, both in flight when the process dies: key A is
 // retried by one client, sequentially; key B by crashStormWorkers clients
-// at once, started just before the lease ends.
+// at once.
 func TestCrashMidHandlerPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs a binary")
@@ -89,26 +89,28 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 		}()
 	}
 
-	// 2. Wait until both keys are claimed and both handlers are inside
-	// their transactions (BEGIN done: "idle in transaction"), without
-	// sending a request that could win a claim itself.
+	// 2. Wait until both handlers hold their claims inside their
+	// transactions ("idle in transaction": BEGIN and the claim done),
+	// without sending a request that could win a claim itself. The claims
+	// are not visible to other sessions: no committed row exists.
 	killBy := sent.Add(crashLease - crashStoreTimeout) // the handlers' deadline: a 504 would mark the keys failed
 	for {
-		var claimed, inTx int
-		crashScan(t, db, []any{&claimed}, `SELECT count(*) FROM idempotency_keys
-			WHERE idem_key IN ($1, $2) AND status = 'in_flight'`, keyA, keyB)
+		var inTx int
 		crashScan(t, db, []any{&inTx}, `SELECT count(*) FROM pg_stat_activity
 			WHERE application_name = $1 AND state = 'idle in transaction'`, appName)
-		if claimed == 2 && inTx == 2 {
+		if inTx == 2 {
 			break
 		}
 		if time.Now().After(killBy) {
-			t.Fatalf("the orders were not in their handlers in time: %d keys in flight, %d sessions in a transaction\n%s",
-				claimed, inTx, p1.logs.String())
+			t.Fatalf("the orders were not in their handlers in time: %d sessions in a transaction\n%s", inTx, p1.logs.String())
 		}
 		time.Sleep(5 * time.Millisecond) // polling the database, not synchronisation
 	}
-	// A duplicate sees the key in flight, through the API too.
+	if n := crashCount(t, db, `SELECT count(*) FROM idempotency_keys WHERE idem_key IN ($1, $2)`, keyA, keyB); n != 0 {
+		t.Fatalf("%d committed rows for keys whose handlers still run, want none (the claims live in the handlers' transactions)", n)
+	}
+	// A duplicate sees the key in flight, through the API too: its claim
+	// waits on the owner's uncommitted row for the lock wait, then answers.
 	for _, rq := range []req{orderA, orderB} {
 		r, _ := p1.send(t, rq)
 		expect(t, r, http.StatusConflict, "idempotency_in_flight")
@@ -140,8 +142,8 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 	t.Logf("killed %v after sending the orders", killed.Sub(sent).Round(time.Millisecond))
 
 	// 4. The database saw the connections go and rolled back: no session
-	// of the first server is left, nothing was written, both keys stay
-	// in flight under their first attempt.
+	// of the first server is left, nothing was written, and no row holds
+	// either key.
 	for deadline := time.Now().Add(waitLimit); ; {
 		var sessions int
 		crashScan(t, db, []any{&sessions}, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName)
@@ -163,9 +165,8 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 		if n := crashCount(t, db, `SELECT count(*) FROM audit_log WHERE user_id = $1`, u.uid); n != 0 {
 			t.Fatalf("user %d has %d audit rows after the crash, want 0", u.uid, n)
 		}
-		k := crashKey(t, db, u.key, u.uid)
-		if k.status != "in_flight" || k.attempt != 1 || k.responseCode != nil {
-			t.Fatalf("key of user %d after the crash: %+v, want in_flight, attempt 1, no response", u.uid, k)
+		if n := crashCount(t, db, `SELECT count(*) FROM idempotency_keys WHERE idem_key = $1`, u.key); n != 0 {
+			t.Fatalf("key of user %d has %d rows after the crash, want none", u.uid, n)
 		}
 	}
 
@@ -174,48 +175,16 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 	p2 := crashStart(t, bin, append([]string{"-database-url", dsn, "-order-latency", crashFastLatency.String()}, common...)...)
 	restarted := time.Now()
 	t.Logf("restarted %v after the kill", restarted.Sub(killed).Round(time.Millisecond))
-	// The dead owner's lease, as the database reckons it, runs a whole
-	// crashLease from now, as if it had claimed just before dying: a slow
-	// restart cannot eat the window the next step checks.
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	tag, err := db.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() + $3::interval
-		WHERE idem_key IN ($1, $2) AND status = 'in_flight' AND attempt = 1`, keyA, keyB, crashLease)
-	cancel()
-	if err != nil || tag.RowsAffected() != 2 {
-		t.Fatalf("extending the dead owner's lease: %v, %v", tag, err)
-	}
 
-	// 6. While the dead owner's lease runs, a retry is 409 in flight and
-	// reclaims nothing. The lease left is the database's own reckoning.
-	for _, rq := range []req{orderA, orderB} {
-		uid := uidA
-		if rq.key == keyB {
-			uid = uidB
-		}
-		if left := crashKey(t, db, rq.key, uid).leaseLeft; left < time.Second {
-			t.Fatalf("%v of the lease left before the in-lease retry, want at least 1s", left)
-		}
-		r, unavailable := p2.send(t, rq)
-		if unavailable > 0 {
-			t.Logf("%d answers 503 store unavailable before the in-lease answer", unavailable)
-		}
-		expect(t, r, http.StatusConflict, "idempotency_in_flight")
-		if r.Header.Get("Retry-After") == "" || r.Body["retry_after_ms"] == nil {
-			t.Fatalf("in-flight answer without a retry hint: %s %v", r, r.Header)
-		}
-		if k := crashKey(t, db, rq.key, uid); k.status != "in_flight" || k.attempt != 1 {
-			t.Fatalf("a retry within the lease changed the key: %+v", k)
-		}
-	}
-
-	// 7. Key B: crashStormWorkers clients retry in a loop from just before
-	// the lease ends until each has had a replay.
-	stormStart := time.Now().Add(crashKey(t, db, keyB, uidB).leaseLeft - 150*time.Millisecond)
+	// 6. Key B: crashStormWorkers clients retry at once, in a loop, until
+	// each has had a replay. Key A, meanwhile: one client retries once,
+	// and executes at once: there is no lease to wait out.
 	storm := make([][]result, crashStormWorkers)
+	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range crashStormWorkers {
 		wg.Go(func() {
-			time.Sleep(time.Until(stormStart)) // start together, just before the lease ends
+			<-start
 			deadline := time.Now().Add(waitLimit)
 			for {
 				r, err := p2.c.try(orderB)
@@ -234,29 +203,10 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 			}
 		})
 	}
-
-	// 8. Key A, meanwhile: one client retries until the answer is no
-	// longer 409 in flight. That answer is the one execution. A 503 store
-	// unavailable (a store call over its deadline on a loaded machine) ran
-	// nothing and is retried like a 409.
-	var executedA response
-	inFlightA, unavailableA := 0, 0
-	for deadline := time.Now().Add(waitLimit); ; {
-		r, unavailable := p2.send(t, orderA)
-		unavailableA += unavailable
-		if r.Status == http.StatusConflict && r.Body["error"] == "idempotency_in_flight" {
-			inFlightA++
-			if time.Now().After(deadline) {
-				t.Fatalf("key A still in flight after %v", waitLimit)
-			}
-			time.Sleep(20 * time.Millisecond) // polling for the lease to end
-			continue
-		}
-		executedA = r
-		break
-	}
-	reclaimedA := time.Now()
+	close(start)
+	executedA, unavailableA := p2.send(t, orderA)
 	crashCheckOrder(t, executedA, false, nil, bodyA)
+	t.Logf("key A executed by its first retry %v after the restart", time.Since(restarted).Round(time.Millisecond))
 	idA := executedA.Body["id"]
 	replaysA := 0
 	for range 2 {
@@ -265,8 +215,6 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 		crashCheckOrder(t, r, true, idA, bodyA)
 		replaysA++
 	}
-	t.Logf("key A: %d answers 409 in flight, then executed %v after the restart (%v after the orders were first sent); %d answers 503 store unavailable",
-		inFlightA, reclaimedA.Sub(restarted).Round(time.Millisecond), reclaimedA.Sub(sent).Round(time.Millisecond), unavailableA)
 
 	wg.Wait()
 	var executedB []response
@@ -312,17 +260,15 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 	t.Logf("key B: %d clients, %d answers 409 in flight, 1 execution, %d replays; %d answers 503 store unavailable",
 		crashStormWorkers, inFlightB, replaysB, unavailableB)
 
-	attempts := map[string]int{} // each key's final attempt
-	// 9. The database: one order and one order_placed row per user, one
+	// 7. The database: one order and one order_placed row per user, one
 	// idempotency_replay row per replay, the key completed under its
-	// second attempt, reclaimed no earlier than the first lease's end.
+	// first attempt (nothing to take over: no row survived the crash).
 	for _, u := range []struct {
-		uid         int64
-		key         string
-		id          any
-		replays     int
-		unavailable int
-	}{{uidA, keyA, idA, replaysA, unavailableA}, {uidB, keyB, idB, replaysB, unavailableB}} {
+		uid     int64
+		key     string
+		id      any
+		replays int
+	}{{uidA, keyA, idA, replaysA}, {uidB, keyB, idB, replaysB}} {
 		var orders int
 		var orderID int64
 		var clientOrderID string
@@ -341,18 +287,16 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 			t.Fatalf("user %d has %d idempotency_replay audit rows, want %d", u.uid, n, u.replays)
 		}
 		k := crashKey(t, db, u.key, u.uid)
-		if k.status != "completed" || k.attempt < 2 || k.responseCode == nil || *k.responseCode != http.StatusCreated {
-			t.Fatalf("key of user %d at the end: %+v, want completed, attempt 2, 201", u.uid, k)
+		if k.status != "completed" || k.attempt != 1 || k.responseCode == nil || *k.responseCode != http.StatusCreated {
+			t.Fatalf("key of user %d at the end: %+v, want completed, attempt 1, 201", u.uid, k)
 		}
-		if k.reclaimedAfter < crashLease {
-			t.Fatalf("key of user %d reclaimed %v after its claim, within the %v lease", u.uid, k.reclaimedAfter, crashLease)
-		}
-		attempts[u.key] = k.attempt
 	}
 	metrics := p2.c.do(t, req{method: "GET", path: "/metrics"})
-	misses := crashMetric(t, string(metrics.Raw), `idempotency_miss_total{endpoint="POST /api/trading/orders"}`)
+	if misses := crashMetric(t, string(metrics.Raw), `idempotency_miss_total{endpoint="POST /api/trading/orders"}`); misses != 2 {
+		t.Fatalf("idempotency_miss_total = %v on the restarted server, want 2 (one execution per key)", misses)
+	}
 
-	// 10. SIGTERM: the second server drains and exits 0.
+	// 8. SIGTERM: the second server drains and exits 0.
 	if err := p2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -360,28 +304,6 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 		t.Fatalf("the second server's exit: %v\n%s", err, p2.logs.String())
 	}
 	p2.logs.waitFor(t, "stopped")
-
-	// 11. Its log is complete now. Each key was reclaimed once, unless a
-	// reclaimer's commit failed (a 503: its key is reclaimable again after
-	// another lease); the attempt counts the reclaims the server logged,
-	// and the second server's only claims were those reclaims.
-	reclaims := p2.logs.count("idempotency: reclaimed a stale key; its previous attempt's transaction rolled back")
-	for _, u := range []struct {
-		key         string
-		unavailable int
-	}{{keyA, unavailableA}, {keyB, unavailableB}} {
-		n := reclaims["key="+u.key]
-		if n < 1 || n > 1+u.unavailable {
-			t.Fatalf("key %s reclaimed %d times after %d answers 503 store unavailable, want once (plus at most one per 503)",
-				u.key, n, u.unavailable)
-		}
-		if attempts[u.key] != 1+n {
-			t.Fatalf("key %s ended at attempt %d after %d reclaims, want %d", u.key, attempts[u.key], n, 1+n)
-		}
-	}
-	if want := float64(reclaims["key="+keyA] + reclaims["key="+keyB]); misses != want {
-		t.Fatalf("idempotency_miss_total = %v on the restarted server, want %v (its reclaims)", misses, want)
-	}
 	if unavailableA+unavailableB > 0 {
 		t.Logf("the restarted server's log without its 409 and 201 request lines:\n%s", p2.notable())
 	}
@@ -532,26 +454,19 @@ func crashCount(t *testing.T, db *pgx.Conn, sql string, args ...any) int {
 
 // crashKeyRow is an order key's idempotency_keys row.
 type crashKeyRow struct {
-	status         string
-	attempt        int
-	responseCode   *int
-	leaseLeft      time.Duration // locked_until - now(), by the database's clock
-	reclaimedAfter time.Duration // locked_at - created_at: 0 until a reclaim
+	status       string
+	attempt      int
+	responseCode *int
 }
 
 func crashKey(t *testing.T, db *pgx.Conn, key string, uid int64) crashKeyRow {
 	t.Helper()
 	var k crashKeyRow
-	var left, after float64
-	crashScan(t, db, []any{&k.status, &k.attempt, &k.responseCode, &left, &after}, `
-		SELECT status, attempt, response_code::int,
-			EXTRACT(EPOCH FROM locked_until - now())::float8,
-			EXTRACT(EPOCH FROM locked_at - created_at)::float8
+	crashScan(t, db, []any{&k.status, &k.attempt, &k.responseCode}, `
+		SELECT status, attempt, response_code::int
 		FROM idempotency_keys
 		WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`,
 		key, strconv.FormatInt(uid, 10), ordersEndpoint)
-	k.leaseLeft = time.Duration(left * float64(time.Second))
-	k.reclaimedAfter = time.Duration(after * float64(time.Second))
 	return k
 }
 
