@@ -25,7 +25,8 @@ type Middleware struct {
 	metrics *metrics
 	ops     storeOps
 
-	routeMetrics sync.Map // endpoint label -> *routeMetrics
+	routeMetrics sync.Map      // endpoint label -> *routeMetrics
+	forgetting   chan struct{} // one token per claim of unknown outcome being freed (forget.go)
 }
 
 // New returns a Middleware over store. It fails when cfg is invalid or the
@@ -42,7 +43,8 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met)}, nil
+	return &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met),
+		forgetting: make(chan struct{}, maxForgetting)}, nil
 }
 
 // Route returns the middleware for one route with policy rc. It fails when

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // ServeHTTP takes one request through the route: admit it (the kill-switch,
@@ -84,6 +86,7 @@ func (rq *request) admitScope(key string, body []byte) bool {
 		TTL:         rq.rt.ttl,
 		Lease:       rq.m.cfg.Lease,
 		LockWait:    rq.rt.txLockWait,
+		Owner:       uuid.New(), // one per request: the store's retry of this claim knows its own row
 	}
 	rq.rm = rq.m.metricsFor(rq.label)
 	return true
@@ -119,6 +122,7 @@ func (rq *request) claimFailed(err error) {
 		rq.m.log.Warn("idempotency: store unavailable, rejecting",
 			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
 		rq.answer(answerUnavailable)
+		rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
 	}
 }
 
