@@ -23,7 +23,14 @@ unscoped '' scope), one per endpoint unless --endpoint picks one: status,
 attempt, recorded response code, times, and whether the row is stale (in
 flight past its lease: a retry answers outcome_unknown) or expired (a retry would be
 a new request), both judged by the database's clock. The response body and
-headers are shown only with --show-body. Read-only. No row is not an error.
+headers are shown only with --show-body. No row is not an error.
+
+A transactional route's key is in flight inside its handler's open
+transaction, which no other session can see. With --endpoint, when no row
+is found, inspect probes for it: it inserts the key in a transaction of its
+own that it always rolls back, waiting up to 1s, and shows the session that
+holds the key (pg_blocking_pids: pid, application, client, since when).
+Without the probe it changes nothing.
 
 KEY is a UUID in its 36-character form, any case, optionally in double quotes
 as clients may send it.
@@ -138,6 +145,15 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 	if err := rs.Err(); err != nil {
 		return c.dbError(ctx, "read the key", err)
 	}
+	rs.Close()
+	// No committed row: a transactional route's handler may hold the key
+	// in flight inside its open transaction, which only a probe finds.
+	var owner *openOwner
+	if len(out) == 0 && ep != nil {
+		if owner, err = probeOpenTransaction(ctx, pool, k, user.v, *ep); err != nil {
+			return c.dbError(ctx, "probe for an open transaction", err)
+		}
+	}
 
 	if c.g.json {
 		if out == nil {
@@ -147,7 +163,14 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			Key  string       `json:"key"`
 			User string       `json:"user"`
 			Rows []inspectRow `json:"rows"`
-		}{k, user.v, out})
+			// OpenTransaction: no committed row, but the key is in flight
+			// inside this session's open transaction (--endpoint only).
+			OpenTransaction *openOwner `json:"open_transaction,omitempty"`
+		}{k, user.v, out, owner})
+	}
+	if owner != nil {
+		c.printOpenOwner(owner)
+		return nil
 	}
 	if len(out) == 0 {
 		where := ""
@@ -155,8 +178,11 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			where = fmt.Sprintf(" on endpoint %q", *ep)
 		}
 		hint := ""
-		if user.v == "" {
+		switch {
+		case user.v == "":
 			hint = " (a user's key needs --user)"
+		case ep == nil:
+			hint = " (a key in flight inside an open transaction is not visible: --endpoint probes for it)"
 		}
 		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", k, describeUser(user.v), where, hint)
 		return err

@@ -5,6 +5,7 @@ import (
 
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -209,5 +210,64 @@ func TestInspectJSONStoredRaw(t *testing.T) {
 		if !found {
 			t.Errorf("export lacks key %s:\n%s", key, r.stdout)
 		}
+	}
+}
+
+// TestInspectProbesOpenTransaction: a key in flight inside another
+// session's open transaction (a transactional route's handler) has no
+// visible row; inspect --endpoint finds it with its probe and names the
+// session, and changes nothing: after the owner rolls back, no row exists.
+func TestInspectProbesOpenTransaction(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	const ep = "POST /api/trading/orders"
+	ctx := t.Context()
+	owner, err := db.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Release()
+	var pid int
+	if err := owner.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := owner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := newKey()
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, locked_until, expires_at)
+		VALUES ($1, '7', $2, 'h', now() + interval '1 minute', now() + interval '1 hour')`, key, ep); err != nil {
+		t.Fatal(err)
+	}
+
+	r := runDB(t, db.dsn, "inspect", "--user", "7", "--key", key)
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "no row for key") || !strings.Contains(r.stdout, "--endpoint probes for it") {
+		t.Errorf("inspect without --endpoint: %s", r.stdout)
+	}
+	r = runDB(t, db.dsn, "inspect", "--user", "7", "--key", key, "--endpoint", ep)
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "in flight inside an open transaction") || !strings.Contains(r.stdout, "pid "+strconv.Itoa(pid)) {
+		t.Errorf("inspect --endpoint: %s, want the owner's pid %d", r.stdout, pid)
+	}
+	r = runDB(t, db.dsn, "inspect", "--json", "--user", "7", "--key", key, "--endpoint", ep)
+	wantCode(t, r, exitOK)
+	var out struct {
+		Rows            []json.RawMessage `json:"rows"`
+		OpenTransaction *struct {
+			PID int `json:"pid"`
+		} `json:"open_transaction"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out.Rows) != 0 || out.OpenTransaction == nil || out.OpenTransaction.PID != pid {
+		t.Errorf("inspect --json --endpoint: %v\n%s", err, r.stdout)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = runDB(t, db.dsn, "inspect", "--user", "7", "--key", key, "--endpoint", ep)
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "no row for key") {
+		t.Errorf("inspect after the owner rolled back: %s, want no row (the probe keeps nothing)", r.stdout)
 	}
 }
