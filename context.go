@@ -41,9 +41,9 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 }
 
 // ErrTxManaged is returned by Commit and Rollback on the transaction
-// TxFromContext hands a handler: a handler that committed on its own would
-// commit its writes outside the key's fence, and its key could then be
-// reclaimed and executed again.
+// TxFromContext hands a handler: the middleware commits the handler's
+// writes together with the key's record, or rolls them back, keeping the
+// key's claim, when the handler failed.
 var ErrTxManaged = errors.New("idempotency: the route's transaction is committed or rolled back by the middleware")
 
 // handlerTx is the route's transaction as the handler sees it.

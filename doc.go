@@ -17,10 +17,11 @@
 // handler never runs again, whatever happens after (a crash, a lost
 // connection, a store that cannot settle the outcome: such a key stays
 // in flight and later answers idempotency_outcome_unknown). A route with
-// Transactional set moves the boundary into the database: its handler
-// writes through the route's transaction (TxFromContext), which commits
-// together with the completed Record, so a key whose transaction rolled
-// back can be reclaimed and executed again safely.
+// Transactional set moves the boundary into the database: the key is
+// claimed inside the transaction its handler writes through
+// (TxFromContext), which commits together with the Record, so a process
+// that dies mid-handler leaves nothing behind and the retry executes at
+// once.
 //
 // The HTTP contract, the algorithm and the storage schema are described in
 // the README; PostgresStore is the production store, MemoryStore serves a
