@@ -155,3 +155,40 @@ ORDER BY kept.created_at, kept.id`
 const pgExportScopeSQL = `SELECT ` + pgColumns + ` FROM idempotency_keys
 WHERE scope_user_id = $1
 ORDER BY created_at, id`
+
+// The statements of a transactional route's claim (DESIGN.md
+// "Transactional routes: one transaction"). They run pipelined in one
+// batch after BEGIN: the bounds, the claim (or takeover), the saved
+// lock_timeout put back, and the savepoint the failure paths roll back to.
+
+// pgTxBoundsSQL saves the session's lock_timeout in a custom setting, then
+// sets, for this transaction only (set_config's is_local, since a
+// parameter cannot follow SET LOCAL), the claim's lock wait and the
+// server-side bounds of a vanished owner: statement_timeout and
+// idle_in_transaction_session_timeout from the lease.
+//
+// $1 lock wait, $2 lease (both as text, such as "10ms").
+const pgTxBoundsSQL = `SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true),
+	set_config('lock_timeout', $1, true),
+	set_config('statement_timeout', $2, true),
+	set_config('idle_in_transaction_session_timeout', $2, true)`
+
+// pgTxWaitSQL sets the lock wait again, for a takeover later in the
+// transaction. $1 lock wait.
+const pgTxWaitSQL = `SELECT set_config('lock_timeout', $1, true)`
+
+// pgTxRestoreSQL puts the session's lock_timeout back: the handler's own
+// statements keep it.
+const pgTxRestoreSQL = `SELECT set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)`
+
+// pgSavepointSQL marks the point the failure paths roll back to: the key
+// is owned, the handler has not written yet.
+const pgSavepointSQL = `SAVEPOINT idempotency_claim`
+
+// pgRollbackToSavepointSQL undoes the handler's writes and keeps the claim.
+const pgRollbackToSavepointSQL = `ROLLBACK TO SAVEPOINT idempotency_claim`
+
+// pgImmediateSQL checks every deferred constraint now, before the record:
+// a violation then fails where a failed record can still be written,
+// instead of at COMMIT, where the claim would vanish with it.
+const pgImmediateSQL = `SET CONSTRAINTS ALL IMMEDIATE`

@@ -11,7 +11,9 @@
 #   C  the floor: the library's Claim+Complete through pgx, no HTTP (sqlfloor)
 #   P  pgbench running the same claim/complete SQL, and A's and B's SQL
 #      without HTTP (the order transaction with and without the claim and
-#      record), when pgbench is installed
+#      record: A's one transaction, the earlier two-commit design, and the
+#      one transaction with BEGIN and COMMIT pipelined), when pgbench is
+#      installed
 # at 1, 4, 16 and 64 clients, in blocks of one run per subject whose order
 # rotates from block to block (at 16 clients a block also holds A's replays
 # of one hot key, A without a key and C's replays, so replay/miss pairs runs
@@ -236,9 +238,15 @@ if command -v pgbench >/dev/null; then
   pgbench_run unique miss.sql
   # A's and B's SQL alone, paired like A and B: what A/B would be if HTTP
   # and Go cost nothing.
+  # order_idem is the two-commit design (the claim committed alone);
+  # order_idem_tx the one transaction A runs now, as pgx sends it (BEGIN
+  # and COMMIT alone); order_idem_tx_all the same with BEGIN and COMMIT
+  # pipelined (a Tx of our own).
   for ((r = 1; r <= REPS16; r++)); do
-    pgbench_run order_idem order_idem.sql
+    pgbench_run order_idem_tx order_idem_tx.sql
     pgbench_run order order.sql
+    pgbench_run order_idem order_idem.sql
+    pgbench_run order_idem_tx_all order_idem_tx_all.sql
   done
   (cd "$pgb" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
     pgbench -n -M prepared "${pgb_vars[@]}" -f hot_setup.sql -c 1 -t 1 "$BASE_DSN" >/dev/null)

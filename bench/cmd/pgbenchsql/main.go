@@ -15,8 +15,19 @@
 //
 //	example_schema.sql  the example's tables (schemaSQL)
 //	order.sql           B's transaction: BEGIN, the order's two writes, COMMIT
-//	order_idem.sql      A's: the claim, then BEGIN, the same writes, the
-//	                    fenced complete, COMMIT
+//	order_idem.sql      the two-commit design: the claim, then BEGIN, the
+//	                    same writes, the fenced complete, COMMIT
+//	order_idem_tx.sql   A's one-transaction design as the middleware sends
+//	                    it with a pgx.Tx: BEGIN alone; the bounds, the claim,
+//	                    the restored lock_timeout and the SAVEPOINT in one
+//	                    pipeline; the writes; SET CONSTRAINTS ALL IMMEDIATE
+//	                    and the complete in one pipeline; COMMIT alone
+//	order_idem_tx_all.sql the same with BEGIN and COMMIT in the pipelines
+//	                    too (what a Tx of our own could send)
+//
+// In the pipelined scripts the complete finds the claim's row by its key
+// (pgbench allows no \gset in a pipeline); the middleware fences it on
+// the id and attempt the claim returned.
 //
 // With -summarize it reads the per-transaction logs of a pgbench -l run
 // instead and prints the SUMMARY line the other bench tools print.
@@ -125,7 +136,11 @@ func run(src, example, out string) error {
 	if schema == "" || insOrder == "" || insPlaced == "" {
 		return fmt.Errorf("%s: schemaSQL, insertOrderSQL or insertOrderPlacedSQL not found", example)
 	}
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "false", "NULL"}
+	bounds, restore, savepoint, immediate := consts["pgTxBoundsSQL"], consts["pgTxRestoreSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
+	if bounds == "" || restore == "" || savepoint == "" || immediate == "" {
+		return fmt.Errorf("%s: the transactional claim's statements (pgTxBoundsSQL, pgTxRestoreSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
+	}
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "NULL"}
 	completeArgs := []string{":c_id", ":c_attempt", ":scope", "201", ":body", "NULL", ":headers"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
@@ -137,11 +152,20 @@ func run(src, example, out string) error {
 	orderWrites := oneLine(bind(insOrder, []string{"1", "'AAPL'", "'buy'", "1", "'filled'", "187.43", ":key"})) + ";\n" +
 		oneLine(bind(insPlaced, []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
 	newKey := "\\set key random(1, 9223372036854775806)\n"
+	// The one-transaction flow: the claim's pipeline and the record's.
+	boundsSQL := oneLine(bind(bounds, []string{"'10ms'", "'30000ms'"}))
+	claimPipe := boundsSQL + ";\n" + claimWith(":key") + ";\n" + oneLine(restore) + ";\n" + oneLine(savepoint) + ";\n"
+	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
+	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", "201", ":body", "NULL", ":headers"})) + ";\n"
 	files := map[string]string{
 		"example_schema.sql": schema,
 		"order.sql":          newKey + "BEGIN;\n" + orderWrites + "COMMIT;\n",
 		"order_idem.sql": newKey + claimWith(":key") + "\n\\gset c_\n" +
 			"BEGIN;\n" + orderWrites + completeSQL + ";\nCOMMIT;\n",
+		"order_idem_tx.sql": newKey + "BEGIN;\n\\startpipeline\n" + claimPipe + "\\endpipeline\n" + orderWrites +
+			"\\startpipeline\n" + recordPipe + "\\endpipeline\nCOMMIT;\n",
+		"order_idem_tx_all.sql": newKey + "\\startpipeline\nBEGIN;\n" + claimPipe + "\\endpipeline\n" + orderWrites +
+			"\\startpipeline\n" + recordPipe + "COMMIT;\n\\endpipeline\n",
 		"miss.sql": "\\set key random(1, 9223372036854775806)\n" +
 			claimWith(":key") + "\n\\gset c_\n" + completeSQL + ";\n",
 		"hot_setup.sql": claimWith(":hotkey") + "\n\\gset c_\n" + completeSQL + ";\n",
