@@ -98,6 +98,11 @@ func (rq *request) claimKeyTx() (claimed, error) {
 		if err != nil {
 			return claimed{}, err
 		}
+		if tx == nil {
+			// The owner's transaction held the key past the lock wait.
+			rq.rm.hit.Inc()
+			return claimed{outcome: claimContended}, nil
+		}
 		if res.Won {
 			rq.rm.miss.Inc()
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil

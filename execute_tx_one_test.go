@@ -101,6 +101,10 @@ func TestTxDuplicateWhileOwnerMidHandler(t *testing.T) {
 	if n := gathered(t, f.reg, "idempotency_conflicts_total", "orders", "in_flight"); n != 2 {
 		t.Errorf("in_flight conflicts = %v, want 2", n)
 	}
+	// Contention, never a store error.
+	if n := gathered(t, f.reg, "idempotency_store_errors_total", "begin", idempotency.ReasonConflict); n != 0 {
+		t.Errorf("begin store errors (conflict) = %v, want 0", n)
+	}
 	close(release)
 	first := <-owner
 	if first.Code != http.StatusCreated {

@@ -198,11 +198,12 @@ type TxStore interface {
 	// req's key inside it like Store.Claim. Once the key is owned it marks
 	// a savepoint, so the handler's writes can be undone without freeing
 	// the key. A claim that waits longer than req.LockWait on a row of the
-	// key held by another open transaction fails with a *StoreError of
-	// Reason ReasonConflict; the transaction is then rolled back. On
-	// success the transaction stays open whether the claim was won or not
-	// (a loser may take over an expired row with RouteTx.Takeover): the
-	// caller ends it with Commit or Abort.
+	// key held by another open transaction (its owner is mid-handler) is
+	// contention, not an error: it rolls back and returns a nil RouteTx,
+	// Won unset and the zero Record. Otherwise, without error, the
+	// transaction stays open whether the claim was won or not (a loser
+	// may take over an expired row with RouteTx.Takeover): the caller
+	// ends it with Commit or Abort.
 	BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error)
 }
 
@@ -216,8 +217,9 @@ type RouteTx interface {
 	// State reports how the handler left the transaction.
 	State() TxState
 	// Takeover takes over the expired row f inside the transaction, as
-	// Store.Takeover does, waiting at most req.LockWait on the row, and
-	// marks the savepoint when it wins.
+	// Store.Takeover does, waiting at most req.LockWait on the row (a wait
+	// that runs out loses, like a lost race), and marks the savepoint
+	// when it wins.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Commit writes the settlement's record inside the transaction, fenced
 	// on s.Fence, and commits. With s.Undo it first rolls back to the

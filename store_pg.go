@@ -127,18 +127,6 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 	return pgOwnerError("complete", err)
 }
 
-// completeIn records resp inside q (a transactional route's transaction),
-// fenced on f. A failed statement aborts the transaction, so there is no
-// second try: every JSON body JSONB might refuse (jsonbMayRefuse) is stored
-// raw up front (it still reads back as the same BodyJSON bytes).
-func completeIn(ctx context.Context, q execer, f Fence, resp Response) error {
-	jsonBody, rawBody, headers, err := completeArgs(resp, true)
-	if err != nil {
-		return err
-	}
-	return pgOwnerError("complete", fenced(ctx, q, pgCompleteSQL, f, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers)))
-}
-
 // Fail implements Store with one fenced UPDATE.
 func (s *PostgresStore) Fail(ctx context.Context, f Fence) error {
 	return pgOwnerError("fail", fenced(ctx, s.pool, pgFailSQL, f))

@@ -44,9 +44,14 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 			last = errClaimVanished
 		case isRetryable(err):
 			last = err
+		case isRowLockWait(err):
+			// Contention, not a store error: another open transaction
+			// holds the key (its owner is mid-handler).
+			_ = t.rollback(ctx)
+			return nil, ClaimResult{}, nil
 		default:
 			_ = t.rollback(ctx)
-			return nil, ClaimResult{}, pgClaimError("claim", err)
+			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
 		_ = t.rollback(ctx)
 		if err := ctx.Err(); err != nil {
@@ -163,8 +168,12 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 		return ClaimResult{Won: true, Record: rec}, nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return ClaimResult{}, nil
+	case isRowLockWait(err):
+		// Another open transaction is taking the row over: lost. The
+		// transaction is aborted; the caller rolls it back.
+		return ClaimResult{}, nil
 	}
-	return ClaimResult{}, pgClaimError("takeover", err)
+	return ClaimResult{}, pgStoreError("takeover", err)
 }
 
 // Commit implements RouteTx: the rollback to the savepoint (Undo), then one
@@ -252,16 +261,12 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	return nil
 }
 
-// pgClaimError translates an error of a transactional claim or takeover.
-// A lock wait that ran out on a row of the key (lock_not_available, whose
-// context names the tuple it waited for) is contention: another open
-// transaction owns the key, so it is ReasonConflict (409 in flight). One
-// on a table-level lock (DDL, a migration: no tuple in the context) is an
-// outage like any other.
-func pgClaimError(op string, err error) error {
+// isRowLockWait reports a lock wait that ran out on a row of the key
+// (lock_not_available, whose context names the tuple it waited for):
+// another open transaction owns the key. One on a table-level lock (DDL, a
+// migration: no tuple in the context) is not: that is an outage like any
+// other.
+func isRowLockWait(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" && strings.Contains(pgErr.Where, "tuple") {
-		return &StoreError{Op: op, Reason: ReasonConflict, Err: err}
-	}
-	return pgStoreError(op, err)
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && strings.Contains(pgErr.Where, "tuple")
 }

@@ -398,20 +398,6 @@ func (l *logWatcher) waitFor(t *testing.T, msg string) map[string]any {
 	}
 }
 
-// count returns, per "key=<value>" of their key field, how many lines have
-// msg as their msg.
-func (l *logWatcher) count(msg string) map[string]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := map[string]int{}
-	for _, m := range l.lines {
-		if m["msg"] == msg {
-			n[fmt.Sprint("key=", m["key"])]++
-		}
-	}
-	return n
-}
-
 func (l *logWatcher) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
