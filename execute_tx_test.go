@@ -487,11 +487,11 @@ func (a *acquireWatch) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _
 }
 func (a *acquireWatch) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
 
-// TestTxNeverReclaimsAnOrdinaryClaim: a stale key claimed by a route that
+// TestTxNeverRerunsAnOrdinaryClaim: a stale key claimed by a route that
 // was not transactional (an old instance mid rolling deploy, or another
-// route of the same name) is never reclaimed: its owner's effects did not
-// roll back. The transactional route answers outcome unknown instead.
-func TestTxNeverReclaimsAnOrdinaryClaim(t *testing.T) {
+// route of the same name) is never run again: its owner's effects did not
+// roll back. The transactional route answers outcome unknown.
+func TestTxNeverRerunsAnOrdinaryClaim(t *testing.T) {
 	t.Parallel()
 	const lease = 1500 * time.Millisecond
 	cfg := idempotency.Config{Lease: lease, StoreTimeout: 500 * time.Millisecond}
@@ -584,9 +584,9 @@ func emailTaken(t *testing.T, f *txFixture) {
 
 // TestTxAbortedTransaction: a handler that catches a failed statement and
 // answers 409 from the aborted transaction gets its answer sent and
-// recorded (outside the transaction): its writes rolled back, the retry
-// replays the 409 and never runs the handler again. It used to get 503 and
-// leave the key in flight, to be reclaimed and re-run after every lease.
+// recorded (in the same transaction, after the rollback to the
+// savepoint): its writes rolled back, the retry replays the 409 and never
+// runs the handler again. It used to get 503 and leave the key in flight.
 func TestTxAbortedTransaction(t *testing.T) {
 	t.Parallel()
 	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})

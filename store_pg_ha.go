@@ -42,7 +42,7 @@ func jsonbArg(b []byte) json.RawMessage { return json.RawMessage(b) }
 // row: with an owner token (ClaimRequest.Owner) it recognises the row as
 // its own and wins it (pgClaimSQL); without one it reads the row as
 // someone else's claim in flight, and the request answers as a concurrent
-// duplicate would (409) although nothing ran. A takeover or reclaim whose
+// duplicate would (409) although nothing ran. A takeover whose
 // reply was lost reads as lost (no row matches its fence any more); the
 // caller's next Claim with the same token then wins the row.
 //
