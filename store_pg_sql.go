@@ -161,6 +161,33 @@ ORDER BY created_at, id`
 // batch after BEGIN: the bounds, the claim (or takeover), the saved
 // lock_timeout put back, and the savepoint the failure paths roll back to.
 
+// pgTxClaimSQL is a transactional route's claim: the INSERT alone, without
+// pgClaimSQL's read of an existing row. Inside the route's transaction the
+// winner is the common case (a miss runs the handler), and this statement
+// costs it less than the CTE (measured with pgbench, 16 clients, the
+// example's order transaction: 5,600 tps against 5,140-5,370); a loser
+// reads the row with pgTxReadSQL, a second statement. No owner-token win:
+// a transactional claim is never retried after a lost connection (its
+// transaction rolled back with it).
+//
+// $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
+// $7 owner token (NULL for none).
+const pgTxClaimSQL = `INSERT INTO idempotency_keys
+	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	 created_at, locked_at, locked_until, expires_at, owner_token)
+VALUES ($1, $2, $3, $4, 'in_flight', 1,
+	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
+ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+RETURNING ` + pgClaimColumns + `, true AS won`
+
+// pgTxReadSQL reads the key's existing row for a transactional claim that
+// lost. At READ COMMITTED it takes a new snapshot, so it sees a row whose
+// owner committed while the claim waited.
+//
+// $1 key, $2 scope, $3 endpoint.
+const pgTxReadSQL = `SELECT ` + pgClaimColumns + `, false AS won FROM idempotency_keys
+WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`
+
 // pgTxBoundsSQL saves the session's lock_timeout in a custom setting, then
 // sets, for this transaction only (set_config's is_local, since a
 // parameter cannot follow SET LOCAL), the claim's lock wait and the

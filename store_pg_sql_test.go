@@ -33,6 +33,8 @@ var pgStatements = map[string]string{
 	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
 	"pgImmediateSQL":           pgImmediateSQL,
 	"pgCheckSQL":               pgCheckSQL,
+	"pgTxClaimSQL":             pgTxClaimSQL,
+	"pgTxReadSQL":              pgTxReadSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

@@ -15,11 +15,10 @@ var _ TxStore = (*PostgresStore)(nil)
 
 // BeginClaim implements TxStore: BEGIN (its own round trip: pgx.Tx sends
 // it alone), then one pipelined batch of the bounds, the claim
-// (pgClaimSQL), the restored lock_timeout and the savepoint. A claim that
-// reads no row (the owner it waited for committed after the statement's
-// snapshot) runs the batch again; a serialization failure (REPEATABLE READ
-// or SERIALIZABLE, when the owner it waited for commits) rolls back and
-// begins again; both a bounded number of times.
+// (pgTxClaimSQL), the restored lock_timeout and the savepoint; a loser
+// then reads the existing row (pgTxReadSQL). A serialization failure
+// (REPEATABLE READ or SERIALIZABLE, when the owner it waited for commits)
+// rolls back and begins again, a bounded number of times.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	if req == nil {
 		tx, err := s.pool.Begin(ctx)
@@ -75,9 +74,11 @@ func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
-// claim runs the claim batch in t. A claim that read no row runs it again
-// in the same transaction (at READ COMMITTED each statement takes a new
-// snapshot); it returns pgx.ErrNoRows when that kept happening.
+// claim runs the claim batch in t: the bounds, the INSERT (pgTxClaimSQL),
+// the restored lock_timeout and the savepoint, pipelined; a claim that
+// lost reads the existing row (pgTxReadSQL). When that read finds no row
+// (cleanup or a release removed it meanwhile) it claims again in the same
+// transaction; it returns pgx.ErrNoRows when that kept happening.
 func (t *pgRouteTx) claim(ctx context.Context, req ClaimRequest, wait, lease string) (ClaimResult, error) {
 	for range pgRetries {
 		var (
@@ -86,7 +87,7 @@ func (t *pgRouteTx) claim(ctx context.Context, req ClaimRequest, wait, lease str
 		)
 		b := &pgx.Batch{}
 		b.Queue(pgTxBoundsSQL, wait, lease)
-		b.Queue(pgClaimSQL, claimArgs(req)...)
+		b.Queue(pgTxClaimSQL, claimArgs(req)...)
 		b.Queue(pgTxRestoreSQL)
 		b.Queue(pgSavepointSQL)
 		br := t.tx.SendBatch(ctx, b)
@@ -94,13 +95,16 @@ func (t *pgRouteTx) claim(ctx context.Context, req ClaimRequest, wait, lease str
 		if err == nil {
 			err = scanClaim(br.QueryRow(), req, &rec, &won)
 		}
-		if err == nil {
-			_, err = br.Exec()
+		if err == nil || errors.Is(err, pgx.ErrNoRows) {
+			lost := err != nil
+			if _, err = br.Exec(); err == nil {
+				_, err = br.Exec()
+			}
+			if err == nil && lost {
+				err = pgx.ErrNoRows
+			}
 		}
-		if err == nil {
-			_, err = br.Exec()
-		}
-		if cerr := br.Close(); err == nil {
+		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 			err = cerr
 		}
 		switch {
@@ -109,8 +113,14 @@ func (t *pgRouteTx) claim(ctx context.Context, req ClaimRequest, wait, lease str
 		case !errors.Is(err, pgx.ErrNoRows):
 			return ClaimResult{}, err
 		}
-		// No row: the transaction is still usable (an empty result is not
-		// an error to the server), so read again with a new statement.
+		// Lost: the key has a row. A plain read never waits on a lock.
+		err = scanClaim(t.tx.QueryRow(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint), req, &rec, &won)
+		switch {
+		case err == nil:
+			return ClaimResult{Won: false, Record: rec}, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return ClaimResult{}, err
+		}
 	}
 	return ClaimResult{}, pgx.ErrNoRows
 }

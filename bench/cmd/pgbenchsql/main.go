@@ -136,9 +136,9 @@ func run(src, example, out string) error {
 	if schema == "" || insOrder == "" || insPlaced == "" {
 		return fmt.Errorf("%s: schemaSQL, insertOrderSQL or insertOrderPlacedSQL not found", example)
 	}
-	bounds, restore, savepoint, immediate := consts["pgTxBoundsSQL"], consts["pgTxRestoreSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
-	if bounds == "" || restore == "" || savepoint == "" || immediate == "" {
-		return fmt.Errorf("%s: the transactional claim's statements (pgTxBoundsSQL, pgTxRestoreSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
+	bounds, txClaim, restore, savepoint, immediate := consts["pgTxBoundsSQL"], consts["pgTxClaimSQL"], consts["pgTxRestoreSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
+	if bounds == "" || txClaim == "" || restore == "" || savepoint == "" || immediate == "" {
+		return fmt.Errorf("%s: the transactional claim's statements (pgTxBoundsSQL, pgTxClaimSQL, pgTxRestoreSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
 	}
 	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "NULL"}
 	completeArgs := []string{":c_id", ":c_attempt", ":scope", "201", ":body", "NULL", ":headers"}
@@ -154,7 +154,7 @@ func run(src, example, out string) error {
 	newKey := "\\set key random(1, 9223372036854775806)\n"
 	// The one-transaction flow: the claim's pipeline and the record's.
 	boundsSQL := oneLine(bind(bounds, []string{"'10ms'", "'30000ms'"}))
-	claimPipe := boundsSQL + ";\n" + claimWith(":key") + ";\n" + oneLine(restore) + ";\n" + oneLine(savepoint) + ";\n"
+	claimPipe := boundsSQL + ";\n" + oneLine(bind(txClaim, claimArgs)) + ";\n" + oneLine(restore) + ";\n" + oneLine(savepoint) + ";\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
 	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", "201", ":body", "NULL", ":headers"})) + ";\n"
 	files := map[string]string{
