@@ -27,6 +27,9 @@ var pgStatements = map[string]string{
 	"pgDeleteExpiredSQL": pgDeleteExpiredSQL,
 	"pgDeleteScopeSQL":   pgDeleteScopeSQL,
 	"pgExportScopeSQL":   pgExportScopeSQL,
+	"pgLookupSQL":        pgLookupSQL,
+	"pgNowSQL":           pgNowSQL,
+	"pgStatsSQL":         pgStatsSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

@@ -1219,3 +1219,56 @@ func waitBlockedTree(t *testing.T, pool *pgxpool.Pool, blocker uint32, n int) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// TestPostgresLookupAndStats: what the CLI's inspect, stats and cleanup
+// --dry-run read goes through the store: one key's rows by endpoint with
+// the database's clock, and the table's counts.
+func TestPostgresLookupAndStats(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := idempotency.NewPostgresStore(testdb.New(t))
+
+	st, err := s.Stats(ctx)
+	if err != nil || st != (idempotency.TableStats{}) {
+		t.Fatalf("Stats of an empty table = %+v, %v", st, err)
+	}
+	unknown, err := s.Lookup(ctx, idempotencytest.NewKey(), "u", "")
+	if err != nil || len(unknown.Records) != 0 || unknown.Now.IsZero() {
+		t.Fatalf("Lookup of an unknown key = %+v, %v; want no record and the clock", unknown, err)
+	}
+
+	done := idempotencytest.Request("u", time.Hour, time.Hour)
+	rec := idempotencytest.MustClaim(t, s, done)
+	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, Body: []byte(`{"a":1}`), BodyKind: idempotency.BodyJSON}); err != nil {
+		t.Fatal(err)
+	}
+	other := done
+	other.Endpoint = "POST /other"
+	idempotencytest.MustClaim(t, s, other)
+	stale := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
+	idempotencytest.MustClaim(t, s, stale)
+	idempotencytest.WaitFor(t, s, stale, "expired", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+
+	both, err := s.Lookup(ctx, done.Key, "u", "")
+	if err != nil || len(both.Records) != 2 || both.Records[0].Endpoint != "POST /api/trading/orders" ||
+		both.Records[1].Endpoint != "POST /other" || both.Now.IsZero() {
+		t.Fatalf("Lookup of a key on two endpoints = %+v, %v", both, err)
+	}
+	if r := both.Records[0]; r.Status != idempotency.StatusCompleted || r.Response.Status != 201 ||
+		r.Response.BodyKind != idempotency.BodyJSON || string(r.Response.Body) != `{"a": 1}` {
+		t.Errorf("Lookup's completed row = %+v", r)
+	}
+	one, err := s.Lookup(ctx, done.Key, "u", "POST /other")
+	if err != nil || len(one.Records) != 1 || one.Records[0].Status != idempotency.StatusInFlight {
+		t.Errorf("Lookup on one endpoint = %+v, %v", one, err)
+	}
+	if none, err := s.Lookup(ctx, done.Key, "v", ""); err != nil || len(none.Records) != 0 {
+		t.Errorf("Lookup in another scope = %+v, %v", none, err)
+	}
+
+	st, err = s.Stats(ctx)
+	if err != nil || st.Total != 3 || st.InFlight != 2 || st.Completed != 1 || st.Failed != 0 ||
+		st.InFlightPastLease != 1 || st.AwaitingCleanup != 1 || st.OldestInFlightAge <= 0 || st.OldestExpiredAge <= 0 {
+		t.Errorf("Stats = %+v, %v", st, err)
+	}
+}
