@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,26 +16,6 @@ import (
 func TestMemoryStore(t *testing.T) {
 	t.Parallel()
 	idempotencytest.Run(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
-}
-
-// memClock is a settable clock for a MemoryStore.
-type memClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newMemClock() *memClock { return &memClock{t: time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)} }
-
-func (c *memClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *memClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 // TestMemoryStoreMaxRows: a full store refuses new keys with reason full,

@@ -19,8 +19,10 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
@@ -504,40 +506,6 @@ func TestPostgresBodies(t *testing.T) {
 			t.Fatalf("headers read back as %v", got.Response.Header)
 		}
 	})
-}
-
-func deref(p *string) string {
-	if p == nil {
-		return "NULL"
-	}
-	return *p
-}
-
-// pgCounter counts the statements pgx runs (a QueryTracer) and the writes
-// made on the network connection, each of which starts one round trip.
-type pgCounter struct {
-	statements atomic.Int64
-	writes     atomic.Int64
-}
-
-func (c *pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.statements.Add(1)
-	return ctx
-}
-
-func (c *pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *pgCounter) reset() { c.statements.Store(0); c.writes.Store(0) }
-
-// countingConn counts Write calls.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c countingConn) Write(b []byte) (int, error) {
-	c.n.Add(1)
-	return c.Conn.Write(b)
 }
 
 func TestPostgresRoundTrips(t *testing.T) {
@@ -1097,15 +1065,6 @@ func TestPostgresFencing(t *testing.T) {
 	})
 }
 
-// orphanKeys returns the keys of reqs.
-func orphanKeys(reqs []idempotency.ClaimRequest) []string {
-	keys := make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i] = r.Key
-	}
-	return keys
-}
-
 // TestPostgresEraseRacingTakeover: a user's expired completed row is being
 // taken over (a retry after expiry) while Erase runs and waits for its row
 // lock. Every row of the scope must come out deleted or reported as
@@ -1194,32 +1153,6 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 	}
 }
 
-// waitBlockedTree polls pg_stat_activity until n backends wait, directly
-// or through each other, for a lock held by blocker's backend (condition
-// polling, not a sleep-as-sync).
-func waitBlockedTree(t *testing.T, pool *pgxpool.Pool, blocker uint32, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var got int
-		err := pool.QueryRow(t.Context(), `WITH RECURSIVE blocked(pid) AS (
-	SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))
-	UNION
-	SELECT a.pid FROM pg_stat_activity a JOIN blocked b ON b.pid = ANY(pg_blocking_pids(a.pid))
-) SELECT count(*) FROM blocked`, int32(blocker)).Scan(&got)
-		if err != nil {
-			t.Fatalf("pg_stat_activity: %v", err)
-		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d backend(s) waited for the blocker's lock, want %d", got, n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // TestPostgresLookupAndStats: what the CLI's inspect, stats and cleanup
 // --dry-run read goes through the store: one key's rows by endpoint with
 // the database's clock, and the table's counts.
@@ -1270,5 +1203,37 @@ func TestPostgresLookupAndStats(t *testing.T) {
 	if err != nil || st.Total != 3 || st.InFlight != 2 || st.Completed != 1 || st.Failed != 0 ||
 		st.InFlightPastLease != 1 || st.AwaitingCleanup != 1 || st.OldestInFlightAge <= 0 || st.OldestExpiredAge <= 0 {
 		t.Errorf("Stats = %+v, %v", st, err)
+	}
+}
+
+// TestPostgresUnrepresentableJSONNumber: a JSON response JSONB refuses
+// (Postgres: numeric out of range) is recorded raw on the store's second
+// try, so the retry replays it rather than finding the key in flight.
+func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, hugeNumbersJSON)
+	}))
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 201 || w.Body.String() != hugeNumbersJSON {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := do(h, key, `{}`)
+	want := strings.TrimSuffix(hugeNumbersJSON, "}") + `,"idempotency_replayed":true}`
+	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("executions %d", calls.Load())
 	}
 }
