@@ -404,23 +404,3 @@ func orderRoute(t *testing.T, s idempotency.Store, log *slog.Logger, calls *atom
 		w.WriteHeader(http.StatusCreated)
 	}))
 }
-
-// memClock is a settable clock for a MemoryStore.
-type memClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newMemClock() *memClock { return &memClock{t: time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)} }
-
-func (c *memClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *memClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
