@@ -85,6 +85,19 @@ func (s *PostgresStore) Stats(ctx context.Context) (TableStats, error) {
 	return st, nil
 }
 
+// CountCleanup counts the rows Cleanup would delete now (pgCountCleanupSQL),
+// reading only the expired end of the expiry index; it deletes nothing.
+func (s *PostgresStore) CountCleanup(ctx context.Context) (int64, error) {
+	var n int64
+	err := retryConnLoss(ctx, func() error {
+		return s.pool.QueryRow(ctx, pgCountCleanupSQL).Scan(&n)
+	})
+	if err != nil {
+		return 0, pgStoreError("count cleanup", err)
+	}
+	return n, nil
+}
+
 // seconds converts a nullable count of seconds; NULL is 0.
 func seconds(s *float64) time.Duration {
 	if s == nil {

@@ -195,3 +195,8 @@ const pgStatsSQL = `SELECT
 	count(*) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())),
 	extract(epoch FROM now() - min(expires_at) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())))::float8
 FROM idempotency_keys`
+
+// pgCountCleanupSQL counts the rows pgExpiredBatchSQL would read, with its
+// predicate.
+const pgCountCleanupSQL = `SELECT count(*) FROM idempotency_keys
+WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`

@@ -30,6 +30,7 @@ var pgStatements = map[string]string{
 	"pgLookupSQL":        pgLookupSQL,
 	"pgNowSQL":           pgNowSQL,
 	"pgStatsSQL":         pgStatsSQL,
+	"pgCountCleanupSQL":  pgCountCleanupSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

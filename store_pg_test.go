@@ -1155,7 +1155,8 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 
 // TestPostgresLookupAndStats: what the CLI's inspect, stats and cleanup
 // --dry-run read goes through the store: one key's rows by endpoint with
-// the database's clock, and the table's counts.
+// the database's clock, the table's counts, and the rows cleanup would
+// delete.
 func TestPostgresLookupAndStats(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1164,6 +1165,9 @@ func TestPostgresLookupAndStats(t *testing.T) {
 	st, err := s.Stats(ctx)
 	if err != nil || st != (idempotency.TableStats{}) {
 		t.Fatalf("Stats of an empty table = %+v, %v", st, err)
+	}
+	if n, err := s.CountCleanup(ctx); err != nil || n != 0 {
+		t.Errorf("CountCleanup of an empty table = %d, %v", n, err)
 	}
 	unknown, err := s.Lookup(ctx, idempotencytest.NewKey(), "u", "")
 	if err != nil || len(unknown.Records) != 0 || unknown.Now.IsZero() {
@@ -1203,6 +1207,9 @@ func TestPostgresLookupAndStats(t *testing.T) {
 	if err != nil || st.Total != 3 || st.InFlight != 2 || st.Completed != 1 || st.Failed != 0 ||
 		st.InFlightPastLease != 1 || st.AwaitingCleanup != 1 || st.OldestInFlightAge <= 0 || st.OldestExpiredAge <= 0 {
 		t.Errorf("Stats = %+v, %v", st, err)
+	}
+	if n, err := s.CountCleanup(ctx); err != nil || n != 1 {
+		t.Errorf("CountCleanup = %d, %v; want 1", n, err)
 	}
 }
 

@@ -59,11 +59,10 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 	if *dryRun {
 		sctx, cancel := c.statementContext(ctx)
 		defer cancel()
-		st, err := idempotency.NewPostgresStore(pool).Stats(sctx)
+		n, err := idempotency.NewPostgresStore(pool).CountCleanup(sctx)
 		if err != nil {
 			return c.dbError(ctx, "count expired keys", err)
 		}
-		n := st.AwaitingCleanup
 		if c.g.json {
 			return c.writeJSON(struct {
 				DryRun      bool  `json:"dry_run"`
