@@ -90,7 +90,15 @@ func (f *txFixture) orders(t *testing.T) int {
 // commits exactly one order per key.
 func TestTxStorm(t *testing.T) {
 	t.Parallel()
-	f, h := newTxFixture(t, raceConfig, idempotency.RouteConfig{})
+	logs := &logBuffer{}
+	cfg := raceConfig
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs)
+		}
+	})
+	f, h := newTxFixture(t, cfg, idempotency.RouteConfig{})
 	race(t, []http.Handler{h}, newKeys(20), 32)
 	if f.calls.Load() != 20 || f.orders(t) != 20 {
 		t.Fatalf("executions %d, orders %d, want 20 and 20", f.calls.Load(), f.orders(t))

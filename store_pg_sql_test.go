@@ -35,6 +35,10 @@ var pgStatements = map[string]string{
 	"pgCheckSQL":               pgCheckSQL,
 	"pgTxClaimSQL":             pgTxClaimSQL,
 	"pgTxReadSQL":              pgTxReadSQL,
+	"pgLookupSQL":              pgLookupSQL,
+	"pgNowSQL":                 pgNowSQL,
+	"pgStatsSQL":               pgStatsSQL,
+	"pgCountCleanupSQL":        pgCountCleanupSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -21,9 +20,9 @@ func inspectHelp(w io.Writer) {
 Shows the stored rows of one key in one user scope (--user omitted: the
 unscoped '' scope), one per endpoint unless --endpoint picks one: status,
 attempt, recorded response code, times, and whether the row is stale (in
-flight past its lease: a retry answers outcome_unknown) or expired (a retry would be
-a new request), both judged by the database's clock. The response body and
-headers are shown only with --show-body. No row is not an error.
+flight past its lease: a retry answers outcome_unknown) or expired (a retry
+would be a new request), both judged by the database's clock. The response
+body and headers are shown only with --show-body. No row is not an error.
 
 A transactional route's key is in flight inside its handler's open
 transaction, which no other session can see. With --endpoint, when no row
@@ -39,25 +38,6 @@ Example:
   idempotency inspect --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20
 `)
 }
-
-// inspectSQL reads the rows of a key in a scope ($1 key, $2 scope, $3
-// endpoint or NULL for all); bodies and headers only when $4. A JSON body
-// JSONB refused is in the raw column (with a marker in the JSONB column),
-// so the raw column's length comes first; storedBody decodes the bodies.
-const inspectSQL = `SELECT idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	response_code,
-	CASE WHEN response_body IS NOT NULL THEN 'json' WHEN response_body_raw IS NOT NULL THEN 'raw' ELSE 'none' END,
-	coalesce(octet_length(response_body_raw), octet_length(response_body::text), 0),
-	CASE WHEN $4::boolean THEN response_body END,
-	CASE WHEN $4::boolean THEN response_body_raw END,
-	CASE WHEN $4::boolean THEN response_headers END,
-	created_at, locked_at, locked_until, expires_at,
-	status = 'in_flight' AND locked_until < now() AS stale,
-	expires_at < now() AS expired,
-	now()
-FROM ` + table + `
-WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
-ORDER BY scope_endpoint`
 
 // inspectRow is one row as inspect --json shows it.
 type inspectRow struct {
@@ -104,48 +84,18 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	rs, err := pool.Query(sctx, inspectSQL, k, user.v, ep, *showBody)
+	found, err := idempotency.NewPostgresStore(pool).Lookup(sctx, k, user.v, endpoint.v)
 	if err != nil {
 		return c.dbError(ctx, "read the key", err)
 	}
-	defer rs.Close()
-	var (
-		out []inspectRow
-		now time.Time
-	)
-	for rs.Next() {
-		var (
-			r         inspectRow
-			code      *int16
-			kind      string
-			body, raw []byte
-			headers   http.Header
-			status    string
-		)
-		if err := rs.Scan(&r.Key, &r.User, &r.Endpoint, &r.RequestHash, &status, &r.Attempt,
-			&code, &kind, &r.ResponseBodyBytes, &body, &raw, &headers,
-			&r.CreatedAt, &r.LockedAt, &r.LockedUntil, &r.ExpiresAt,
-			&r.Stale, &r.Expired, &now); err != nil {
-			return c.dbError(ctx, "read the key", err)
+	var out []inspectRow
+	for _, rec := range found.Records {
+		if endpoint.set && rec.Endpoint != endpoint.v {
+			continue // --endpoint '': Lookup reads every endpoint, the CLI shows none
 		}
-		r.Status = status
-		r.ResponseBodyKind = kind
-		if code != nil {
-			v := int(*code)
-			r.ResponseCode = &v
-		}
-		r.CreatedAt, r.LockedAt = r.CreatedAt.UTC(), r.LockedAt.UTC()
-		r.LockedUntil, r.ExpiresAt = r.LockedUntil.UTC(), r.ExpiresAt.UTC()
-		if *showBody {
-			r.ResponseHeaders = headers
-			r.setBody(storedBody(body, raw))
-		}
-		out = append(out, r)
+		out = append(out, newInspectRow(rec, *showBody))
 	}
-	if err := rs.Err(); err != nil {
-		return c.dbError(ctx, "read the key", err)
-	}
-	rs.Close()
+	now := found.Now
 	// No committed row: a transactional route's handler may hold the key
 	// in flight inside its open transaction, which only a probe finds.
 	var owner *openOwner
@@ -194,6 +144,26 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		c.printInspectRow(r, now, *showBody)
 	}
 	return nil
+}
+
+// newInspectRow converts a row; the body and headers only with showBody.
+func newInspectRow(rec idempotency.Record, showBody bool) inspectRow {
+	r := inspectRow{
+		recordJSON:        newRecordJSON(rec),
+		ResponseBodyBytes: int64(len(rec.Response.Body)),
+		Stale:             rec.Status == idempotency.StatusInFlight && rec.LeaseOver,
+		Expired:           rec.Expired,
+	}
+	switch rec.Response.BodyKind {
+	case idempotency.BodyJSON:
+		r.ResponseBodyKind = "json"
+	case idempotency.BodyRaw:
+		r.ResponseBodyKind = "raw"
+	}
+	if !showBody {
+		r.ResponseHeaders, r.ResponseBody, r.ResponseBodyBase64 = nil, nil, nil
+	}
+	return r
 }
 
 func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {
