@@ -18,7 +18,8 @@ var _ TxStore = (*PostgresStore)(nil)
 // (pgTxClaimSQL), the restored lock_timeout and the savepoint; a loser
 // then reads the existing row (pgTxReadSQL). A serialization failure
 // (REPEATABLE READ or SERIALIZABLE, when the owner it waited for commits)
-// rolls back and begins again, a bounded number of times.
+// or a lock wait that ran out on no row rolls back and begins again, a
+// bounded number of times.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	if req == nil {
 		tx, err := s.pool.Begin(ctx)
@@ -43,6 +44,12 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 			last = errClaimVanished
 		case isRetryable(err):
 			last = err
+		case isLockWait(err) && !isRowLockWait(err):
+			// No row named: a table-level lock (DDL, a migration), or a
+			// wait on another claim's speculative insertion of the same
+			// key, which names no row either but lasts microseconds.
+			// Begin again: a table lock outlasts every round.
+			last = err
 		case isRowLockWait(err):
 			// Contention, not a store error: another open transaction
 			// holds the key (its owner is mid-handler).
@@ -56,6 +63,9 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		if err := ctx.Err(); err != nil {
 			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
+	}
+	if isLockWait(last) {
+		return nil, ClaimResult{}, pgStoreError("claim", last) // a table-level lock: an outage
 	}
 	return nil, ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
 }
@@ -271,11 +281,18 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	return nil
 }
 
+// isLockWait reports a lock wait that ran out (lock_not_available).
+func isLockWait(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // isRowLockWait reports a lock wait that ran out on a row of the key
 // (lock_not_available, whose context names the tuple it waited for):
 // another open transaction owns the key. One on a table-level lock (DDL, a
-// migration: no tuple in the context) is not: that is an outage like any
-// other.
+// migration) names no tuple: that is an outage like any other. (Neither
+// does a wait on a concurrent claim's speculative insertion, which
+// BeginClaim tells apart by beginning again.)
 func isRowLockWait(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && strings.Contains(pgErr.Where, "tuple")
