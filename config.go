@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +26,10 @@ const (
 	DefaultMaxResponseBytes = 1 << 20
 	minTTL                  = time.Minute
 )
+
+// DefaultProblemTypeBase is where the problem+json type URIs point by
+// default: README's list of the contract's error codes.
+const DefaultProblemTypeBase = "https://github.com/idemkit/idempotency/blob/main/README.md#"
 
 // Config configures a Middleware. The zero value is usable: every field has
 // a default.
@@ -72,6 +78,23 @@ type Config struct {
 	// Logger receives WARN and ERROR events; bodies are never logged.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
+	// ErrorFormat is the body form of the contract's error answers:
+	// ErrorJSON ({"error":"<code>"}, application/json) or ErrorProblem (RFC
+	// 9457 application/problem+json with the same "error" member). Defaults
+	// to ErrorJSON.
+	ErrorFormat ErrorFormat
+	// ProblemTypeBase prefixes each problem+json "type" URI; the URI ends
+	// with the answer's idempotency_... code (clients such as idemclient
+	// read it there). It must be an absolute URI of printable ASCII ending
+	// in '/', '#' or ':'. Defaults to DefaultProblemTypeBase.
+	ProblemTypeBase string
+	// ErrorWriter, when set, writes every error answer of the contract
+	// instead of ErrorFormat's body: it must set Content-Type, write
+	// e.Status and a body. Retry-After and Connection: close are already
+	// set when it is called; the metrics are counted whatever it writes.
+	// Clients rely on the status and on finding e.Code, so keep both.
+	// Defaults to nil.
+	ErrorWriter func(w http.ResponseWriter, r *http.Request, e ErrorAnswer)
 	// Registerer receives the metrics. Defaults to nil: metrics are counted
 	// but registered nowhere (never the global registry).
 	Registerer prometheus.Registerer
@@ -111,6 +134,12 @@ type RouteConfig struct {
 	// Authorization, WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and
 	// Content-Length are refused. Defaults to none.
 	ReplayHeaders []string
+	// NoReplayMarker leaves a replayed JSON object as it was recorded,
+	// without the added "idempotency_replayed": true member, for clients
+	// whose schemas refuse unknown members; the Idempotent-Replayed: true
+	// header still marks every replay. Defaults to false: the member is
+	// added.
+	NoReplayMarker bool
 	// NoStore never records response bodies, for responses that carry
 	// personal data: concurrent duplicates get 409 in flight, and on
 	// completion the key is released, so a later retry executes again. The
@@ -141,6 +170,7 @@ func (c Config) withDefaults() Config {
 		c.Enabled = EnabledFromEnv
 	}
 	c.Logger = cmp.Or(c.Logger, slog.Default())
+	c.ProblemTypeBase = cmp.Or(c.ProblemTypeBase, DefaultProblemTypeBase)
 	return c
 }
 
@@ -154,8 +184,25 @@ func (c *Config) validate() error {
 		return fmt.Errorf("idempotency: Config.BodyTimeout must be positive, got %v", c.BodyTimeout)
 	case c.Lease <= c.StoreTimeout:
 		return fmt.Errorf("idempotency: Config.Lease (%v) must exceed Config.StoreTimeout (%v)", c.Lease, c.StoreTimeout)
+	case c.ErrorFormat != ErrorJSON && c.ErrorFormat != ErrorProblem:
+		return fmt.Errorf("idempotency: Config.ErrorFormat %d is neither ErrorJSON nor ErrorProblem", c.ErrorFormat)
+	case !validTypeBase(c.ProblemTypeBase):
+		return fmt.Errorf("idempotency: Config.ProblemTypeBase %q must be an absolute URI of printable ASCII ending in '/', '#' or ':'", c.ProblemTypeBase)
 	}
 	return nil
+}
+
+// validTypeBase reports whether base can prefix a problem type URI that
+// ends with an answer's code: absolute, printable ASCII (so it is the same
+// text in JSON) and ending where a URI segment ends.
+func validTypeBase(base string) bool {
+	for i := 0; i < len(base); i++ {
+		if base[i] <= ' ' || base[i] >= 0x7f || base[i] == '"' || base[i] == '\\' {
+			return false
+		}
+	}
+	u, err := url.Parse(base)
+	return err == nil && u.IsAbs() && strings.ContainsAny(base[len(base)-1:], "/#:")
 }
 
 // withDefaults returns rc with every unset field at its default.

@@ -24,6 +24,7 @@ type Middleware struct {
 	log     *slog.Logger
 	metrics *metrics
 	ops     storeOps
+	bodies  [numAnswers][]byte // each answer's body in cfg.ErrorFormat
 
 	routeMetrics sync.Map // endpoint label -> *routeMetrics
 }
@@ -42,7 +43,9 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met)}, nil
+	m := &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met)}
+	m.errorBodies()
+	return m, nil
 }
 
 // Route returns the middleware for one route with policy rc. It fails when
@@ -81,6 +84,7 @@ type route struct {
 	maxResponse    int64
 	replayHeaders  []string // canonical names, allow-list for recording
 	noStore        bool
+	marker         bool    // add "idempotency_replayed": true to replayed JSON objects
 	txStore        TxStore // non-nil on transactional routes
 	releaseOnError bool
 }
@@ -108,6 +112,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		maxResponse:    rc.MaxResponseBytes,
 		replayHeaders:  headers,
 		noStore:        rc.NoStore,
+		marker:         !rc.NoReplayMarker,
 		txStore:        ts,
 		releaseOnError: rc.ReleaseOnError,
 	}, nil
