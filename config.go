@@ -110,6 +110,25 @@ type RouteConfig struct {
 	// "unnamed" (a path longer than 1 KiB is then refused with 400
 	// idempotency_scope_invalid). At most 1024 bytes of UTF-8.
 	Name string
+	// KeyFormat is the form of Idempotency-Key the route accepts: KeyUUID
+	// (the ADR) or KeyOpaque (1 to 255 visible ASCII characters or spaces,
+	// compared exactly, as Stripe and the IETF draft allow). A refused key
+	// is answered 400 "Idempotency-Key must be a UUID string" or, on an
+	// opaque route, "Idempotency-Key must be 1-255 characters". An opaque
+	// route needs Config.Scope or a MinKeyLength of at least 16: unscoped
+	// short keys are guessable. Defaults to KeyUUID.
+	KeyFormat KeyFormat
+	// MinKeyLength is the shortest key, in bytes, an opaque route (KeyOpaque
+	// or ParseKey) accepts; shorter keys get the 400. Defaults to 0 (1 byte),
+	// which needs Config.Scope.
+	MinKeyLength int
+	// ParseKey, when set, parses the route's Idempotency-Key header values
+	// instead of KeyFormat: it returns the key to store, compared exactly,
+	// or an error for a value to refuse with 400 (worded as for opaque
+	// keys). A returned key must be 1 to 255 bytes of valid UTF-8 without NUL
+	// and at least MinKeyLength, else it is refused too. The route is an
+	// opaque route: it needs Config.Scope or MinKeyLength. Defaults to nil.
+	ParseKey func(value string) (string, error)
 	// FailOpen runs the handler without deduplication when the store is
 	// unavailable (billing, account mutations). Defaults to false: the route
 	// fails closed with 503 and the handler does not run (orders).

@@ -25,6 +25,7 @@ type Middleware struct {
 	metrics *metrics
 	ops     storeOps
 	bodies  [numAnswers][]byte // each answer's body in cfg.ErrorFormat
+	scoped  bool               // Config.Scope was set: opaque keys are guarded by it
 
 	routeMetrics sync.Map // endpoint label -> *routeMetrics
 }
@@ -35,6 +36,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if store == nil {
 		return nil, errors.New("idempotency: store is nil")
 	}
+	scoped := cfg.Scope != nil
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -44,6 +46,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met)}
+	m.scoped = scoped
 	m.errorBodies()
 	return m, nil
 }
@@ -84,6 +87,8 @@ type route struct {
 	maxResponse    int64
 	replayHeaders  []string // canonical names, allow-list for recording
 	noStore        bool
+	parseKey       keyParser
+	invalidKey     answer  // the 400 of a refused key, worded for the route's format
 	marker         bool    // add "idempotency_replayed": true to replayed JSON objects
 	txStore        TxStore // non-nil on transactional routes
 	releaseOnError bool
@@ -102,6 +107,10 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := rc.validateKeys(m.scoped); err != nil {
+		return nil, err
+	}
+	parse, invalid := rc.newKeyParser()
 	return &route{
 		m:              m,
 		name:           rc.Name,
@@ -112,6 +121,8 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		maxResponse:    rc.MaxResponseBytes,
 		replayHeaders:  headers,
 		noStore:        rc.NoStore,
+		parseKey:       parse,
+		invalidKey:     invalid,
 		marker:         !rc.NoReplayMarker,
 		txStore:        ts,
 		releaseOnError: rc.ReleaseOnError,

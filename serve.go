@@ -37,7 +37,7 @@ func (rq *request) admit() bool {
 		rq.passThrough()
 		return false
 	}
-	key, present, ok := headerKey(rq.r)
+	key, present, ok := headerKey(rq.r, rq.rt.parseKey)
 	if !present && !rq.rt.requireKey {
 		rq.passThrough()
 		return false
@@ -48,7 +48,7 @@ func (rq *request) admit() bool {
 		rq.answer(answerMissingKey)
 		return false
 	case !ok:
-		rq.answer(answerInvalidKey)
+		rq.answer(rq.rt.invalidKey)
 		return false
 	}
 	body, err := readBody(rq.w, rq.r, rq.rt.maxBody, rq.m.cfg.BodyTimeout)

@@ -26,15 +26,17 @@ transactional route, reclaims the key and runs) or expired (a retry would be
 a new request), both judged by the database's clock. The response body and
 headers are shown only with --show-body. Read-only. No row is not an error.
 
-KEY is a UUID in its 36-character form, any case, optionally in double quotes
-as clients may send it.
+KEY is a UUID in its 36-character form, any case (matched as a UUID route
+stores it, lower case, and as an opaque route stores it, exactly), or an
+opaque key of 1-255 visible ASCII characters or spaces, matched exactly;
+either optionally in double quotes as clients may send it.
 
 Example:
   idempotency inspect --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20
 `)
 }
 
-// inspectSQL reads the rows of a key in a scope ($1 key, $2 scope, $3
+// inspectSQL reads the rows of a key in a scope ($1 the key's stored forms, $2 scope, $3
 // endpoint or NULL for all); bodies and headers only when $4. A JSON body
 // JSONB refused is in the raw column (with a marker in the JSONB column),
 // so the raw column's length comes first; storedBody decodes the bodies.
@@ -51,8 +53,8 @@ const inspectSQL = `SELECT idem_key, scope_user_id, scope_endpoint, request_hash
 	reclaimable,
 	now()
 FROM ` + table + `
-WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
-ORDER BY scope_endpoint`
+WHERE idem_key = ANY($1) AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
+ORDER BY scope_endpoint, idem_key`
 
 // inspectRow is one row as inspect --json shows it.
 type inspectRow struct {
@@ -69,7 +71,7 @@ type inspectRow struct {
 func runInspect(ctx context.Context, c *cli, args []string) error {
 	flags := c.flagSet("inspect")
 	var key, user, endpoint optString
-	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID; required")
+	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID or an opaque key; required")
 	flags.Var(&user, "user", "the user scope `ID` (scope_user_id); omitted means the unscoped '' scope")
 	flags.Var(&endpoint, "endpoint", "only this `ENDPOINT` (scope_endpoint, e.g. 'POST /api/trading/orders')")
 	showBody := flags.Bool("show-body", false, "also show the recorded response body and headers")
@@ -83,7 +85,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 	if !key.set {
 		return usagef("--key is required (see idempotency inspect --help)")
 	}
-	k, err := parseKey(key.v)
+	keys, err := parseKey(key.v)
 	if err != nil {
 		return err
 	}
@@ -103,7 +105,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	rs, err := pool.Query(sctx, inspectSQL, k, user.v, ep, *showBody)
+	rs, err := pool.Query(sctx, inspectSQL, keys, user.v, ep, *showBody)
 	if err != nil {
 		return c.dbError(ctx, "read the key", err)
 	}
@@ -153,7 +155,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			Key  string       `json:"key"`
 			User string       `json:"user"`
 			Rows []inspectRow `json:"rows"`
-		}{k, user.v, out})
+		}{keys[0], user.v, out})
 	}
 	if len(out) == 0 {
 		where := ""
@@ -164,7 +166,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		if user.v == "" {
 			hint = " (a user's key needs --user)"
 		}
-		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", k, describeUser(user.v), where, hint)
+		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", keys[0], describeUser(user.v), where, hint)
 		return err
 	}
 	for i, r := range out {
