@@ -36,8 +36,12 @@ const maxClaimRounds = 4
 // each fenced on the row it read, claiming again when that race is lost.
 // It counts the request as a miss (won) or a hit (any other outcome).
 func (rq *request) claimKey() (claimed, error) {
+	// The lease is counted from the first call: a row this request won by
+	// its owner token (the store's retry after a lost reply) may have been
+	// inserted then.
+	rq.claimStart = time.Now()
+	claimedAt := rq.claimStart
 	for round := 1; ; round++ {
-		claimedAt := time.Now()
 		res, err := rq.storeClaim("claim", rq.m.store.Claim)
 		if err != nil {
 			return claimed{}, err

@@ -27,7 +27,8 @@ type Middleware struct {
 	bodies  [numAnswers][]byte // each answer's body in cfg.ErrorFormat
 	scoped  bool               // Config.Scope was set: opaque keys are guarded by it
 
-	routeMetrics sync.Map // endpoint label -> *routeMetrics
+	routeMetrics sync.Map      // endpoint label -> *routeMetrics
+	forgetting   chan struct{} // one token per claim of unknown outcome being freed (forget.go)
 }
 
 // New returns a Middleware over store. It fails when cfg is invalid or the
@@ -45,7 +46,8 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met)}
+	m := &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met),
+		forgetting: make(chan struct{}, maxForgetting)}
 	m.scoped = scoped
 	m.errorBodies()
 	return m, nil

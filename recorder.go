@@ -179,8 +179,9 @@ func (b *responseBuffer) response(allow []string) Response {
 	if b.streaming {
 		h = b.sent
 	}
+	trailers := declaredTrailers(h)
 	for _, name := range allow {
-		if v, ok := h[name]; ok {
+		if v, ok := h[name]; ok && !trailers[name] {
 			if resp.Header == nil {
 				resp.Header = make(http.Header, len(allow))
 			}
@@ -220,6 +221,26 @@ func (b *responseBuffer) finish() {
 }
 
 // hasTrailers reports whether the handler declared trailers.
+// declaredTrailers returns the names the response declared as trailers
+// (the Trailer header), canonical: their values are sent after the body
+// and are never recorded, even when the route replays a header of the same
+// name. It is nil, without allocating, for the usual response without one.
+func declaredTrailers(h http.Header) map[string]bool {
+	values := h["Trailer"]
+	if len(values) == 0 {
+		return nil
+	}
+	names := make(map[string]bool)
+	for _, v := range values {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				names[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return names
+}
+
 func hasTrailers(h http.Header) bool {
 	if _, ok := h["Trailer"]; ok {
 		return true

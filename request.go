@@ -21,8 +21,10 @@ type request struct {
 	endpoint string // the key's scope_endpoint
 	label    string // the metrics label: a route name or pattern, never a raw path
 	// Set by admit, for a keyed request:
-	claim ClaimRequest  // key, scope, endpoint, request hash, TTL, lease
+	claim ClaimRequest  // key, scope, endpoint, request hash, TTL, lease, owner token
 	rm    *routeMetrics // the label's counters
+	// Set by claimKey:
+	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
 }
 
 func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) request {

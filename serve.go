@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // ServeHTTP takes one request through the route: admit it (the kill-switch,
@@ -83,6 +85,7 @@ func (rq *request) admitScope(key string, body []byte) bool {
 		RequestHash: requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body),
 		TTL:         rq.rt.ttl,
 		Lease:       rq.m.cfg.Lease,
+		Owner:       uuid.New(), // one per request: the store's retry of this claim knows its own row
 		Reclaimable: rq.rt.txStore != nil,
 	}
 	rq.rm = rq.m.metricsFor(rq.label)
@@ -119,6 +122,7 @@ func (rq *request) claimFailed(err error) {
 		rq.m.log.Warn("idempotency: store unavailable, rejecting",
 			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
 		rq.answer(answerUnavailable)
+		rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
 	}
 }
 
