@@ -173,6 +173,7 @@ func (rq *request) answerWith(a answer, original int) {
 	case countTooLarge:
 		rq.m.metrics.tooLarge.WithLabelValues(rq.label).Inc()
 	}
+	rq.observeAnswer(a)
 	h := rq.w.Header()
 	if ans.close {
 		// The rest of the body stays unread: the connection cannot carry
@@ -214,7 +215,7 @@ func (rq *request) answerDuplicate(rec Record) {
 	case !rec.LeaseOver:
 		rq.answer(answerInFlight)
 	default:
-		rq.m.log.Warn("idempotency: stale in-flight key, outcome unknown",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: stale in-flight key, outcome unknown",
 			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "locked_at", rec.LockedAt)
 		rq.answer(answerOutcomeUnknown)
 	}

@@ -102,14 +102,14 @@ func lostRace(res ClaimResult) bool { return !res.Won && res.Record.ID == 0 }
 // logReclaim warns of a reclaimed key, whose previous attempt rolled back.
 func (rq *request) logReclaim(op string, rec Record) {
 	if op == "reclaim" {
-		rq.m.log.Warn("idempotency: reclaimed a stale key; its previous attempt's transaction rolled back",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: reclaimed a stale key; its previous attempt's transaction rolled back",
 			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "attempt", rec.Attempt)
 	}
 }
 
 // storeClaim runs one claiming store call for the request.
 func (rq *request) storeClaim(op string, call func(context.Context, ClaimRequest) (ClaimResult, error)) (ClaimResult, error) {
-	return storeCall(rq.m, rq.r.Context(), op, func(ctx context.Context) (ClaimResult, error) {
+	return storeCall(rq, op, func(ctx context.Context) (ClaimResult, error) {
 		return call(ctx, rq.claim)
 	})
 }

@@ -75,9 +75,27 @@ type Config struct {
 	// and is sent anyway on a fail-open route, with a WARN log. Defaults to
 	// nil.
 	OnReplay func(context.Context, ReplayEvent) error
-	// Logger receives WARN and ERROR events; bodies are never logged.
-	// Defaults to slog.Default().
+	// Logger receives WARN and ERROR events, each with the request's
+	// context (trace correlation); bodies are never logged. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
+	// OmitIdentifiers leaves idempotency keys and user scopes out of logs
+	// and Observations. Defaults to false: they are logged as they are
+	// (or as HMACs with IdentifierSecret).
+	OmitIdentifiers bool
+	// IdentifierSecret, when set, logs keys and scopes as "key_hmac" and
+	// "scope_hmac", their HMAC-SHA256 (hex) under this secret, and gives
+	// Observers the scope's HMAC: records of one user still correlate, but
+	// a reader without the secret cannot recover the user (a plain hash of
+	// a user id is reversed by hashing every id). At least 16 bytes; keep
+	// it out of the code. Defaults to nil.
+	IdentifierSecret []byte
+	// Observer, when set, is called synchronously once per decided
+	// request with the request's context (its trace span) and an
+	// Observation: outcome, endpoint, scope (or its HMAC), status and
+	// durations. It must be fast and must not write to the response.
+	// contrib/otel provides one for OpenTelemetry. Defaults to nil.
+	Observer func(ctx context.Context, o Observation)
 	// ErrorFormat is the body form of the contract's error answers:
 	// ErrorJSON ({"error":"<code>"}, application/json) or ErrorProblem (RFC
 	// 9457 application/problem+json with the same "error" member). Defaults
@@ -203,6 +221,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("idempotency: Config.BodyTimeout must be positive, got %v", c.BodyTimeout)
 	case c.Lease <= c.StoreTimeout:
 		return fmt.Errorf("idempotency: Config.Lease (%v) must exceed Config.StoreTimeout (%v)", c.Lease, c.StoreTimeout)
+	case c.OmitIdentifiers && len(c.IdentifierSecret) > 0:
+		return errors.New("idempotency: Config.OmitIdentifiers and Config.IdentifierSecret exclude each other")
+	case len(c.IdentifierSecret) > 0 && len(c.IdentifierSecret) < 16:
+		return fmt.Errorf("idempotency: Config.IdentifierSecret must be at least 16 bytes, got %d", len(c.IdentifierSecret))
 	case c.ErrorFormat != ErrorJSON && c.ErrorFormat != ErrorProblem:
 		return fmt.Errorf("idempotency: Config.ErrorFormat %d is neither ErrorJSON nor ErrorProblem", c.ErrorFormat)
 	case !validTypeBase(c.ProblemTypeBase):

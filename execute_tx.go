@@ -15,17 +15,17 @@ import (
 // begin starts the run's transaction. When it cannot, a claimed key is
 // given back (nothing ran) and the client gets 503.
 func (x *execution) begin() bool {
-	tx, err := storeCall(x.m, x.r.Context(), "begin", x.rt.txStore.Begin)
+	tx, err := storeCall(&x.request, "begin", x.rt.txStore.Begin)
 	if err == nil {
 		x.tx, x.before = tx, x.w.Header().Clone()
 		return true
 	}
 	if x.owned {
 		x.settle(x.fence, outcomeRelease, Response{}, time.Time{})
-		x.m.log.Warn("idempotency: cannot begin the route's transaction; key released",
+		x.m.log.WarnContext(x.r.Context(), "idempotency: cannot begin the route's transaction; key released",
 			"endpoint", x.claim.Endpoint, "key", x.claim.Key, "error", err)
 	} else {
-		x.m.log.Warn("idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
+		x.m.log.WarnContext(x.r.Context(), "idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
 	}
 	x.answer(answerUnavailable)
 	return false
@@ -47,7 +47,7 @@ func (x *execution) abort() {
 // owned run. When it cannot, everything is rolled back and the client gets
 // what a duplicate would (the key was reclaimed meanwhile) or 503.
 func (x *execution) commit() bool {
-	_, err := storeCall(x.m, x.r.Context(), "commit", func(ctx context.Context) (struct{}, error) {
+	_, err := storeCall(&x.request, "commit", func(ctx context.Context) (struct{}, error) {
 		if x.owned {
 			return struct{}{}, x.tx.Commit(ctx, &Settlement{Fence: x.fence, Response: x.buf.response(x.rt.replayHeaders)})
 		}
@@ -62,16 +62,17 @@ func (x *execution) commit() bool {
 	case x.owned && errors.Is(err, ErrNotOwner):
 		// The key was reclaimed while this handler ran: its writes rolled
 		// back, and the client gets what any duplicate would.
-		x.m.log.Warn("idempotency: key reclaimed while its handler ran; writes rolled back",
+		x.m.log.WarnContext(x.r.Context(), "idempotency: key reclaimed while its handler ran; writes rolled back",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
 		x.answerAsLoser()
 	case x.owned:
-		x.m.log.Error("idempotency: commit failed; the key is reclaimable after its lease",
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: commit failed; the key is reclaimable after its lease",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
 		x.rm.settleFailures.Inc()
+		x.recordFailed = true
 		x.answer(answerUnavailable)
 	default:
-		x.m.log.Error("idempotency: commit failed", "endpoint", x.label, "error", err)
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: commit failed", "endpoint", x.label, "error", err)
 		x.answer(answerUnavailable)
 	}
 	return false
@@ -87,10 +88,10 @@ func (x *execution) checkState() TxState {
 	status := x.buf.statusCode()
 	switch {
 	case state == TxEnded:
-		x.m.log.Error("idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
 			"its writes escaped the key's fence", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	case state == TxAborted && status < 400 && !x.buf.tooLarge:
-		x.m.log.Warn("idempotency: the handler answered success from an aborted transaction; its writes did not happen",
+		x.m.log.WarnContext(x.r.Context(), "idempotency: the handler answered success from an aborted transaction; its writes did not happen",
 			"endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	}
 	return state
@@ -99,7 +100,7 @@ func (x *execution) checkState() TxState {
 // answerTooLarge answers a transactional response over the buffer cap,
 // whose writes were rolled back.
 func (x *execution) answerTooLarge() {
-	x.m.log.Error("idempotency: response over the transactional route's buffer cap; writes rolled back",
+	x.m.log.ErrorContext(x.r.Context(), "idempotency: response over the transactional route's buffer cap; writes rolled back",
 		"endpoint", x.label, "cap_bytes", bufferCap(x.rt.maxResponse))
 	restoreHeader(x.w.Header(), x.before)
 	x.answer(answerResponseTooLarge)

@@ -46,7 +46,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met),
+	m := &Middleware{store: store, cfg: cfg, log: newLogger(&cfg), metrics: met, ops: newStoreOps(met),
 		forgetting: make(chan struct{}, maxForgetting)}
 	m.scoped = scoped
 	m.errorBodies()

@@ -28,15 +28,16 @@ type ReplayEvent struct {
 func (rq *request) replay(rec Record) {
 	if err := rq.auditReplay(rec); err != nil {
 		if !rq.rt.failOpen {
-			rq.m.log.Error("idempotency: replay hook failed; replay refused",
+			rq.m.log.ErrorContext(rq.r.Context(), "idempotency: replay hook failed; replay refused",
 				"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 			rq.answer(answerUnavailable)
 			return
 		}
-		rq.m.log.Warn("idempotency: replay hook failed; replaying anyway (fail-open route)",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: replay hook failed; replaying anyway (fail-open route)",
 			"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 	}
 	rq.rm.replay.Inc()
+	rq.observe(OutcomeReplayed, "", rec.Response.Status)
 	writeReplay(rq.w, rec.Response, rq.rt.marker)
 }
 

@@ -25,10 +25,15 @@ type request struct {
 	rm    *routeMetrics // the label's counters
 	// Set by claimKey:
 	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
+	// For Config.Observer:
+	start        time.Time     // when the request reached the route (only with an Observer)
+	storeTime    time.Duration // time spent in store calls
+	recordFailed bool          // an outcome could not be settled
+	observed     bool          // the decision was reported
 }
 
 func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) request {
-	return request{rt: rt, m: rt.m, w: w, r: r}
+	return request{rt: rt, m: rt.m, w: w, r: r, start: rt.startClock()}
 }
 
 // endpoint returns the key's scope_endpoint and the metrics label.
