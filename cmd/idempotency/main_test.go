@@ -166,7 +166,7 @@ func TestHelp(t *testing.T) {
 		{"--help"}, {"-h"}, {"help"},
 		{"help", "cleanup"},
 		{"migrate", "--help"}, {"cleanup", "--help"}, {"erase", "--help"}, {"export", "--help"},
-		{"inspect", "--help"}, {"stats", "-h"},
+		{"inspect", "--help"}, {"stats", "-h"}, {"release", "--help"}, {"version", "--help"},
 	} {
 		r := runCLI(t, nil, args...)
 		wantCode(t, r, exitOK)
