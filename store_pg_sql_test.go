@@ -27,6 +27,8 @@ var pgStatements = map[string]string{
 	"pgDeleteExpiredSQL": pgDeleteExpiredSQL,
 	"pgDeleteScopeSQL":   pgDeleteScopeSQL,
 	"pgExportScopeSQL":   pgExportScopeSQL,
+	"pgLookupKeySQL":     pgLookupKeySQL,
+	"pgReleaseKeySQL":    pgReleaseKeySQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the
