@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -307,3 +308,45 @@ func TestContract(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// TestWarnLogs: a fail-open bypass and an outcome_unknown answer each log
+// one WARN line naming what happened.
+func TestWarnLogs(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	h := newHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	warns := func(msg string) int {
+		n := 0
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=WARN") && strings.Contains(line, msg) {
+				n++
+			}
+		}
+		return n
+	}
+
+	billing := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
+	e := error(&StoreError{Op: "claim", Reason: ReasonConnection, Err: errors.New("connection refused")})
+	h.store.fail.Store(&e)
+	send(t, billing, "POST", "/billing", testKey, `{}`)
+	h.store.fail.Store(nil)
+	if n := warns(`msg="idempotency: store unavailable, running without deduplication"`); n != 1 || !strings.Contains(logs.String(), "endpoint=billing") {
+		t.Fatalf("%d WARN lines for the bypass, want 1:\n%s", n, logs.String())
+	}
+
+	started, release := make(chan struct{}), make(chan struct{})
+	orders := h.route(RouteConfig{Name: "orders"}, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+	})
+	done := make(chan struct{})
+	go func() { defer close(done); send(t, orders, "POST", "/orders", testKey, `{}`) }()
+	<-started
+	h.clock.Advance(DefaultLease + time.Second)
+	assertJSONError(t, send(t, orders, "POST", "/orders", testKey, `{}`), 409, `{"error":"idempotency_outcome_unknown"}`)
+	close(release)
+	<-done
+	if n := warns(`msg="idempotency: stale in-flight key, outcome unknown"`); n != 1 || !strings.Contains(logs.String(), "key="+testKey) {
+		t.Fatalf("%d WARN lines for outcome_unknown, want 1:\n%s", n, logs.String())
+	}
+}

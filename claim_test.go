@@ -1,8 +1,6 @@
 package idempotency
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -103,26 +101,6 @@ func TestStoreTimeouts(t *testing.T) {
 		counter(t, h.mw.metrics.storeErrors.WithLabelValues("claim", "timeout")) != 2 {
 		t.Fatal("bypass or timeouts not counted")
 	}
-}
-
-// dataErrorStore refuses values: the claim when claims is set, else every
-// Complete, counting the calls.
-type dataErrorStore struct {
-	*MemoryStore
-	claims    bool
-	completes atomic.Int64
-}
-
-func (s *dataErrorStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-	if s.claims {
-		return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonData, Err: errors.New("invalid byte sequence")}
-	}
-	return s.MemoryStore.Claim(ctx, req)
-}
-
-func (s *dataErrorStore) Complete(context.Context, Fence, Response) error {
-	s.completes.Add(1)
-	return &StoreError{Op: "complete", Reason: ReasonData, Err: errors.New("value out of range")}
 }
 
 // TestDataErrors: a store that refuses a request's values is not down. The
@@ -233,27 +211,6 @@ func TestMemoryStoreFull(t *testing.T) {
 	}
 }
 
-// contentionStore loses every claim to contention: with expired set, the
-// claim reads an expired row and the takeover fails with the conflict
-// reason; otherwise the claim itself does.
-type contentionStore struct {
-	*MemoryStore
-	expired bool
-}
-
-var errContention = &StoreError{Op: "claim", Reason: ReasonConflict, Err: errors.New("serialization failures past the retries")}
-
-func (s *contentionStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-	if !s.expired {
-		return ClaimResult{}, errContention
-	}
-	return ClaimResult{Record: Record{ID: 1, Attempt: 1, Status: StatusCompleted, Expired: true, RequestHash: req.RequestHash}}, nil
-}
-
-func (s *contentionStore) Takeover(context.Context, Fence, ClaimRequest) (ClaimResult, error) {
-	return ClaimResult{}, errContention
-}
-
 // TestContentionIsInFlight: a claim that loses to contention (the store's
 // conflict reason) answers 409 in flight on both policies: never a
 // fail-open bypass, which would run the handler while another request owns
@@ -290,5 +247,56 @@ func TestContentionIsInFlight(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMismatchCheckedBeforeStatus: a different body on a key in any state
+// (in flight, stale, failed, completed without a stored body) is 422, never
+// the 409 that key's state would answer to the same body.
+func TestMismatchCheckedBeforeStatus(t *testing.T) {
+	t.Parallel()
+	for _, state := range []string{"in flight", "stale", "failed", "not stored"} {
+		t.Run(state, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, Config{})
+			started, release := make(chan struct{}), make(chan struct{})
+			rt := h.route(RouteConfig{Name: "orders", MaxResponseBytes: 4}, func(w http.ResponseWriter, r *http.Request) {
+				switch state {
+				case "in flight", "stale":
+					close(started)
+					<-release
+				case "failed":
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+				orderHandler(w, r) // longer than MaxResponseBytes: not stored
+			})
+			done := make(chan struct{})
+			go func() { defer close(done); send(t, rt, "POST", "/orders", testKey, `{"a":1}`) }()
+			switch state {
+			case "in flight":
+				<-started
+			case "stale":
+				<-started
+				h.clock.Advance(DefaultLease + time.Second)
+			default:
+				<-done
+			}
+			w := send(t, rt, "POST", "/orders", testKey, `{"a":2}`)
+			assertJSONError(t, w, 422, `{"error":"idempotency_key_body_mismatch"}`)
+			// The same body gets the state's own answer: the key is in the
+			// state this case is about.
+			want := map[string]string{"in flight": "idempotency_in_flight", "stale": "idempotency_outcome_unknown",
+				"failed": "idempotency_previous_failed", "not stored": "idempotency_response_not_stored"}[state]
+			if w := send(t, rt, "POST", "/orders", testKey, `{"a":1}`); w.Code != 409 || !strings.Contains(w.Body.String(), want) {
+				t.Fatalf("same body: %d %s, want 409 %s", w.Code, w.Body, want)
+			}
+			close(release)
+			<-done
+			if h.calls.Load() != 1 || counter(t, h.mw.metrics.conflicts.WithLabelValues("orders", reasonBodyMismatch)) != 1 {
+				t.Fatalf("calls %d, body_mismatch %v; want 1 and 1", h.calls.Load(),
+					counter(t, h.mw.metrics.conflicts.WithLabelValues("orders", reasonBodyMismatch)))
+			}
+		})
 	}
 }

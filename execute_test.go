@@ -177,13 +177,6 @@ func TestBadHandlers(t *testing.T) {
 	}
 }
 
-// recordFailStore claims normally but cannot record outcomes.
-type recordFailStore struct{ *MemoryStore }
-
-func (s recordFailStore) Complete(context.Context, Fence, Response) error {
-	return &StoreError{Op: "complete", Reason: ReasonConnection, Err: errors.New("connection reset")}
-}
-
 // TestRecordFailureLeavesKeyInFlight: the client still gets the real
 // response, the key is never executed again and later answers outcome
 // unknown.
@@ -219,22 +212,6 @@ func TestRecordFailureLeavesKeyInFlight(t *testing.T) {
 	if calls.Load() != 1 {
 		t.Fatalf("calls = %d, want 1", calls.Load())
 	}
-}
-
-// slowClaimStore answers its first claim after a delay (inside the store
-// timeout), as a loaded database might.
-type slowClaimStore struct {
-	*MemoryStore
-	delay  time.Duration
-	slowed atomic.Bool
-}
-
-func (s *slowClaimStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-	res, err := s.MemoryStore.Claim(ctx, req)
-	if s.slowed.CompareAndSwap(false, true) {
-		time.Sleep(s.delay) // a slow reply, not synchronisation
-	}
-	return res, err
 }
 
 // TestClaimTooSlowForTheHandler: a claim so slow that the handler's
@@ -319,5 +296,205 @@ func TestClientHangsUp(t *testing.T) {
 	w := send(t, rt, "POST", "/", testKey, `{}`)
 	if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" || h.calls.Load() != 1 {
 		t.Fatalf("retry: %d replayed=%q calls=%d", w.Code, w.Header().Get(HeaderReplayed), h.calls.Load())
+	}
+}
+
+// TestRecordedBeforeSent: the outcome is recorded, then the response is
+// sent, so a client retrying right after its answer gets the replay (or
+// its 409), never a 409 in flight. The store's outcome call checks that
+// nothing has gone out yet, for every outcome.
+func TestRecordedBeforeSent(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]struct {
+		rc     RouteConfig
+		status int
+		op     string
+	}{
+		"completed":          {status: 201, op: "complete"},
+		"failed":             {status: 500, op: "fail"},
+		"released (429)":     {status: 429, op: "release"},
+		"released (NoStore)": {rc: RouteConfig{NoStore: true}, status: 201, op: "release"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			spy := &spyWriter{ResponseRecorder: httptest.NewRecorder()}
+			var checked atomic.Int64
+			check := func(context.Context, int) error {
+				checked.Add(1)
+				if spy.sent.Load() {
+					t.Errorf("%s: the response was sent before the outcome was recorded", name)
+				}
+				return nil
+			}
+			s := &hookStore{MemoryStore: NewMemoryStore(), complete: check, fail: check, release: check}
+			mw := newHooked(t, s, Config{})
+			c.rc.Name = "orders"
+			rt := mw.MustRoute(c.rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(c.status)
+				_, _ = w.Write([]byte(`{"id":1}`))
+			}))
+			r := httptest.NewRequest("POST", "/orders", strings.NewReader(`{}`))
+			r.Header.Set(HeaderKey, testKey)
+			rt.ServeHTTP(spy, r)
+			if spy.Code != c.status || spy.Body.String() != `{"id":1}` {
+				t.Fatalf("client got %d %s, want %d and the body", spy.Code, spy.Body, c.status)
+			}
+			ops := map[string]int64{"complete": s.completes.Load(), "fail": s.fails.Load(), "release": s.rels.Load()}
+			if checked.Load() != 1 || ops[c.op] != 1 {
+				t.Fatalf("outcome calls %v, want one %s", ops, c.op)
+			}
+		})
+	}
+}
+
+// TestRecordRetried: a complete or a fail that the store refuses a few
+// times is retried while the lease allows; the record lands and the retry
+// gets its answer (the replay, or 409 previous failed), with no record
+// failure counted.
+func TestRecordRetried(t *testing.T) {
+	t.Parallel()
+	const failures = 2
+	flaky := func(op string) func(context.Context, int) error {
+		return func(_ context.Context, try int) error {
+			if try <= failures {
+				return &StoreError{Op: op, Reason: ReasonConnection, Err: errors.New("connection reset")}
+			}
+			return nil
+		}
+	}
+	for _, c := range []struct {
+		op     string
+		status int
+		want   string // of the retry
+	}{
+		{"complete", 201, ""},
+		{"fail", 500, `{"error":"idempotency_previous_failed"}`},
+	} {
+		t.Run(c.op, func(t *testing.T) {
+			t.Parallel()
+			s := &hookStore{MemoryStore: NewMemoryStore(), complete: flaky("complete"), fail: flaky("fail")}
+			mw := newHooked(t, s, Config{})
+			var calls atomic.Int64
+			rt := mw.MustRoute(RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(c.status)
+				_, _ = w.Write([]byte(`{"id":1}`))
+			}))
+			if w := send(t, rt, "POST", "/orders", testKey, `{}`); w.Code != c.status {
+				t.Fatalf("first: %d %s", w.Code, w.Body)
+			}
+			tries := map[string]int64{"complete": s.completes.Load(), "fail": s.fails.Load()}[c.op]
+			if tries != failures+1 {
+				t.Fatalf("%s tried %d times, want %d", c.op, tries, failures+1)
+			}
+			w := send(t, rt, "POST", "/orders", testKey, `{}`)
+			if c.want == "" {
+				if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" || w.Body.String() != `{"id":1,"idempotency_replayed":true}` {
+					t.Fatalf("retry: %d %s, want the replay", w.Code, w.Body)
+				}
+			} else {
+				assertJSONError(t, w, 409, c.want)
+			}
+			if calls.Load() != 1 || testutil.ToFloat64(mw.metrics.settleFailures.WithLabelValues("orders")) != 0 ||
+				testutil.ToFloat64(mw.metrics.storeErrors.WithLabelValues(c.op, ReasonConnection)) != failures {
+				t.Fatalf("calls %d, record failures %v, store errors %v", calls.Load(),
+					testutil.ToFloat64(mw.metrics.settleFailures.WithLabelValues("orders")),
+					testutil.ToFloat64(mw.metrics.storeErrors.WithLabelValues(c.op, ReasonConnection)))
+			}
+		})
+	}
+
+	// A record that landed although its reply was lost: the retry finds the
+	// key no longer owned in flight, which means done, not taken over.
+	t.Run("reply lost", func(t *testing.T) {
+		t.Parallel()
+		var s *hookStore
+		s = &hookStore{MemoryStore: NewMemoryStore(), complete: func(ctx context.Context, try int) error {
+			if try == 1 {
+				rows, _ := s.MemoryStore.ExportScope(ctx, "")
+				if err := s.MemoryStore.Complete(ctx, rows[0].Fence(), Response{Status: 201, BodyKind: BodyRaw, Body: []byte("ok")}); err != nil {
+					return err
+				}
+				return &StoreError{Op: "complete", Reason: ReasonConnection, Err: errors.New("reply lost")}
+			}
+			return nil
+		}}
+		mw := newHooked(t, s, Config{})
+		rt := mw.MustRoute(RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(201)
+			_, _ = w.Write([]byte("ok"))
+		}))
+		send(t, rt, "POST", "/orders", testKey, `{}`)
+		if s.completes.Load() != 2 || testutil.ToFloat64(mw.metrics.settleFailures.WithLabelValues("orders")) != 0 {
+			t.Fatalf("completes %d, record failures %v; want 2 and 0", s.completes.Load(),
+				testutil.ToFloat64(mw.metrics.settleFailures.WithLabelValues("orders")))
+		}
+		if w := send(t, rt, "POST", "/orders", testKey, `{}`); w.Header().Get(HeaderReplayed) != "true" || w.Body.String() != "ok" {
+			t.Fatalf("retry: %d %s, want the replay", w.Code, w.Body)
+		}
+	})
+}
+
+// TestHandlerDeadlineValue: the handler's deadline is the lease less the
+// store timeout, counted from the claim (not from its answer, which a slow
+// store delays).
+func TestHandlerDeadlineValue(t *testing.T) {
+	t.Parallel()
+	const lease, storeTimeout, claimTakes = 10 * time.Second, 3 * time.Second, 50 * time.Millisecond
+	var claimEntered time.Time
+	s := &hookStore{MemoryStore: NewMemoryStore(), claim: func(context.Context, ClaimRequest) error {
+		claimEntered = time.Now()
+		time.Sleep(claimTakes) // a slow reply, not synchronisation
+		return nil
+	}}
+	mw := newHooked(t, s, Config{Lease: lease, StoreTimeout: storeTimeout})
+	var deadline time.Time
+	var ok bool
+	rt := mw.MustRoute(RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		deadline, ok = r.Context().Deadline()
+	}))
+	before := time.Now()
+	send(t, rt, "POST", "/orders", testKey, `{}`)
+	// The claim began between before and claimEntered.
+	lo, hi := before.Add(lease-storeTimeout), claimEntered.Add(lease-storeTimeout)
+	if !ok || deadline.Before(lo) || deadline.After(hi) {
+		t.Fatalf("handler deadline %v after the request began (ok %v), want between %v and %v",
+			deadline.Sub(before), ok, lo.Sub(before), hi.Sub(before))
+	}
+}
+
+// TestNoStoreConcurrentRetries: on a NoStore route a duplicate that arrives
+// while the handler runs gets 409 in flight; once it has finished, the key
+// is released and a retry executes again (no body was kept to replay).
+func TestNoStoreConcurrentRetries(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	rt := h.route(RouteConfig{Name: "profile", NoStore: true}, func(w http.ResponseWriter, r *http.Request) {
+		if h.calls.Load() == 1 {
+			started <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(201)
+		_, _ = w.Write([]byte("personal data"))
+	})
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- send(t, rt, "POST", "/profile", testKey, `{}`) }()
+	<-started
+	for range 2 {
+		w := send(t, rt, "POST", "/profile", testKey, `{}`)
+		assertJSONError(t, w, 409, `{"error":"idempotency_in_flight","retry_after_ms":5000}`)
+	}
+	close(release)
+	if w := <-first; w.Code != 201 || w.Body.String() != "personal data" {
+		t.Fatalf("owner: %d %s", w.Code, w.Body)
+	}
+	w := send(t, rt, "POST", "/profile", testKey, `{}`)
+	if w.Code != 201 || w.Header().Get(HeaderReplayed) != "" || h.calls.Load() != 2 {
+		t.Fatalf("retry after completion: %d replayed=%q, calls %d; want a second execution", w.Code, w.Header().Get(HeaderReplayed), h.calls.Load())
+	}
+	if rows, _ := h.store.ExportScope(context.Background(), ""); len(rows) != 0 {
+		t.Fatalf("a NoStore route left rows: %+v", rows)
 	}
 }

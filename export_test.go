@@ -16,6 +16,15 @@ func NewMemoryStoreForTest(now func() time.Time, opts ...MemoryOption) *MemorySt
 	return s
 }
 
+// FakeClockForTest is the in-package harness's clock, for the external
+// tests: Now for NewMemoryStoreForTest, Advance to move it.
+type FakeClockForTest = fakeClock
+
+// NewFakeClockForTest returns a fake clock at 2026-07-10 12:00 UTC.
+func NewFakeClockForTest() *FakeClockForTest {
+	return &fakeClock{t: time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)}
+}
+
 // CleanupVisitsForTest returns how many rows cleanup has looked at.
 func (s *MemoryStore) CleanupVisitsForTest() int {
 	s.mu.Lock()

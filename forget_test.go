@@ -1,53 +1,15 @@
 package idempotency_test
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
-
-// signalHandler is a slog handler that closes seen when a record whose
-// message contains want is logged.
-type signalHandler struct {
-	slog.Handler
-	want string
-	seen chan struct{}
-	once atomic.Bool
-}
-
-func (h *signalHandler) Handle(ctx context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, h.want) && h.once.CompareAndSwap(false, true) {
-		close(h.seen)
-	}
-	return nil
-}
-
-func (h *signalHandler) Enabled(context.Context, slog.Level) bool { return true }
-
-// orderRoute wraps a counting 201 handler over pool, logging to log.
-func orderRoute(t *testing.T, s idempotency.Store, log *slog.Logger, calls *atomic.Int64) http.Handler {
-	t.Helper()
-	mw, err := idempotency.New(s, idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: log,
-		Enabled: func(*http.Request) bool { return true },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-}
 
 // TestLostClaimReplyDoesNotStrandTheKey: the claim commits but its reply is
 // lost. With one reply lost, the store's retry recognises the row by the

@@ -1,8 +1,10 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
+
+// The harness of the in-package tests (package idempotency): a memory
+// store on a fake clock, a route builder, requests and assertions, and the
+// test doubles of the Store (hooked, counting, failing, slow). The
+// external-package tests, Postgres ones among them, have theirs in
+// harness_pg_test.go.
 
 const (
 	testKey  = "3f0b7c6e-2a4d-4e8f-9b1a-0c2d3e4f5a6b"
@@ -179,4 +187,168 @@ func assertJSONError(t *testing.T, w *httptest.ResponseRecorder, status int, wan
 func counter(t *testing.T, c prometheus.Collector) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c)
+}
+
+// hookStore is a MemoryStore whose outcome calls first go through hooks: a
+// hook that returns an error stands for a failing store (the call does not
+// reach the memory store); one that returns nil lets it through.
+type hookStore struct {
+	*MemoryStore
+	claim                   func(ctx context.Context, req ClaimRequest) error
+	complete, fail, release func(ctx context.Context, try int) error
+	completes, fails, rels  atomic.Int64
+}
+
+func (s *hookStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	if s.claim != nil {
+		if err := s.claim(ctx, req); err != nil {
+			return ClaimResult{}, err
+		}
+	}
+	return s.MemoryStore.Claim(ctx, req)
+}
+
+func (s *hookStore) Complete(ctx context.Context, f Fence, resp Response) error {
+	if err := hook(s.complete, ctx, &s.completes); err != nil {
+		return err
+	}
+	return s.MemoryStore.Complete(ctx, f, resp)
+}
+
+func (s *hookStore) Fail(ctx context.Context, f Fence) error {
+	if err := hook(s.fail, ctx, &s.fails); err != nil {
+		return err
+	}
+	return s.MemoryStore.Fail(ctx, f)
+}
+
+func (s *hookStore) Release(ctx context.Context, f Fence) error {
+	if err := hook(s.release, ctx, &s.rels); err != nil {
+		return err
+	}
+	return s.MemoryStore.Release(ctx, f)
+}
+
+func hook(h func(context.Context, int) error, ctx context.Context, n *atomic.Int64) error {
+	try := int(n.Add(1))
+	if h == nil {
+		return nil
+	}
+	return h(ctx, try)
+}
+
+// newHooked returns a middleware over s with cfg (quiet, its own registry)
+// unless cfg says otherwise.
+func newHooked(t *testing.T, s Store, cfg Config) *Middleware {
+	t.Helper()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	cfg.Enabled = func(*http.Request) bool { return true }
+	mw, err := New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// spyWriter is a ResponseWriter that records whether anything has been sent
+// through it (status, body or flush).
+type spyWriter struct {
+	*httptest.ResponseRecorder
+	sent atomic.Bool
+}
+
+func (s *spyWriter) WriteHeader(code int) { s.sent.Store(true); s.ResponseRecorder.WriteHeader(code) }
+
+func (s *spyWriter) Write(p []byte) (int, error) {
+	s.sent.Store(true)
+	return s.ResponseRecorder.Write(p)
+}
+
+func (s *spyWriter) Flush() { s.sent.Store(true); s.ResponseRecorder.Flush() }
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (a logger).
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// dataErrorStore refuses values: the claim when claims is set, else every
+// Complete, counting the calls.
+type dataErrorStore struct {
+	*MemoryStore
+	claims    bool
+	completes atomic.Int64
+}
+
+func (s *dataErrorStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	if s.claims {
+		return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonData, Err: errors.New("invalid byte sequence")}
+	}
+	return s.MemoryStore.Claim(ctx, req)
+}
+
+func (s *dataErrorStore) Complete(context.Context, Fence, Response) error {
+	s.completes.Add(1)
+	return &StoreError{Op: "complete", Reason: ReasonData, Err: errors.New("value out of range")}
+}
+
+// contentionStore loses every claim to contention: with expired set, the
+// claim reads an expired row and the takeover fails with the conflict
+// reason; otherwise the claim itself does.
+type contentionStore struct {
+	*MemoryStore
+	expired bool
+}
+
+var errContention = &StoreError{Op: "claim", Reason: ReasonConflict, Err: errors.New("serialization failures past the retries")}
+
+func (s *contentionStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	if !s.expired {
+		return ClaimResult{}, errContention
+	}
+	return ClaimResult{Record: Record{ID: 1, Attempt: 1, Status: StatusCompleted, Expired: true, RequestHash: req.RequestHash}}, nil
+}
+
+func (s *contentionStore) Takeover(context.Context, Fence, ClaimRequest) (ClaimResult, error) {
+	return ClaimResult{}, errContention
+}
+
+// recordFailStore claims normally but cannot record outcomes.
+type recordFailStore struct{ *MemoryStore }
+
+func (s recordFailStore) Complete(context.Context, Fence, Response) error {
+	return &StoreError{Op: "complete", Reason: ReasonConnection, Err: errors.New("connection reset")}
+}
+
+// slowClaimStore answers its first claim after a delay (inside the store
+// timeout), as a loaded database might.
+type slowClaimStore struct {
+	*MemoryStore
+	delay  time.Duration
+	slowed atomic.Bool
+}
+
+func (s *slowClaimStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	res, err := s.MemoryStore.Claim(ctx, req)
+	if s.slowed.CompareAndSwap(false, true) {
+		time.Sleep(s.delay) // a slow reply, not synchronisation
+	}
+	return res, err
 }

@@ -13,10 +13,11 @@ import (
 // again. Both stores of this package implement it; callers check with a
 // type assertion, or use LookupKey and ReleaseKey.
 type KeyReleaser interface {
-	// LookupKey returns the rows of key in scope, one per endpoint,
-	// ordered by endpoint, with Expired and LeaseOver computed by the
-	// store's clock. The key is compared exactly.
-	LookupKey(ctx context.Context, key, scope string) ([]Record, error)
+	// Lookup returns the rows of key in scope, one per endpoint, ordered
+	// by endpoint (on endpoint alone when it is not ""), with Expired and
+	// LeaseOver computed by the store's clock, and that clock's time. The
+	// key is compared exactly. Read-only; an unknown key is no error.
+	Lookup(ctx context.Context, key, scope, endpoint string) (KeyRows, error)
 	// ReleaseKey deletes the row f only if it still has f's attempt and
 	// is failed, or in_flight with its lease over by the store's clock, and
 	// reports whether it deleted it. A row completed, live, taken over,
@@ -36,16 +37,18 @@ func Releasable(rec Record) bool {
 	return rec.Status == StatusFailed || rec.Status == StatusInFlight && rec.LeaseOver
 }
 
-// LookupKey reads the rows of key in scope through store's KeyReleaser,
-// under ctx and timeout (DefaultStoreTimeout when 0).
-func LookupKey(ctx context.Context, store Store, key, scope string, timeout time.Duration) ([]Record, error) {
+// LookupKey reads the rows of key in scope (on endpoint alone when it is
+// not "") through store's KeyReleaser, under ctx and timeout
+// (DefaultStoreTimeout when 0).
+func LookupKey(ctx context.Context, store Store, key, scope, endpoint string, timeout time.Duration) ([]Record, error) {
 	kr, ok := store.(KeyReleaser)
 	if !ok {
 		return nil, ErrNoKeyRelease
 	}
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, DefaultStoreTimeout))
 	defer cancel()
-	return kr.LookupKey(ctx, key, scope)
+	rows, err := kr.Lookup(ctx, key, scope, endpoint)
+	return rows.Records, err
 }
 
 // ReleaseKey releases the row rec (read by LookupKey) through store's
@@ -67,3 +70,9 @@ func ReleaseKey(ctx context.Context, store Store, rec Record, timeout time.Durat
 	defer cancel()
 	return kr.ReleaseKey(ctx, rec.Fence())
 }
+
+// Both stores of the package release single keys.
+var (
+	_ KeyReleaser = (*PostgresStore)(nil)
+	_ KeyReleaser = (*MemoryStore)(nil)
+)

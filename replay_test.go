@@ -2,6 +2,10 @@ package idempotency
 
 import (
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -43,5 +47,41 @@ func TestReplayHookFailure(t *testing.T) {
 	}
 	if h.calls.Load() != 2 {
 		t.Fatalf("calls = %d, want 2", h.calls.Load())
+	}
+}
+
+// TestNoTrailersOnReplay: trailers are not recorded; a replay carries
+// neither the trailer nor its declaration.
+func TestNoTrailersOnReplay(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	// X-Checksum is also a replayed header of the route: declared as a
+	// trailer, its value is still a trailer and is not recorded.
+	rt := h.route(RouteConfig{Name: "r", ReplayHeaders: []string{"X-Checksum"}}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "x-checksum")
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "payload")
+		w.Header().Set("X-Checksum", "abc123")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "z")
+	})
+	srv := httptest.NewServer(rt)
+	defer srv.Close()
+	var replay *http.Response
+	for range 2 {
+		req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
+		req.Header.Set(HeaderKey, testKey)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body) // trailers arrive after the body
+		resp.Body.Close()
+		replay = resp
+	}
+	if replay.Header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("second answer is not a replay: %d", replay.StatusCode)
+	}
+	if len(replay.Trailer) != 0 || replay.Header.Get("Trailer") != "" || replay.Header.Get("X-Checksum") != "" || replay.Header.Get("X-Late") != "" {
+		t.Fatalf("replay carries trailers: trailer %v, header %v", replay.Trailer, replay.Header)
 	}
 }

@@ -338,3 +338,16 @@ func TestBodyBufferFollowsArrivingBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestUnstorableScopeFailClosed: a scope the store could not hold is 400
+// on a fail-closed route too, before any claim.
+func TestUnstorableScopeFailClosed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{Scope: func(*http.Request) string { return "tenant-\xff" }})
+	rt := h.route(RouteConfig{Name: "orders"}, orderHandler)
+	assertJSONError(t, send(t, rt, "POST", "/orders", testKey, `{}`), 400, `{"error":"idempotency_scope_invalid"}`)
+	if h.calls.Load() != 0 || h.store.claims.Load() != 0 ||
+		counter(t, h.mw.metrics.rejections.WithLabelValues("orders", reasonInvalidScope)) != 1 {
+		t.Fatalf("calls %d, claims %d, or the rejection not counted", h.calls.Load(), h.store.claims.Load())
+	}
+}

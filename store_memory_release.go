@@ -6,22 +6,23 @@ import (
 	"strings"
 )
 
-// LookupKey implements KeyReleaser.
-func (s *MemoryStore) LookupKey(ctx context.Context, key, scope string) ([]Record, error) {
+// Lookup implements KeyReleaser: the rows of key in scope, on every
+// endpoint, or on endpoint alone when it is not "".
+func (s *MemoryStore) Lookup(ctx context.Context, key, scope, endpoint string) (KeyRows, error) {
 	if err := memoryCtxError(ctx, "lookup"); err != nil {
-		return nil, err
+		return KeyRows{}, err
 	}
-	var recs []Record
+	var out KeyRows
 	s.mu.Lock()
-	now := s.clock()
+	out.Now = s.clock()
 	for _, row := range s.scopes[scope] {
-		if row.Key == key {
-			recs = append(recs, memoryReadRecord(row.Record, now))
+		if row.Key == key && (endpoint == "" || row.Endpoint == endpoint) {
+			out.Records = append(out.Records, memoryReadRecord(row.Record, out.Now))
 		}
 	}
 	s.mu.Unlock()
-	slices.SortFunc(recs, func(a, b Record) int { return strings.Compare(a.Endpoint, b.Endpoint) })
-	return recs, nil
+	slices.SortFunc(out.Records, func(a, b Record) int { return strings.Compare(a.Endpoint, b.Endpoint) })
+	return out, nil
 }
 
 // ReleaseKey implements KeyReleaser.

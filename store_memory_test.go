@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,34 +18,14 @@ func TestMemoryStore(t *testing.T) {
 	idempotencytest.Run(t, func(*testing.T) idempotency.Store { return idempotency.NewMemoryStore() })
 }
 
-// memClock is a settable clock for a MemoryStore.
-type memClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newMemClock() *memClock { return &memClock{t: time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)} }
-
-func (c *memClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *memClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // TestMemoryStoreMaxRows: a full store refuses new keys with reason full,
 // still answers the keys it holds, and makes room only from rows cleanup
 // could delete.
 func TestMemoryStoreMaxRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := newMemClock()
-	s := idempotency.NewMemoryStoreForTest(clock.now, idempotency.MemoryMaxRows(3))
+	clock := idempotency.NewFakeClockForTest()
+	s := idempotency.NewMemoryStoreForTest(clock.Now, idempotency.MemoryMaxRows(3))
 
 	short := idempotencytest.Request("u", time.Minute, time.Second)
 	reqs := []idempotency.ClaimRequest{short, idempotencytest.Request("u", time.Hour, time.Second), idempotencytest.Request("u", time.Hour, time.Second)}
@@ -94,7 +73,7 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 	// An expired row whose lease is over makes room for a new key; an
 	// in_flight row whose lease still runs (TTL shorter than the lease,
 	// possible only when instances disagree) never does.
-	clock.advance(2 * time.Minute)
+	clock.Advance(2 * time.Minute)
 	res, err := s.Claim(ctx, idempotencytest.Request("u", time.Minute, time.Hour))
 	if err != nil || !res.Won {
 		t.Fatalf("claim with an expired row to evict = won %v, %v", res.Won, err)
@@ -108,11 +87,11 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 			t.Errorf("the expired row %d was kept; another was evicted", r.ID)
 		}
 	}
-	clock.advance(2 * time.Minute) // the new row is expired, its lease runs
+	clock.Advance(2 * time.Minute) // the new row is expired, its lease runs
 	wantFull("only a leased row expired")
 
 	// An expired row is still taken over in a full store: it is no new row.
-	clock.advance(2 * time.Hour)
+	clock.Advance(2 * time.Hour)
 	old := left[0]
 	for _, r := range left {
 		if r.ID == recs[1].ID {
@@ -145,8 +124,8 @@ func TestMemoryMaxRowsNegative(t *testing.T) {
 func TestMemoryStoreCleanupCost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := newMemClock()
-	s := idempotency.NewMemoryStoreForTest(clock.now)
+	clock := idempotency.NewFakeClockForTest()
+	s := idempotency.NewMemoryStoreForTest(clock.Now)
 	const live, expired = 20000, 10
 	for i := range live + expired {
 		ttl := time.Hour
@@ -158,7 +137,7 @@ func TestMemoryStoreCleanupCost(t *testing.T) {
 			t.Fatalf("claim %d: %v", i, err)
 		}
 	}
-	clock.advance(2 * time.Minute)
+	clock.Advance(2 * time.Minute)
 
 	before := s.CleanupVisitsForTest()
 	n, err := s.Cleanup(ctx, 3)
@@ -186,8 +165,8 @@ func TestMemoryStoreCleanupCost(t *testing.T) {
 func TestMemoryStoreCleanupOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := newMemClock()
-	s := idempotency.NewMemoryStoreForTest(clock.now)
+	clock := idempotency.NewFakeClockForTest()
+	s := idempotency.NewMemoryStoreForTest(clock.Now)
 	rng := rand.New(rand.NewPCG(1, 2))
 	durations := []time.Duration{time.Second, time.Minute, 10 * time.Minute, time.Hour}
 	pick := func() time.Duration { return durations[rng.IntN(len(durations))] }
@@ -234,7 +213,7 @@ func TestMemoryStoreCleanupOrder(t *testing.T) {
 				_, _ = s.Reclaim(ctx, f, req)
 			}
 		case op < 9:
-			clock.advance(time.Duration(rng.Int64N(int64(20 * time.Minute))))
+			clock.Advance(time.Duration(rng.Int64N(int64(20 * time.Minute))))
 		default:
 			before := all()
 			deletable := map[int64]bool{}

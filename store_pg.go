@@ -93,7 +93,7 @@ func (s *PostgresStore) Reclaim(ctx context.Context, f Fence, req ClaimRequest) 
 func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args ...any) (ClaimResult, error) {
 	var rec Record
 	err := retryConnLoss(ctx, func() error {
-		return scanRecord(s.pool.QueryRow(ctx, sql, args...), &rec, nil)
+		return scanRecord(s.pool.QueryRow(ctx, sql, args...), &rec)
 	})
 	switch {
 	case err == nil:
@@ -319,7 +319,7 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 		defer rows.Close()
 		for rows.Next() {
 			var rec Record
-			if err := scanRecord(rows, &rec, nil); err != nil {
+			if err := scanRecord(rows, &rec); err != nil {
 				return err
 			}
 			recs = append(recs, rec)

@@ -40,9 +40,9 @@ func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []by
 	return jsonBody, rawBody, headers, nil
 }
 
-// scanRecord reads pgColumns (and, when won is not nil, a trailing won
-// column) into rec.
-func scanRecord(row pgx.Row, rec *Record, won *bool) error {
+// scanRecord reads pgColumns into rec, and any trailing columns into
+// extra.
+func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	var v rowValues
 	dest := []any{
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
@@ -50,10 +50,7 @@ func scanRecord(row pgx.Row, rec *Record, won *bool) error {
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
 		&rec.Expired, &rec.LeaseOver, &rec.Reclaimable,
 	}
-	if won != nil {
-		dest = append(dest, won)
-	}
-	if err := row.Scan(dest...); err != nil {
+	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
 	return v.fill(rec)
@@ -139,7 +136,7 @@ var jsonStoredRaw = []byte(`null`)
 // decodeResponse rebuilds a recorded response from its columns: a JSONB
 // body is BodyJSON; both a JSONB and a raw body are a BodyJSON kept raw
 // (see Complete); a raw body alone is BodyRaw; neither is BodyNone. The
-// CLI's inspect decodes the body columns with the same storedbody.Decode.
+// CLI reads the same decoding through PostgresStore.Lookup and ExportScope.
 func decodeResponse(code *int16, body, raw, headers []byte) (Response, error) {
 	var resp Response
 	if code != nil {

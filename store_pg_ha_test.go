@@ -1,11 +1,10 @@
 package idempotency_test
 
 import (
-	"bytes"
-	"context"
-	"encoding/binary"
-	"io"
-	"net"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,42 +12,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
-
-// neverPing stops pgxpool from pinging a connection idle for over a second
-// before handing it out: under load no connection idles that long, so a
-// connection the server ended is handed out as it is, as here.
-var neverPing = testdb.Configure(func(c *pgxpool.Config) {
-	c.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-})
-
-// terminateIdle ends, from the server side (what an administrator, a
-// restart or a failover does), every connection pool holds, all idle, and
-// waits until each backend has gone.
-func terminateIdle(t *testing.T, pool *pgxpool.Pool) {
-	t.Helper()
-	conns := pool.AcquireAllIdle(t.Context())
-	if len(conns) == 0 {
-		t.Fatal("the pool holds no idle connection")
-	}
-	admin, err := pgx.Connect(t.Context(), testdb.ServerURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
-	for _, c := range conns {
-		pid := c.Conn().PgConn().PID()
-		c.Release()
-		var ended bool
-		if err := admin.QueryRow(t.Context(), `SELECT pg_terminate_backend($1, 10000)`, int32(pid)).Scan(&ended); err != nil || !ended {
-			t.Fatalf("terminate backend %d: %v %v", pid, ended, err)
-		}
-	}
-}
 
 // TestPostgresRetriesAfterConnectionLoss: a claim, a takeover and an
 // export whose pooled connection the server has ended succeed on a new
@@ -108,82 +77,6 @@ func TestPostgresRetriesConnectionLossOnce(t *testing.T) {
 		t.Fatalf("reason %q, want %q: %v", got, idempotency.ReasonConnection, err)
 	}
 	idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
-}
-
-// replyCutter loses the server's whole reply to chosen statements: a
-// connection that sent a statement holding marker reads that statement's
-// reply up to its ReadyForQuery (so the server has run and committed it),
-// drops it and fails as a lost connection would. It cuts the first cuts
-// such statements, over every connection of the pool.
-type replyCutter struct {
-	marker []byte
-	cuts   atomic.Int32 // replies still to cut
-	cut    atomic.Int32 // replies cut so far
-}
-
-// option configures a test pool to dial through rc, in the exec query mode
-// (each statement is one write holding its SQL text and one reply).
-func (rc *replyCutter) option() testdb.Option {
-	return testdb.Configure(func(c *pgxpool.Config) {
-		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var d net.Dialer
-			conn, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &cutConn{Conn: conn, rc: rc}, nil
-		}
-	})
-}
-
-// cutConn is one connection dialled through a replyCutter.
-type cutConn struct {
-	net.Conn
-	rc    *replyCutter
-	armed atomic.Bool // a statement to cut was sent: its reply is lost
-}
-
-func (c *cutConn) Write(b []byte) (int, error) {
-	if bytes.Contains(b, c.rc.marker) && c.rc.cuts.Add(-1) >= 0 {
-		c.armed.Store(true)
-	}
-	return c.Conn.Write(b)
-}
-
-func (c *cutConn) Read(b []byte) (int, error) {
-	if !c.armed.CompareAndSwap(true, false) {
-		return c.Conn.Read(b)
-	}
-	var reply []byte
-	chunk := make([]byte, 4096)
-	for !readyForQuery(reply) {
-		n, err := c.Conn.Read(chunk)
-		reply = append(reply, chunk[:n]...)
-		if err != nil {
-			break
-		}
-	}
-	c.rc.cut.Add(1)
-	c.Conn.Close()
-	return 0, io.ErrUnexpectedEOF
-}
-
-// readyForQuery reports whether the backend messages in b include a
-// ReadyForQuery ('Z'): the server has finished the statement and its
-// implicit transaction.
-func readyForQuery(b []byte) bool {
-	for len(b) >= 5 {
-		n := 1 + int(binary.BigEndian.Uint32(b[1:5]))
-		if len(b) < n {
-			return false
-		}
-		if b[0] == 'Z' {
-			return true
-		}
-		b = b[n:]
-	}
-	return false
 }
 
 // TestPostgresClaimRetryWinsItsOwnRow: a claim whose reply is lost after
@@ -299,4 +192,97 @@ func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
 	if err := s.Complete(ctx, res.Record.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatalf("Complete by the takeover's owner: %v", err)
 	}
+}
+
+// TestPgBouncerStore runs the store's behaviour suite through PgBouncer in
+// transaction mode, with default_query_exec_mode=exec.
+func TestPgBouncerStore(t *testing.T) {
+	t.Parallel()
+	testdb.RequirePgBouncer(t)
+	idempotencytest.Run(t, func(t *testing.T) idempotency.Store {
+		return idempotency.NewPostgresStore(testdb.NewPgBouncer(t))
+	})
+}
+
+// TestPgBouncerTxStorm: a transactional route through PgBouncer in
+// transaction mode with default_query_exec_mode=exec: its transaction
+// (claim aside: BEGIN, the handler's INSERT, the record with JSON headers
+// and body, COMMIT) stays on one server connection; one order per key, and
+// the replay is the recorded answer.
+func TestPgBouncerTxStorm(t *testing.T) {
+	t.Parallel()
+	testdb.RequirePgBouncer(t)
+	pool := testdb.NewPgBouncer(t, testdb.MaxConns(16))
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := raceConfig
+	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), quiet
+	cfg.Enabled = func(*http.Request) bool { return true }
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders", Transactional: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		tx, _ := idempotency.TxFromContext(r.Context())
+		key, _ := idempotency.KeyFromContext(r.Context())
+		var id int64
+		if err := tx.QueryRow(r.Context(), `INSERT INTO orders (idem_key) VALUES ($1) RETURNING id`, key).Scan(&id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, id)
+	}))
+	keys := newKeys(10)
+	race(t, []http.Handler{h}, keys, 16)
+	var orders, perKey int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*), count(DISTINCT idem_key) FROM orders`).Scan(&orders, &perKey); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 10 || orders != 10 || perKey != 10 {
+		t.Fatalf("executions %d, orders %d for %d keys, want 10, 10, 10", calls.Load(), orders, perKey)
+	}
+	first, again := do(h, keys[0], `{"qty":1}`), do(h, keys[0], `{"qty":1}`)
+	if again.Code != 201 || again.Header().Get("Location") != first.Header().Get("Location") || again.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay %d %v %s, want the recorded 201 with Location %q", again.Code, again.Header(), again.Body, first.Header().Get("Location"))
+	}
+}
+
+// TestPgBouncerStatementCacheNamesTheSetting: with pgx's default statement
+// cache, two clients of one server connection collide on its named
+// statements; the store's error names the setting that fixes it.
+func TestPgBouncerStatementCacheNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	testdb.RequirePgBouncer(t)
+	cached := testdb.Configure(func(c *pgxpool.Config) {
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+		c.MaxConns = 1
+	})
+	a := testdb.NewPgBouncer(t, cached)
+	b, err := pgxpool.NewWithConfig(t.Context(), a.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	stores := []idempotency.Store{idempotency.NewPostgresStore(a), idempotency.NewPostgresStore(b)}
+	failed := 0
+	for i := range 20 {
+		_, err := stores[i%2].Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if err == nil {
+			continue
+		}
+		failed++
+		if !errors.Is(err, idempotency.ErrStoreUnavailable) || !strings.Contains(err.Error(), "default_query_exec_mode=exec") {
+			t.Fatalf("claim %d: %v; want a store error naming default_query_exec_mode", i, err)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("20 claims from two clients with statement caches through PgBouncer all succeeded; the test no longer sees the collision")
+	}
+	t.Logf("%d of 20 claims failed with the setting named", failed)
 }

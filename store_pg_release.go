@@ -2,13 +2,6 @@ package idempotency
 
 import "context"
 
-// pgLookupKeySQL reads the rows of one key in one scope.
-//
-// $1 key, $2 scope.
-const pgLookupKeySQL = `SELECT ` + pgColumns + ` FROM idempotency_keys
-WHERE scope_user_id = $2 AND idem_key = $1
-ORDER BY scope_endpoint`
-
 // pgReleaseKeySQL deletes a row an operator releases, fenced on the
 // attempt it was read with, only while it is failed or in flight past its
 // lease (by the database's clock).
@@ -17,31 +10,6 @@ ORDER BY scope_endpoint`
 const pgReleaseKeySQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $3 AND id = $1 AND attempt = $2
 	AND (status = 'failed' OR (status = 'in_flight' AND locked_until < now()))`
-
-// LookupKey implements KeyReleaser with one SELECT.
-func (s *PostgresStore) LookupKey(ctx context.Context, key, scope string) ([]Record, error) {
-	var recs []Record
-	err := retryConnLoss(ctx, func() error {
-		recs = nil
-		rows, err := s.pool.Query(ctx, pgLookupKeySQL, key, scope)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var rec Record
-			if err := scanRecord(rows, &rec, nil); err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, pgStoreError("lookup", err)
-	}
-	return recs, nil
-}
 
 // ReleaseKey implements KeyReleaser with one fenced DELETE, idempotent, so
 // a lost connection is retried.

@@ -171,3 +171,32 @@ ORDER BY kept.created_at, kept.id`
 const pgExportScopeSQL = `SELECT ` + pgColumns + ` FROM idempotency_keys
 WHERE scope_user_id = $1
 ORDER BY created_at, id`
+
+// pgLookupSQL reads the rows of one key in one scope, by endpoint, with the
+// database's now() last.
+//
+// $1 key, $2 scope, $3 endpoint or NULL for all.
+const pgLookupSQL = `SELECT ` + pgColumns + `, now() FROM idempotency_keys
+WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
+ORDER BY scope_endpoint`
+
+// pgNowSQL reads the database's clock.
+const pgNowSQL = `SELECT now()`
+
+// pgStatsSQL counts the table in one scan; the awaiting-cleanup columns
+// repeat pgExpiredBatchSQL's predicate.
+const pgStatsSQL = `SELECT
+	count(*),
+	count(*) FILTER (WHERE status = 'in_flight'),
+	count(*) FILTER (WHERE status = 'completed'),
+	count(*) FILTER (WHERE status = 'failed'),
+	extract(epoch FROM now() - min(locked_at) FILTER (WHERE status = 'in_flight'))::float8,
+	count(*) FILTER (WHERE status = 'in_flight' AND locked_until < now()),
+	count(*) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())),
+	extract(epoch FROM now() - min(expires_at) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())))::float8
+FROM idempotency_keys`
+
+// pgCountCleanupSQL counts the rows pgExpiredBatchSQL would read, with its
+// predicate.
+const pgCountCleanupSQL = `SELECT count(*) FROM idempotency_keys
+WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`

@@ -27,8 +27,11 @@ var pgStatements = map[string]string{
 	"pgDeleteExpiredSQL": pgDeleteExpiredSQL,
 	"pgDeleteScopeSQL":   pgDeleteScopeSQL,
 	"pgExportScopeSQL":   pgExportScopeSQL,
-	"pgLookupKeySQL":     pgLookupKeySQL,
 	"pgReleaseKeySQL":    pgReleaseKeySQL,
+	"pgLookupSQL":        pgLookupSQL,
+	"pgNowSQL":           pgNowSQL,
+	"pgStatsSQL":         pgStatsSQL,
+	"pgCountCleanupSQL":  pgCountCleanupSQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

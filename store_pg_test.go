@@ -2,15 +2,11 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,13 +15,14 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
 	"github.com/idemkit/idempotency/internal/pgmigrate"
-	"github.com/idemkit/idempotency/internal/tcpproxy"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/migrations"
 )
@@ -506,40 +503,6 @@ func TestPostgresBodies(t *testing.T) {
 	})
 }
 
-func deref(p *string) string {
-	if p == nil {
-		return "NULL"
-	}
-	return *p
-}
-
-// pgCounter counts the statements pgx runs (a QueryTracer) and the writes
-// made on the network connection, each of which starts one round trip.
-type pgCounter struct {
-	statements atomic.Int64
-	writes     atomic.Int64
-}
-
-func (c *pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.statements.Add(1)
-	return ctx
-}
-
-func (c *pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *pgCounter) reset() { c.statements.Store(0); c.writes.Store(0) }
-
-// countingConn counts Write calls.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c countingConn) Write(b []byte) (int, error) {
-	c.n.Add(1)
-	return c.Conn.Write(b)
-}
-
 func TestPostgresRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -604,178 +567,6 @@ func TestPostgresRoundTrips(t *testing.T) {
 			err = errors.New("not a replay")
 		}
 		return err
-	})
-}
-
-func TestPostgresErrors(t *testing.T) {
-	t.Parallel()
-
-	t.Run("MissingTableIsSchema", func(t *testing.T) {
-		t.Parallel()
-		pool := testdb.New(t)
-		s := idempotency.NewPostgresStore(pool)
-		rec := idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute)) // warm the statement cache
-		if _, err := pool.Exec(t.Context(), `DROP TABLE idempotency_keys`); err != nil {
-			t.Fatal(err)
-		}
-		_, err := s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
-		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonSchema {
-			t.Errorf("Claim without the table: reason %q (%v), want schema", r, err)
-		}
-		err = s.Complete(t.Context(), rec.Fence(), idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
-		if r := idempotencytest.StoreReason(t, "Complete", err); r != idempotency.ReasonSchema {
-			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
-		}
-		_, err = s.Cleanup(t.Context(), 10)
-		if r := idempotencytest.StoreReason(t, "Cleanup", err); r != idempotency.ReasonSchema {
-			t.Errorf("Cleanup without the table: reason %q (%v), want schema", r, err)
-		}
-	})
-
-	t.Run("RefusedValueIsData", func(t *testing.T) {
-		t.Parallel()
-		s := idempotency.NewPostgresStore(testdb.New(t))
-		req := idempotencytest.Request("u", time.Hour, time.Minute)
-		req.Scope = "tenant-\xff" // TEXT holds only valid UTF-8
-		_, err := s.Claim(t.Context(), req)
-		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonData {
-			t.Errorf("Claim of an invalid UTF-8 scope: reason %q (%v), want data", r, err)
-		}
-	})
-
-	t.Run("MissingPrivilegeIsPermission", func(t *testing.T) {
-		t.Parallel()
-		pool := testdb.New(t)
-		var b [6]byte
-		_, _ = rand.Read(b[:])
-		role := "idem_test_role_" + hex.EncodeToString(b[:])
-		schema := pool.Config().ConnConfig.RuntimeParams["search_path"]
-		if _, err := pool.Exec(t.Context(), `CREATE ROLE `+role+` LOGIN; GRANT USAGE ON SCHEMA `+schema+` TO `+role); err != nil {
-			if os.Getenv(testdb.EnvRequire) == "1" {
-				t.Fatalf("cannot create a role (%s=1 forbids skipping): %v", testdb.EnvRequire, err)
-			}
-			t.Skipf("cannot create a role: %v", err)
-		}
-		t.Cleanup(func() {
-			// Runs after the role's pool is closed (cleanups run last first).
-			if _, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role); err != nil {
-				t.Errorf("drop role: %v", err)
-			}
-		})
-		cfg := pool.Config()
-		cfg.ConnConfig.User = role
-		cfg.ConnConfig.Password = ""
-		rolePool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(rolePool.Close)
-		_, err = idempotency.NewPostgresStore(rolePool).Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
-		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonPermission {
-			t.Errorf("Claim without privileges: reason %q (%v), want permission", r, err)
-		}
-	})
-
-	t.Run("ClosedPoolIsClosed", func(t *testing.T) {
-		t.Parallel()
-		pool := testdb.New(t)
-		s := idempotency.NewPostgresStore(pool)
-		pool.Close()
-		_, err := s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
-		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonClosed {
-			t.Errorf("Claim on a closed pool: reason %q (%v), want closed", r, err)
-		}
-		_, err = s.ExportScope(t.Context(), "u")
-		if r := idempotencytest.StoreReason(t, "ExportScope", err); r != idempotency.ReasonClosed {
-			t.Errorf("ExportScope on a closed pool: reason %q (%v), want closed", r, err)
-		}
-	})
-
-	t.Run("PoolExhaustedIsTimeout", func(t *testing.T) {
-		t.Parallel()
-		pool := testdb.New(t, testdb.MaxConns(1))
-		conn, err := pool.Acquire(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Release()
-		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-		defer cancel()
-		_, err = idempotency.NewPostgresStore(pool).Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
-		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
-			t.Errorf("Claim with the pool exhausted: reason %q (%v), want timeout", r, err)
-		}
-	})
-
-	// proxied returns a store whose pool goes through a proxy, with one
-	// connection already open.
-	proxied := func(t *testing.T) (*idempotency.PostgresStore, *pgxpool.Pool, *tcpproxy.Proxy) {
-		t.Helper()
-		cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy := tcpproxy.New(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-		host, port, _ := net.SplitHostPort(proxy.Addr())
-		p, _ := strconv.Atoi(port)
-		pool := testdb.New(t, testdb.MaxConns(2), testdb.Configure(func(cfg *pgxpool.Config) {
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-			cfg.ConnConfig.Fallbacks = nil
-			cfg.ConnConfig.ConnectTimeout = 0 // the call's context bounds connecting
-		}))
-		s := idempotency.NewPostgresStore(pool)
-		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
-		return s, pool, proxy
-	}
-
-	t.Run("BlackholeIsTimeout", func(t *testing.T) {
-		t.Parallel()
-		s, pool, proxy := proxied(t)
-		proxy.Blackhole()
-		const deadline = 300 * time.Millisecond
-		for _, fresh := range []bool{false, true} {
-			if fresh {
-				pool.Reset() // the next call must connect through the black hole
-			}
-			ctx, cancel := context.WithTimeout(t.Context(), deadline)
-			start := time.Now()
-			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
-			elapsed := time.Since(start)
-			cancel()
-			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
-				t.Errorf("Claim through a black hole (new connection %v): reason %q (%v), want timeout", fresh, r, err)
-			}
-			if elapsed > 5*deadline {
-				t.Errorf("Claim through a black hole (new connection %v) took %v, want at most %v", fresh, elapsed, 5*deadline)
-			}
-		}
-		proxy.Restore()
-		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
-	})
-
-	t.Run("CutIsConnection", func(t *testing.T) {
-		t.Parallel()
-		s, _, proxy := proxied(t)
-		proxy.Cut()
-		for _, fresh := range []bool{false, true} {
-			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
-			cancel()
-			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonConnection {
-				t.Errorf("Claim through a cut link (new connection %v): reason %q (%v), want connection", fresh, r, err)
-			}
-		}
-		proxy.Restore()
-		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
-	})
-
-	t.Run("NotOwnerIsNotAStoreError", func(t *testing.T) {
-		t.Parallel()
-		s := idempotency.NewPostgresStore(testdb.New(t))
-		err := s.Fail(t.Context(), idempotency.Fence{ID: 12345, Attempt: 1})
-		if err != idempotency.ErrNotOwner {
-			t.Fatalf("Fail of an unknown row: %v, want ErrNotOwner itself", err)
-		}
 	})
 }
 
@@ -1097,15 +888,6 @@ func TestPostgresFencing(t *testing.T) {
 	})
 }
 
-// orphanKeys returns the keys of reqs.
-func orphanKeys(reqs []idempotency.ClaimRequest) []string {
-	keys := make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i] = r.Key
-	}
-	return keys
-}
-
 // TestPostgresEraseRacingTakeover: a user's expired completed row is being
 // taken over (a retry after expiry) while Erase runs and waits for its row
 // lock. Every row of the scope must come out deleted or reported as
@@ -1194,28 +976,94 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 	}
 }
 
-// waitBlockedTree polls pg_stat_activity until n backends wait, directly
-// or through each other, for a lock held by blocker's backend (condition
-// polling, not a sleep-as-sync).
-func waitBlockedTree(t *testing.T, pool *pgxpool.Pool, blocker uint32, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var got int
-		err := pool.QueryRow(t.Context(), `WITH RECURSIVE blocked(pid) AS (
-	SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))
-	UNION
-	SELECT a.pid FROM pg_stat_activity a JOIN blocked b ON b.pid = ANY(pg_blocking_pids(a.pid))
-) SELECT count(*) FROM blocked`, int32(blocker)).Scan(&got)
-		if err != nil {
-			t.Fatalf("pg_stat_activity: %v", err)
-		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d backend(s) waited for the blocker's lock, want %d", got, n)
-		}
-		time.Sleep(2 * time.Millisecond)
+// TestPostgresLookupAndStats: what the CLI's inspect, stats and cleanup
+// --dry-run read goes through the store: one key's rows by endpoint with
+// the database's clock, the table's counts, and the rows cleanup would
+// delete.
+func TestPostgresLookupAndStats(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := idempotency.NewPostgresStore(testdb.New(t))
+
+	st, err := s.Stats(ctx)
+	if err != nil || st != (idempotency.TableStats{}) {
+		t.Fatalf("Stats of an empty table = %+v, %v", st, err)
+	}
+	if n, err := s.CountCleanup(ctx); err != nil || n != 0 {
+		t.Errorf("CountCleanup of an empty table = %d, %v", n, err)
+	}
+	unknown, err := s.Lookup(ctx, idempotencytest.NewKey(), "u", "")
+	if err != nil || len(unknown.Records) != 0 || unknown.Now.IsZero() {
+		t.Fatalf("Lookup of an unknown key = %+v, %v; want no record and the clock", unknown, err)
+	}
+
+	done := idempotencytest.Request("u", time.Hour, time.Hour)
+	rec := idempotencytest.MustClaim(t, s, done)
+	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, Body: []byte(`{"a":1}`), BodyKind: idempotency.BodyJSON}); err != nil {
+		t.Fatal(err)
+	}
+	other := done
+	other.Endpoint = "POST /other"
+	idempotencytest.MustClaim(t, s, other)
+	stale := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
+	idempotencytest.MustClaim(t, s, stale)
+	idempotencytest.WaitFor(t, s, stale, "expired", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
+
+	both, err := s.Lookup(ctx, done.Key, "u", "")
+	if err != nil || len(both.Records) != 2 || both.Records[0].Endpoint != "POST /api/trading/orders" ||
+		both.Records[1].Endpoint != "POST /other" || both.Now.IsZero() {
+		t.Fatalf("Lookup of a key on two endpoints = %+v, %v", both, err)
+	}
+	if r := both.Records[0]; r.Status != idempotency.StatusCompleted || r.Response.Status != 201 ||
+		r.Response.BodyKind != idempotency.BodyJSON || string(r.Response.Body) != `{"a": 1}` {
+		t.Errorf("Lookup's completed row = %+v", r)
+	}
+	one, err := s.Lookup(ctx, done.Key, "u", "POST /other")
+	if err != nil || len(one.Records) != 1 || one.Records[0].Status != idempotency.StatusInFlight {
+		t.Errorf("Lookup on one endpoint = %+v, %v", one, err)
+	}
+	if none, err := s.Lookup(ctx, done.Key, "v", ""); err != nil || len(none.Records) != 0 {
+		t.Errorf("Lookup in another scope = %+v, %v", none, err)
+	}
+
+	st, err = s.Stats(ctx)
+	if err != nil || st.Total != 3 || st.InFlight != 2 || st.Completed != 1 || st.Failed != 0 ||
+		st.InFlightPastLease != 1 || st.AwaitingCleanup != 1 || st.OldestInFlightAge <= 0 || st.OldestExpiredAge <= 0 {
+		t.Errorf("Stats = %+v, %v", st, err)
+	}
+	if n, err := s.CountCleanup(ctx); err != nil || n != 1 {
+		t.Errorf("CountCleanup = %d, %v; want 1", n, err)
+	}
+}
+
+// TestPostgresUnrepresentableJSONNumber: a JSON response JSONB refuses
+// (Postgres: numeric out of range) is recorded raw on the store's second
+// try, so the retry replays it rather than finding the key in flight.
+func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, hugeNumbersJSON)
+	}))
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != 201 || w.Body.String() != hugeNumbersJSON {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := do(h, key, `{}`)
+	want := strings.TrimSuffix(hugeNumbersJSON, "}") + `,"idempotency_replayed":true}`
+	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("executions %d", calls.Load())
 	}
 }

@@ -37,13 +37,17 @@ func releaseTests(t *testing.T, setup setupFunc) {
 			req.Key, req.Endpoint = k.key, k.endpoint
 			MustClaim(t, s, req)
 		}
-		recs, err := kr.LookupKey(ctx, "AbC", "user-1")
+		rows, err := kr.Lookup(ctx, "AbC", "user-1", "")
+		recs := rows.Records
 		if err != nil || len(recs) != 2 || recs[0].Key != "AbC" || recs[1].Key != "AbC" ||
-			recs[0].Endpoint != otherEndpoint || recs[1].Endpoint != endpoint {
-			t.Fatalf("LookupKey(AbC): %+v, %v; want its two rows ordered by endpoint", recs, err)
+			recs[0].Endpoint != otherEndpoint || recs[1].Endpoint != endpoint || rows.Now.IsZero() {
+			t.Fatalf("Lookup(AbC): %+v, %v; want its two rows ordered by endpoint, and the store's time", rows, err)
 		}
-		if recs, err := kr.LookupKey(ctx, "AbC", "user-2"); err != nil || len(recs) != 0 {
-			t.Fatalf("LookupKey in another scope: %+v, %v; want none", recs, err)
+		if rows, err := kr.Lookup(ctx, "AbC", "user-1", endpoint); err != nil || len(rows.Records) != 1 || rows.Records[0].Endpoint != endpoint {
+			t.Fatalf("Lookup(AbC) on one endpoint: %+v, %v; want its one row", rows, err)
+		}
+		if rows, err := kr.Lookup(ctx, "AbC", "user-2", ""); err != nil || len(rows.Records) != 0 {
+			t.Fatalf("Lookup in another scope: %+v, %v; want none", rows, err)
 		}
 	})
 
@@ -55,9 +59,10 @@ func releaseTests(t *testing.T, setup setupFunc) {
 		if err := s.Fail(ctx, rec.Fence()); err != nil {
 			t.Fatal(err)
 		}
-		recs, err := kr.LookupKey(ctx, req.Key, req.Scope)
+		rows, err := kr.Lookup(ctx, req.Key, req.Scope, "")
+		recs := rows.Records
 		if err != nil || len(recs) != 1 || recs[0].Status != idempotency.StatusFailed || !idempotency.Releasable(recs[0]) {
-			t.Fatalf("LookupKey: %+v, %v; want one releasable failed row", recs, err)
+			t.Fatalf("Lookup: %+v, %v; want one releasable failed row", recs, err)
 		}
 		if ok, err := kr.ReleaseKey(ctx, recs[0].Fence()); err != nil || !ok {
 			t.Fatalf("ReleaseKey of a failed row: %v, %v; want true", ok, err)

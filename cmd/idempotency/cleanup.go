@@ -13,11 +13,6 @@ import (
 // maxBatch bounds --batch: a batch holds its rows' locks until it commits.
 const maxBatch = 100_000
 
-// cleanupPredicate is what cleanup deletes (PostgresStore.Cleanup), for
-// --dry-run's count: expired rows, except in_flight rows whose lease still
-// runs.
-const cleanupPredicate = `expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
-
 func cleanupHelp(w io.Writer) {
 	fmt.Fprintf(w, `Usage: idempotency cleanup [--batch N] [--dry-run] [flags]
 
@@ -64,8 +59,8 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 	if *dryRun {
 		sctx, cancel := c.statementContext(ctx)
 		defer cancel()
-		var n int64
-		if err := pool.QueryRow(sctx, `SELECT count(*) FROM `+table+` WHERE `+cleanupPredicate).Scan(&n); err != nil {
+		n, err := idempotency.NewPostgresStore(pool).CountCleanup(sctx)
+		if err != nil {
 			return c.dbError(ctx, "count expired keys", err)
 		}
 		if c.g.json {
@@ -74,7 +69,7 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 				WouldDelete int64 `json:"would_delete"`
 			}{true, n})
 		}
-		_, err := fmt.Fprintf(c.stdout, "would delete %d expired %s (dry run: nothing deleted)\n", n, rows(n))
+		_, err = fmt.Fprintf(c.stdout, "would delete %d expired %s (dry run: nothing deleted)\n", n, rows(n))
 		return err
 	}
 

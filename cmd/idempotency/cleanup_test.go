@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// cleanupPredicate is what cleanup deletes (PostgresStore.Cleanup), for
+// waiting until the rows a test made have expired.
+const cleanupPredicate = `expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
+
 // cleanupFixture makes 6 rows cleanup must delete and 2 it must keep, and
 // waits until the short ones have expired.
 func cleanupFixture(t *testing.T, db testDB) (liveKey string) {

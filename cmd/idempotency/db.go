@@ -17,7 +17,8 @@ import (
 // the URL sets connect_timeout itself.
 const connectTimeout = 5 * time.Second
 
-// table is the table every command but migrate reads.
+// table names the table in messages; every command reads it through the
+// library (PostgresStore, idempotency.Cleanup, migrations).
 const table = "idempotency_keys"
 
 // open resolves the database URL, connects and checks that the server

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -35,26 +34,6 @@ Example:
   idempotency inspect --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20
 `)
 }
-
-// inspectSQL reads the rows of a key in a scope ($1 the key's stored forms, $2 scope, $3
-// endpoint or NULL for all); bodies and headers only when $4. A JSON body
-// JSONB refused is in the raw column (with a marker in the JSONB column),
-// so the raw column's length comes first; storedBody decodes the bodies.
-const inspectSQL = `SELECT idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	response_code,
-	CASE WHEN response_body IS NOT NULL THEN 'json' WHEN response_body_raw IS NOT NULL THEN 'raw' ELSE 'none' END,
-	coalesce(octet_length(response_body_raw), octet_length(response_body::text), 0),
-	CASE WHEN $4::boolean THEN response_body END,
-	CASE WHEN $4::boolean THEN response_body_raw END,
-	CASE WHEN $4::boolean THEN response_headers END,
-	created_at, locked_at, locked_until, expires_at,
-	status = 'in_flight' AND locked_until < now() AS stale,
-	expires_at < now() AS expired,
-	reclaimable,
-	now()
-FROM ` + table + `
-WHERE idem_key = ANY($1) AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
-ORDER BY scope_endpoint, idem_key`
 
 // inspectRow is one row as inspect --json shows it.
 type inspectRow struct {
@@ -105,47 +84,24 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	rs, err := pool.Query(sctx, inspectSQL, keys, user.v, ep, *showBody)
-	if err != nil {
-		return c.dbError(ctx, "read the key", err)
-	}
-	defer rs.Close()
 	var (
 		out []inspectRow
 		now time.Time
 	)
-	for rs.Next() {
-		var (
-			r         inspectRow
-			code      *int16
-			kind      string
-			body, raw []byte
-			headers   http.Header
-			status    string
-		)
-		if err := rs.Scan(&r.Key, &r.User, &r.Endpoint, &r.RequestHash, &status, &r.Attempt,
-			&code, &kind, &r.ResponseBodyBytes, &body, &raw, &headers,
-			&r.CreatedAt, &r.LockedAt, &r.LockedUntil, &r.ExpiresAt,
-			&r.Stale, &r.Expired, &r.Reclaimable, &now); err != nil {
+	for _, k := range keys { // a UUID's two stored forms
+		found, err := idempotency.NewPostgresStore(pool).Lookup(sctx, k, user.v, endpoint.v)
+		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
-		r.Status = status
-		r.ResponseBodyKind = kind
-		if code != nil {
-			v := int(*code)
-			r.ResponseCode = &v
+		for _, rec := range found.Records {
+			if endpoint.set && rec.Endpoint != endpoint.v {
+				continue // --endpoint '': Lookup reads every endpoint, the CLI shows none
+			}
+			out = append(out, newInspectRow(rec, *showBody))
 		}
-		r.CreatedAt, r.LockedAt = r.CreatedAt.UTC(), r.LockedAt.UTC()
-		r.LockedUntil, r.ExpiresAt = r.LockedUntil.UTC(), r.ExpiresAt.UTC()
-		if *showBody {
-			r.ResponseHeaders = headers
-			r.setBody(storedBody(body, raw))
-		}
-		out = append(out, r)
+		now = found.Now
 	}
-	if err := rs.Err(); err != nil {
-		return c.dbError(ctx, "read the key", err)
-	}
+	slices.SortStableFunc(out, func(a, b inspectRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 
 	if c.g.json {
 		if out == nil {
@@ -176,6 +132,27 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		c.printInspectRow(r, now, *showBody)
 	}
 	return nil
+}
+
+// newInspectRow converts a row; the body and headers only with showBody.
+func newInspectRow(rec idempotency.Record, showBody bool) inspectRow {
+	r := inspectRow{
+		recordJSON:        newRecordJSON(rec),
+		ResponseBodyBytes: int64(len(rec.Response.Body)),
+		Stale:             rec.Status == idempotency.StatusInFlight && rec.LeaseOver,
+		Expired:           rec.Expired,
+		Reclaimable:       rec.Reclaimable,
+	}
+	switch rec.Response.BodyKind {
+	case idempotency.BodyJSON:
+		r.ResponseBodyKind = "json"
+	case idempotency.BodyRaw:
+		r.ResponseBodyKind = "raw"
+	}
+	if !showBody {
+		r.ResponseHeaders, r.ResponseBody, r.ResponseBodyBase64 = nil, nil, nil
+	}
+	return r
 }
 
 func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/storedbody"
 )
 
 // recordJSON is one stored key as export writes it (one per line), and as
@@ -69,20 +68,6 @@ func (o *recordJSON) setBody(kind idempotency.BodyKind, body []byte) {
 		o.ResponseBodyKind = "raw"
 		o.ResponseBodyBase64 = &b64
 	}
-}
-
-// storedBody decodes the body columns inspect reads exactly as the store
-// decodes them for export (storedbody.Decode): a JSON body JSONB refused
-// comes from the raw column, never the marker left in the JSONB column.
-func storedBody(jsonCol, rawCol []byte) (idempotency.BodyKind, []byte) {
-	body, kind := storedbody.Decode(jsonCol, rawCol)
-	switch kind {
-	case storedbody.JSON:
-		return idempotency.BodyJSON, body
-	case storedbody.Raw:
-		return idempotency.BodyRaw, body
-	}
-	return idempotency.BodyNone, nil
 }
 
 // skippedJSON is a live in_flight row erase left in place.

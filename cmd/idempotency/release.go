@@ -74,7 +74,7 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 
 	var recs []idempotency.Record
 	for _, k := range keys {
-		found, err := idempotency.LookupKey(ctx, store, k, user.v, c.g.timeout)
+		found, err := idempotency.LookupKey(ctx, store, k, user.v, endpoint.v, c.g.timeout)
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}

@@ -102,7 +102,7 @@ func TestReleaseFenced(t *testing.T) {
 	key := newKey()
 	rec := db.claim(t, key, "7", "POST /x", time.Hour, time.Millisecond)
 	db.waitRows(t, 1, "status = 'in_flight' AND locked_until < now()")
-	recs, err := idempotency.LookupKey(ctx, db.store, key, "7", time.Second)
+	recs, err := idempotency.LookupKey(ctx, db.store, key, "7", "", time.Second)
 	if err != nil || len(recs) != 1 || !idempotency.Releasable(recs[0]) {
 		t.Fatalf("LookupKey: %+v, %v", recs, err)
 	}

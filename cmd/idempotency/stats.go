@@ -6,6 +6,8 @@ import (
 	"io"
 	"text/tabwriter"
 	"time"
+
+	"github.com/idemkit/idempotency"
 )
 
 func statsHelp(w io.Writer) {
@@ -22,18 +24,6 @@ Example:
   idempotency stats --json
 `)
 }
-
-// statsSQL counts in one scan. The cleanup column repeats cleanupPredicate.
-const statsSQL = `SELECT
-	count(*),
-	count(*) FILTER (WHERE status = 'in_flight'),
-	count(*) FILTER (WHERE status = 'completed'),
-	count(*) FILTER (WHERE status = 'failed'),
-	extract(epoch FROM now() - min(locked_at) FILTER (WHERE status = 'in_flight'))::float8,
-	count(*) FILTER (WHERE status = 'in_flight' AND locked_until < now()),
-	count(*) FILTER (WHERE ` + cleanupPredicate + `),
-	extract(epoch FROM now() - min(expires_at) FILTER (WHERE ` + cleanupPredicate + `))::float8
-FROM ` + table
 
 type statsJSON struct {
 	Total    int64 `json:"total"`
@@ -66,12 +56,11 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	var s statsJSON
-	if err := pool.QueryRow(sctx, statsSQL).Scan(&s.Total, &s.ByStatus.InFlight, &s.ByStatus.Completed,
-		&s.ByStatus.Failed, &s.OldestInFlightAgeSeconds, &s.InFlightPastLease,
-		&s.AwaitingCleanup, &s.OldestExpiredAgeSeconds); err != nil {
+	st, err := idempotency.NewPostgresStore(pool).Stats(sctx)
+	if err != nil {
 		return c.dbError(ctx, "count keys", err)
 	}
+	s := newStatsJSON(st)
 	if c.g.json {
 		return c.writeJSON(s)
 	}
@@ -92,6 +81,24 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	fmt.Fprintf(tw, "expired, awaiting cleanup\t%d\n", s.AwaitingCleanup)
 	fmt.Fprintf(tw, "oldest awaiting cleanup\t%s\n", ageSuffix(age(s.OldestExpiredAgeSeconds)))
 	return tw.Flush()
+}
+
+// newStatsJSON converts the store's counts; an age is null when nothing is
+// counted for it.
+func newStatsJSON(st idempotency.TableStats) statsJSON {
+	var s statsJSON
+	s.Total = st.Total
+	s.ByStatus.InFlight, s.ByStatus.Completed, s.ByStatus.Failed = st.InFlight, st.Completed, st.Failed
+	s.InFlightPastLease, s.AwaitingCleanup = st.InFlightPastLease, st.AwaitingCleanup
+	if st.InFlight > 0 {
+		v := st.OldestInFlightAge.Seconds()
+		s.OldestInFlightAgeSeconds = &v
+	}
+	if st.AwaitingCleanup > 0 {
+		v := st.OldestExpiredAge.Seconds()
+		s.OldestExpiredAgeSeconds = &v
+	}
+	return s
 }
 
 // ageSuffix adds "past expiry" to a known age.

@@ -1,6 +1,6 @@
 // Package storedbody decodes a recorded response body from the two columns
-// the Postgres store keeps it in, so that the store (replays, export) and
-// the CLI (inspect) read a body the same way.
+// the Postgres store keeps it in (replays, export, and the CLI's inspect
+// through PostgresStore.Lookup).
 package storedbody
 
 // Kind says how a decoded body is to be read. Its values match the root

@@ -1,0 +1,191 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempotencytest"
+	"github.com/idemkit/idempotency/internal/tcpproxy"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+func TestPostgresErrors(t *testing.T) {
+	t.Parallel()
+
+	t.Run("MissingTableIsSchema", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		s := idempotency.NewPostgresStore(pool)
+		rec := idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute)) // warm the statement cache
+		if _, err := pool.Exec(t.Context(), `DROP TABLE idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonSchema {
+			t.Errorf("Claim without the table: reason %q (%v), want schema", r, err)
+		}
+		err = s.Complete(t.Context(), rec.Fence(), idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
+		if r := idempotencytest.StoreReason(t, "Complete", err); r != idempotency.ReasonSchema {
+			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
+		}
+		_, err = s.Cleanup(t.Context(), 10)
+		if r := idempotencytest.StoreReason(t, "Cleanup", err); r != idempotency.ReasonSchema {
+			t.Errorf("Cleanup without the table: reason %q (%v), want schema", r, err)
+		}
+	})
+
+	t.Run("RefusedValueIsData", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		req := idempotencytest.Request("u", time.Hour, time.Minute)
+		req.Scope = "tenant-\xff" // TEXT holds only valid UTF-8
+		_, err := s.Claim(t.Context(), req)
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonData {
+			t.Errorf("Claim of an invalid UTF-8 scope: reason %q (%v), want data", r, err)
+		}
+	})
+
+	t.Run("MissingPrivilegeIsPermission", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		role := "idem_test_role_" + hex.EncodeToString(b[:])
+		schema := pool.Config().ConnConfig.RuntimeParams["search_path"]
+		if _, err := pool.Exec(t.Context(), `CREATE ROLE `+role+` LOGIN; GRANT USAGE ON SCHEMA `+schema+` TO `+role); err != nil {
+			if os.Getenv(testdb.EnvRequire) == "1" {
+				t.Fatalf("cannot create a role (%s=1 forbids skipping): %v", testdb.EnvRequire, err)
+			}
+			t.Skipf("cannot create a role: %v", err)
+		}
+		t.Cleanup(func() {
+			// Runs after the role's pool is closed (cleanups run last first).
+			if _, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role); err != nil {
+				t.Errorf("drop role: %v", err)
+			}
+		})
+		cfg := pool.Config()
+		cfg.ConnConfig.User = role
+		cfg.ConnConfig.Password = ""
+		rolePool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rolePool.Close)
+		_, err = idempotency.NewPostgresStore(rolePool).Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonPermission {
+			t.Errorf("Claim without privileges: reason %q (%v), want permission", r, err)
+		}
+	})
+
+	t.Run("ClosedPoolIsClosed", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		s := idempotency.NewPostgresStore(pool)
+		pool.Close()
+		_, err := s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonClosed {
+			t.Errorf("Claim on a closed pool: reason %q (%v), want closed", r, err)
+		}
+		_, err = s.ExportScope(t.Context(), "u")
+		if r := idempotencytest.StoreReason(t, "ExportScope", err); r != idempotency.ReasonClosed {
+			t.Errorf("ExportScope on a closed pool: reason %q (%v), want closed", r, err)
+		}
+	})
+
+	t.Run("PoolExhaustedIsTimeout", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t, testdb.MaxConns(1))
+		conn, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		_, err = idempotency.NewPostgresStore(pool).Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+			t.Errorf("Claim with the pool exhausted: reason %q (%v), want timeout", r, err)
+		}
+	})
+
+	// proxied returns a store whose pool goes through a proxy, with one
+	// connection already open.
+	proxied := func(t *testing.T) (*idempotency.PostgresStore, *pgxpool.Pool, *tcpproxy.Proxy) {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := tcpproxy.New(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		host, port, _ := net.SplitHostPort(proxy.Addr())
+		p, _ := strconv.Atoi(port)
+		pool := testdb.New(t, testdb.MaxConns(2), testdb.Configure(func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+			cfg.ConnConfig.Fallbacks = nil
+			cfg.ConnConfig.ConnectTimeout = 0 // the call's context bounds connecting
+		}))
+		s := idempotency.NewPostgresStore(pool)
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
+		return s, pool, proxy
+	}
+
+	t.Run("BlackholeIsTimeout", func(t *testing.T) {
+		t.Parallel()
+		s, pool, proxy := proxied(t)
+		proxy.Blackhole()
+		const deadline = 300 * time.Millisecond
+		for _, fresh := range []bool{false, true} {
+			if fresh {
+				pool.Reset() // the next call must connect through the black hole
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), deadline)
+			start := time.Now()
+			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
+			elapsed := time.Since(start)
+			cancel()
+			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+				t.Errorf("Claim through a black hole (new connection %v): reason %q (%v), want timeout", fresh, r, err)
+			}
+			if elapsed > 5*deadline {
+				t.Errorf("Claim through a black hole (new connection %v) took %v, want at most %v", fresh, elapsed, 5*deadline)
+			}
+		}
+		proxy.Restore()
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
+	})
+
+	t.Run("CutIsConnection", func(t *testing.T) {
+		t.Parallel()
+		s, _, proxy := proxied(t)
+		proxy.Cut()
+		for _, fresh := range []bool{false, true} {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
+			cancel()
+			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonConnection {
+				t.Errorf("Claim through a cut link (new connection %v): reason %q (%v), want connection", fresh, r, err)
+			}
+		}
+		proxy.Restore()
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
+	})
+
+	t.Run("NotOwnerIsNotAStoreError", func(t *testing.T) {
+		t.Parallel()
+		s := idempotency.NewPostgresStore(testdb.New(t))
+		err := s.Fail(t.Context(), idempotency.Fence{ID: 12345, Attempt: 1})
+		if err != idempotency.ErrNotOwner {
+			t.Fatalf("Fail of an unknown row: %v, want ErrNotOwner itself", err)
+		}
+	})
+}
