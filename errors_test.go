@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -194,5 +195,20 @@ func TestProblemTypeBaseValidated(t *testing.T) {
 	}
 	if _, err := New(NewMemoryStore(), Config{ErrorFormat: 7}); err == nil {
 		t.Error("ErrorFormat 7 accepted")
+	}
+}
+
+// TestProblemTypesDocumented: every problem type URI under the default
+// base lands on an anchor in README's "Error bodies".
+func TestProblemTypesDocumented(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a := range numAnswers {
+		if code := answers[a].problem; !strings.Contains(string(readme), `<a id="`+code+`"></a>`) {
+			t.Errorf("README.md has no anchor for the problem type %s", code)
+		}
 	}
 }
