@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -296,6 +297,55 @@ func TestMismatchCheckedBeforeStatus(t *testing.T) {
 			if h.calls.Load() != 1 || counter(t, h.mw.metrics.conflicts.WithLabelValues("orders", reasonBodyMismatch)) != 1 {
 				t.Fatalf("calls %d, body_mismatch %v; want 1 and 1", h.calls.Load(),
 					counter(t, h.mw.metrics.conflicts.WithLabelValues("orders", reasonBodyMismatch)))
+			}
+		})
+	}
+}
+
+// racingStore shows every claim an expired row and loses every takeover
+// of it: other requests keep winning the key.
+type racingStore struct {
+	*MemoryStore
+	takeovers atomic.Int64
+}
+
+func (s *racingStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	return ClaimResult{Record: Record{ID: 7, Attempt: 1, Status: StatusCompleted, Expired: true, RequestHash: req.RequestHash}}, nil
+}
+
+func (s *racingStore) Takeover(context.Context, Fence, ClaimRequest) (ClaimResult, error) {
+	s.takeovers.Add(1)
+	return ClaimResult{}, nil // lost the race: no win, no row
+}
+
+// TestClaimRoundsAreBounded: a request whose takeover keeps losing claims
+// again a bounded number of times, then answers 409 in flight (others keep
+// winning the key), on both policies, without running the handler.
+func TestClaimRoundsAreBounded(t *testing.T) {
+	t.Parallel()
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FailOpen=%v", failOpen), func(t *testing.T) {
+			t.Parallel()
+			s := &racingStore{MemoryStore: NewMemoryStore()}
+			mw, err := New(s, Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int64
+			rt := mw.MustRoute(RouteConfig{Name: "orders", FailOpen: failOpen})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			w := send(t, rt, "POST", "/orders", testKey, `{}`)
+			assertJSONError(t, w, 409, `{"error":"idempotency_in_flight","retry_after_ms":5000}`)
+			if n := s.takeovers.Load(); n != maxClaimRounds-1 {
+				t.Errorf("takeovers tried %d times, want %d (every round but the last)", n, maxClaimRounds-1)
+			}
+			if calls.Load() != 0 {
+				t.Errorf("handler ran %d times while others kept winning the key", calls.Load())
+			}
+			if n := testutil.ToFloat64(mw.metrics.hit.WithLabelValues("orders")); n != 1 {
+				t.Errorf("hits = %v, want 1", n)
 			}
 		})
 	}
