@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"net/http"
 	"strconv"
 )
 
@@ -13,6 +12,7 @@ type answer int
 const (
 	answerMissingKey answer = iota
 	answerInvalidKey
+	answerInvalidOpaqueKey
 	answerInvalidScope
 	answerBodyTooLarge
 	answerBodyUnreadable
@@ -23,6 +23,7 @@ const (
 	answerOutcomeUnknown
 	answerNotStored
 	answerResponseTooLarge
+	numAnswers
 )
 
 // counted names the counter an answer increments.
@@ -34,34 +35,135 @@ const (
 	countTooLarge                 // idempotency_response_too_large_total{endpoint}
 )
 
-// answers is the contract's table of answers (README "How it works").
-var answers = [...]struct {
-	status     int
-	body       []byte
-	retryAfter string // Retry-After, seconds; "" for none
-	close      bool   // Connection: close: the request body was not read whole
-	counter    counted
-	reason     string
+// answers is the contract's table of answers (README "How it works"). code
+// is the body's "error" member; problem is the last segment of its
+// problem+json type URI, an idempotency_... code either way, so a client
+// finds the code in both forms.
+var answers = [numAnswers]struct {
+	status       int
+	code         string
+	problem      string
+	title        string
+	retryAfter   string // Retry-After, seconds; "" for none
+	retryAfterMS int    // the body's retry_after_ms; 0 for none
+	close        bool   // Connection: close: the request body was not read whole
+	counter      counted
+	reason       string
 }{
-	answerMissingKey:       {400, []byte(`{"error":"Idempotency-Key header is required"}`), "", false, countRejection, reasonMissingKey},
-	answerInvalidKey:       {400, []byte(`{"error":"Idempotency-Key must be a UUID string"}`), "", false, countRejection, reasonInvalidKey},
-	answerInvalidScope:     {400, []byte(`{"error":"idempotency_scope_invalid"}`), "", false, countRejection, reasonInvalidScope},
-	answerBodyTooLarge:     {413, []byte(`{"error":"idempotency_body_too_large"}`), "", true, countRejection, reasonBodyTooLarge},
-	answerBodyUnreadable:   {400, []byte(`{"error":"idempotency_body_unreadable"}`), "", true, countRejection, reasonBodyUnreadable},
-	answerUnavailable:      {503, []byte(`{"error":"idempotency_store_unavailable"}`), "1", false, countRejection, reasonStoreUnavailable},
-	answerInFlight:         {409, []byte(`{"error":"idempotency_in_flight","retry_after_ms":5000}`), "5", false, countConflict, reasonInFlight},
-	answerMismatch:         {422, []byte(`{"error":"idempotency_key_body_mismatch"}`), "", false, countConflict, reasonBodyMismatch},
-	answerPreviousFailed:   {409, []byte(`{"error":"idempotency_previous_failed"}`), "", false, countConflict, reasonPreviousFailed},
-	answerOutcomeUnknown:   {409, []byte(`{"error":"idempotency_outcome_unknown"}`), "", false, countConflict, reasonOutcomeUnknown},
-	answerNotStored:        {409, nil, "", false, countConflict, reasonNotStored}, // body: notStoredBody
-	answerResponseTooLarge: {500, []byte(`{"error":"idempotency_response_too_large"}`), "", false, countTooLarge, ""},
+	answerMissingKey:       {400, "Idempotency-Key header is required", "idempotency_key_required", "Idempotency-Key header is required", "", 0, false, countRejection, reasonMissingKey},
+	answerInvalidKey:       {400, "Idempotency-Key must be a UUID string", "idempotency_key_invalid", "Idempotency-Key must be a UUID string", "", 0, false, countRejection, reasonInvalidKey},
+	answerInvalidOpaqueKey: {400, "Idempotency-Key must be 1-255 characters", "idempotency_key_invalid", "Idempotency-Key must be 1-255 characters", "", 0, false, countRejection, reasonInvalidKey},
+	answerInvalidScope:     {400, "idempotency_scope_invalid", "idempotency_scope_invalid", "The request's scope or endpoint cannot be stored", "", 0, false, countRejection, reasonInvalidScope},
+	answerBodyTooLarge:     {413, "idempotency_body_too_large", "idempotency_body_too_large", "Request body over the route's limit", "", 0, true, countRejection, reasonBodyTooLarge},
+	answerBodyUnreadable:   {400, "idempotency_body_unreadable", "idempotency_body_unreadable", "Request body could not be read whole", "", 0, true, countRejection, reasonBodyUnreadable},
+	answerUnavailable:      {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonStoreUnavailable},
+	answerInFlight:         {409, "idempotency_in_flight", "idempotency_in_flight", "A request with this key is in flight; retry the same key", "5", 5000, false, countConflict, reasonInFlight},
+	answerMismatch:         {422, "idempotency_key_body_mismatch", "idempotency_key_body_mismatch", "Idempotency-Key was used for another request", "", 0, false, countConflict, reasonBodyMismatch},
+	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed},
+	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown},
+	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored},
+	answerResponseTooLarge: {500, "idempotency_response_too_large", "idempotency_response_too_large", "Response over the transactional route's buffer; rolled back", "", 0, false, countTooLarge, ""},
+}
+
+// ErrorFormat is the body form of the contract's error answers.
+type ErrorFormat int
+
+const (
+	// ErrorJSON answers {"error":"<code>"} with Content-Type
+	// application/json, plus the answer's extra members (retry_after_ms,
+	// original_status). The default.
+	ErrorJSON ErrorFormat = iota
+	// ErrorProblem answers RFC 9457 problem details with Content-Type
+	// application/problem+json: type (Config.ProblemTypeBase then the
+	// answer's idempotency_... code), title, status, and as extension
+	// members the same "error" code and extra members as ErrorJSON.
+	ErrorProblem
+)
+
+// ErrorAnswer is one of the contract's error answers, as Config.ErrorWriter
+// receives it.
+type ErrorAnswer struct {
+	// Status is the contract's status: 400, 409, 413, 422, 500 or 503.
+	Status int
+	// Code is the "error" member of the default body: an idempotency_...
+	// code, or for a missing or malformed key the contract's sentence.
+	Code string
+	// Type is the problem type URI: Config.ProblemTypeBase followed by an
+	// idempotency_... code (idempotency_key_required and
+	// idempotency_key_invalid for the two key sentences).
+	Type string
+	// Title is a short human-readable summary.
+	Title string
+	// RetryAfterMS is 5000 on idempotency_in_flight, else 0.
+	RetryAfterMS int
+	// OriginalStatus is the recorded status on
+	// idempotency_response_not_stored, else 0.
+	OriginalStatus int
+}
+
+// JSON returns the default body of e: {"error":...} and its extra members.
+func (e ErrorAnswer) JSON() []byte {
+	b := append([]byte(`{"error":`), strconv.Quote(e.Code)...)
+	return e.appendExtra(b)
+}
+
+// Problem returns the RFC 9457 body of e.
+func (e ErrorAnswer) Problem() []byte {
+	b := append([]byte(`{"type":`), strconv.Quote(e.Type)...)
+	b = append(b, `,"title":`...)
+	b = append(b, strconv.Quote(e.Title)...)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(e.Status), 10)
+	b = append(b, `,"error":`...)
+	b = append(b, strconv.Quote(e.Code)...)
+	return e.appendExtra(b)
+}
+
+// appendExtra closes a body with the answer's extra members. The table's
+// strings are plain ASCII, so strconv.Quote writes valid JSON strings.
+func (e ErrorAnswer) appendExtra(b []byte) []byte {
+	if e.RetryAfterMS != 0 {
+		b = append(b, `,"retry_after_ms":`...)
+		b = strconv.AppendInt(b, int64(e.RetryAfterMS), 10)
+	}
+	if e.OriginalStatus != 0 {
+		b = append(b, `,"original_status":`...)
+		b = strconv.AppendInt(b, int64(e.OriginalStatus), 10)
+	}
+	return append(b, '}')
+}
+
+// errorAnswer returns answer a as an ErrorAnswer under the middleware's
+// problem type base.
+func (m *Middleware) errorAnswer(a answer, original int) ErrorAnswer {
+	ans := &answers[a]
+	return ErrorAnswer{Status: ans.status, Code: ans.code, Type: m.cfg.ProblemTypeBase + ans.problem,
+		Title: ans.title, RetryAfterMS: ans.retryAfterMS, OriginalStatus: original}
+}
+
+// errorBodies renders every answer's body once, in the configured format,
+// so answering costs no encoding (answerNotStored names a status per
+// request and is rendered then).
+func (m *Middleware) errorBodies() {
+	for a := range numAnswers {
+		m.bodies[a] = m.render(m.errorAnswer(a, 0))
+	}
+}
+
+// render returns the body of e in the configured format.
+func (m *Middleware) render(e ErrorAnswer) []byte {
+	if m.cfg.ErrorFormat == ErrorProblem {
+		return e.Problem()
+	}
+	return e.JSON()
 }
 
 // answer sends a and counts it.
-func (rq *request) answer(a answer) { rq.answerWith(a, answers[a].body) }
+func (rq *request) answer(a answer) { rq.answerWith(a, 0) }
 
-// answerWith sends a with body and counts it.
-func (rq *request) answerWith(a answer, body []byte) {
+// answerWith sends a, naming the original status of answerNotStored, and
+// counts it.
+func (rq *request) answerWith(a answer, original int) {
 	ans := &answers[a]
 	switch ans.counter {
 	case countRejection:
@@ -71,6 +173,7 @@ func (rq *request) answerWith(a answer, body []byte) {
 	case countTooLarge:
 		rq.m.metrics.tooLarge.WithLabelValues(rq.label).Inc()
 	}
+	rq.observeAnswer(a)
 	h := rq.w.Header()
 	if ans.close {
 		// The rest of the body stays unread: the connection cannot carry
@@ -80,21 +183,22 @@ func (rq *request) answerWith(a answer, body []byte) {
 	if ans.retryAfter != "" {
 		h.Set("Retry-After", ans.retryAfter)
 	}
-	writeJSON(rq.w, ans.status, body)
-}
-
-// writeJSON sends one of the contract's JSON answers.
-func writeJSON(w http.ResponseWriter, status int, body []byte) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
+	if rq.m.cfg.ErrorWriter != nil {
+		rq.m.cfg.ErrorWriter(rq.w, rq.r, rq.m.errorAnswer(a, original))
+		return
+	}
+	body := rq.m.bodies[a]
+	if original != 0 {
+		body = rq.m.render(rq.m.errorAnswer(a, original))
+	}
+	contentType := "application/json"
+	if rq.m.cfg.ErrorFormat == ErrorProblem {
+		contentType = "application/problem+json"
+	}
+	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
-}
-
-// notStoredBody is answerNotStored's body, naming the original status.
-func notStoredBody(original int) []byte {
-	return []byte(`{"error":"idempotency_response_not_stored","original_status":` + strconv.Itoa(original) + `}`)
+	rq.w.WriteHeader(ans.status)
+	_, _ = rq.w.Write(body)
 }
 
 // answerDuplicate answers a request whose key belongs to a live record.
@@ -103,7 +207,7 @@ func (rq *request) answerDuplicate(rec Record) {
 	case rec.RequestHash != rq.claim.RequestHash:
 		rq.answer(answerMismatch)
 	case rec.Status == StatusCompleted && rec.Response.BodyKind == BodyNone:
-		rq.answerWith(answerNotStored, notStoredBody(rec.Response.Status))
+		rq.answerWith(answerNotStored, rec.Response.Status)
 	case rec.Status == StatusCompleted:
 		rq.replay(rec)
 	case rec.Status == StatusFailed:
@@ -111,7 +215,7 @@ func (rq *request) answerDuplicate(rec Record) {
 	case !rec.LeaseOver:
 		rq.answer(answerInFlight)
 	default:
-		rq.m.log.Warn("idempotency: stale in-flight key, outcome unknown",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: stale in-flight key, outcome unknown",
 			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "locked_at", rec.LockedAt)
 		rq.answer(answerOutcomeUnknown)
 	}

@@ -152,7 +152,7 @@ func lostRace(res ClaimResult) bool { return !res.Won && res.Record.ID == 0 }
 
 // storeClaim runs one claiming store call for the request.
 func (rq *request) storeClaim(op string, call func(context.Context, ClaimRequest) (ClaimResult, error)) (ClaimResult, error) {
-	return storeCall(rq.m, rq.r.Context(), op, func(ctx context.Context) (ClaimResult, error) {
+	return storeCall(rq, op, func(ctx context.Context) (ClaimResult, error) {
 		return call(ctx, rq.claim)
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +30,10 @@ const (
 // DefaultTxLockWait is RouteConfig.TxLockWait's default: a duplicate waits
 // this long for an owner mid-handler to commit before it answers 409.
 const DefaultTxLockWait = 10 * time.Millisecond
+
+// DefaultProblemTypeBase is where the problem+json type URIs point by
+// default: README's list of the contract's error codes.
+const DefaultProblemTypeBase = "https://github.com/idemkit/idempotency/blob/main/README.md#"
 
 // Config configures a Middleware. The zero value is usable: every field has
 // a default.
@@ -73,9 +79,44 @@ type Config struct {
 	// and is sent anyway on a fail-open route, with a WARN log. Defaults to
 	// nil.
 	OnReplay func(context.Context, ReplayEvent) error
-	// Logger receives WARN and ERROR events; bodies are never logged.
-	// Defaults to slog.Default().
+	// Logger receives WARN and ERROR events, each with the request's
+	// context (trace correlation); bodies are never logged. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
+	// OmitIdentifiers leaves idempotency keys and user scopes out of logs
+	// and Observations. Defaults to false: they are logged as they are
+	// (or as HMACs with IdentifierSecret).
+	OmitIdentifiers bool
+	// IdentifierSecret, when set, logs keys and scopes as "key_hmac" and
+	// "scope_hmac", their HMAC-SHA256 (hex) under this secret, and gives
+	// Observers the scope's HMAC: records of one user still correlate, but
+	// a reader without the secret cannot recover the user (a plain hash of
+	// a user id is reversed by hashing every id). At least 16 bytes; keep
+	// it out of the code. Defaults to nil.
+	IdentifierSecret []byte
+	// Observer, when set, is called synchronously once per decided
+	// request with the request's context (its trace span) and an
+	// Observation: outcome, endpoint, scope (or its HMAC), status and
+	// durations. It must be fast and must not write to the response.
+	// contrib/otel provides one for OpenTelemetry. Defaults to nil.
+	Observer func(ctx context.Context, o Observation)
+	// ErrorFormat is the body form of the contract's error answers:
+	// ErrorJSON ({"error":"<code>"}, application/json) or ErrorProblem (RFC
+	// 9457 application/problem+json with the same "error" member). Defaults
+	// to ErrorJSON.
+	ErrorFormat ErrorFormat
+	// ProblemTypeBase prefixes each problem+json "type" URI; the URI ends
+	// with the answer's idempotency_... code (clients such as idemclient
+	// read it there). It must be an absolute URI of printable ASCII ending
+	// in '/', '#' or ':'. Defaults to DefaultProblemTypeBase.
+	ProblemTypeBase string
+	// ErrorWriter, when set, writes every error answer of the contract
+	// instead of ErrorFormat's body: it must set Content-Type, write
+	// e.Status and a body. Retry-After and Connection: close are already
+	// set when it is called; the metrics are counted whatever it writes.
+	// Clients rely on the status and on finding e.Code, so keep both.
+	// Defaults to nil.
+	ErrorWriter func(w http.ResponseWriter, r *http.Request, e ErrorAnswer)
 	// Registerer receives the metrics. Defaults to nil: metrics are counted
 	// but registered nowhere (never the global registry).
 	Registerer prometheus.Registerer
@@ -91,6 +132,25 @@ type RouteConfig struct {
 	// "unnamed" (a path longer than 1 KiB is then refused with 400
 	// idempotency_scope_invalid). At most 1024 bytes of UTF-8.
 	Name string
+	// KeyFormat is the form of Idempotency-Key the route accepts: KeyUUID
+	// (the ADR) or KeyOpaque (1 to 255 visible ASCII characters or spaces,
+	// compared exactly, as Stripe and the IETF draft allow). A refused key
+	// is answered 400 "Idempotency-Key must be a UUID string" or, on an
+	// opaque route, "Idempotency-Key must be 1-255 characters". An opaque
+	// route needs Config.Scope or a MinKeyLength of at least 16: unscoped
+	// short keys are guessable. Defaults to KeyUUID.
+	KeyFormat KeyFormat
+	// MinKeyLength is the shortest key, in bytes, an opaque route (KeyOpaque
+	// or ParseKey) accepts; shorter keys get the 400. Defaults to 0 (1 byte),
+	// which needs Config.Scope.
+	MinKeyLength int
+	// ParseKey, when set, parses the route's Idempotency-Key header values
+	// instead of KeyFormat: it returns the key to store, compared exactly,
+	// or an error for a value to refuse with 400 (worded as for opaque
+	// keys). A returned key must be 1 to 255 bytes of valid UTF-8 without NUL
+	// and at least MinKeyLength, else it is refused too. The route is an
+	// opaque route: it needs Config.Scope or MinKeyLength. Defaults to nil.
+	ParseKey func(value string) (string, error)
 	// FailOpen runs the handler without deduplication when the store is
 	// unavailable (billing, account mutations). Defaults to false: the route
 	// fails closed with 503 and the handler does not run (orders).
@@ -115,6 +175,12 @@ type RouteConfig struct {
 	// Authorization, WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and
 	// Content-Length are refused. Defaults to none.
 	ReplayHeaders []string
+	// NoReplayMarker leaves a replayed JSON object as it was recorded,
+	// without the added "idempotency_replayed": true member, for clients
+	// whose schemas refuse unknown members; the Idempotent-Replayed: true
+	// header still marks every replay. Defaults to false: the member is
+	// added.
+	NoReplayMarker bool
 	// NoStore never records response bodies, for responses that carry
 	// personal data: concurrent duplicates get 409 in flight, and on
 	// completion the key is released, so a later retry executes again. The
@@ -152,6 +218,7 @@ func (c Config) withDefaults() Config {
 		c.Enabled = EnabledFromEnv
 	}
 	c.Logger = cmp.Or(c.Logger, slog.Default())
+	c.ProblemTypeBase = cmp.Or(c.ProblemTypeBase, DefaultProblemTypeBase)
 	return c
 }
 
@@ -165,8 +232,29 @@ func (c *Config) validate() error {
 		return fmt.Errorf("idempotency: Config.BodyTimeout must be positive, got %v", c.BodyTimeout)
 	case c.Lease <= c.StoreTimeout:
 		return fmt.Errorf("idempotency: Config.Lease (%v) must exceed Config.StoreTimeout (%v)", c.Lease, c.StoreTimeout)
+	case c.OmitIdentifiers && len(c.IdentifierSecret) > 0:
+		return errors.New("idempotency: Config.OmitIdentifiers and Config.IdentifierSecret exclude each other")
+	case len(c.IdentifierSecret) > 0 && len(c.IdentifierSecret) < 16:
+		return fmt.Errorf("idempotency: Config.IdentifierSecret must be at least 16 bytes, got %d", len(c.IdentifierSecret))
+	case c.ErrorFormat != ErrorJSON && c.ErrorFormat != ErrorProblem:
+		return fmt.Errorf("idempotency: Config.ErrorFormat %d is neither ErrorJSON nor ErrorProblem", c.ErrorFormat)
+	case !validTypeBase(c.ProblemTypeBase):
+		return fmt.Errorf("idempotency: Config.ProblemTypeBase %q must be an absolute URI of printable ASCII ending in '/', '#' or ':'", c.ProblemTypeBase)
 	}
 	return nil
+}
+
+// validTypeBase reports whether base can prefix a problem type URI that
+// ends with an answer's code: absolute, printable ASCII (so it is the same
+// text in JSON) and ending where a URI segment ends.
+func validTypeBase(base string) bool {
+	for i := 0; i < len(base); i++ {
+		if base[i] <= ' ' || base[i] >= 0x7f || base[i] == '"' || base[i] == '\\' {
+			return false
+		}
+	}
+	u, err := url.Parse(base)
+	return err == nil && u.IsAbs() && strings.ContainsAny(base[len(base)-1:], "/#:")
 }
 
 // withDefaults returns rc with every unset field at its default.

@@ -23,6 +23,13 @@
 // that dies mid-handler leaves nothing behind and the retry executes at
 // once.
 //
+// Keys are UUIDs by default; a route may take opaque keys (KeyOpaque, as
+// Stripe's clients send) or parse its own (RouteConfig.ParseKey). Error
+// answers are fixed JSON, RFC 9457 problem+json (ErrorProblem) or the
+// host's own (Config.ErrorWriter). Config.Observer sees every decision
+// (contrib/otel turns it into OpenTelemetry spans and metrics), and
+// Config.IdentifierSecret keeps user ids out of logs.
+//
 // The HTTP contract, the algorithm and the storage schema are described in
 // the README; PostgresStore is the production store, MemoryStore serves a
 // single process. A Store of your own can be checked with the conformance

@@ -120,3 +120,37 @@ func Example_transactionalRoute() {
 	mux.Handle("POST /api/trading/orders", mw.MustRoute(idempotency.RouteConfig{Transactional: true})(placeOrder))
 	_ = http.ListenAndServe("127.0.0.1:8080", mux)
 }
+
+// Accept Stripe-style opaque keys, compared exactly, and answer errors as
+// RFC 9457 problem+json. Opaque keys need a user scope (or a minimum key
+// length): "all" or "admin" would otherwise reach another client's
+// response.
+func Example_opaqueKeysProblemJSON() {
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
+		Scope:           func(r *http.Request) string { return "42" },
+		ErrorFormat:     idempotency.ErrorProblem,
+		ProblemTypeBase: "https://api.example.com/problems/",
+	})
+	if err != nil {
+		panic(err)
+	}
+	charges := 0
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"charge":%d}`, charges)
+	})
+	h := mw.MustRoute(idempotency.RouteConfig{KeyFormat: idempotency.KeyOpaque, NoReplayMarker: true})(charge)
+
+	post(h, "1733015354123456789_AbC-_x", `{"amount":100}`)
+	post(h, "1733015354123456789_AbC-_x", `{"amount":100}`)
+	post(h, "1733015354123456789_abc-_x", `{"amount":100}`) // another key: never case-folded
+	post(h, "1733015354123456789_AbC-_x", `{"amount":200}`)
+	fmt.Println("charges:", charges)
+	// Output:
+	// 200  {"charge":1}
+	// 200 true {"charge":1}
+	// 200  {"charge":2}
+	// 422  {"type":"https://api.example.com/problems/idempotency_key_body_mismatch","title":"Idempotency-Key was used for another request","status":422,"error":"idempotency_key_body_mismatch"}
+	// charges: 2
+}

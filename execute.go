@@ -115,7 +115,7 @@ func (x *execution) giveBack() {
 		// whole TTL. Bounded, so the client still gets its 503 soon.
 		x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
 	}
-	x.m.log.Warn("idempotency: the store was too slow to leave the handler any time; key released",
+	x.m.log.WarnContext(x.r.Context(), "idempotency: the store was too slow to leave the handler any time; key released",
 		"endpoint", x.claim.Endpoint, "key", x.claim.Key)
 	x.answer(answerUnavailable)
 }
@@ -130,8 +130,12 @@ func (x *execution) panicked(p any) {
 			o = outcomeFail // what it committed itself stays: never free the key
 		}
 		x.settleTx(o, Response{})
+		if x.owned {
+			x.observe(OutcomeExecuted, settledReason(o), 0)
+		}
 	case x.owned:
 		x.settle(x.fence, x.failed(), Response{}, x.leaseEnd)
+		x.observe(OutcomeExecuted, settledReason(x.failed()), 0)
 	}
 	if p != nil { // nil: runtime.Goexit, which carries on by itself
 		panic(p)
@@ -154,6 +158,9 @@ func (x *execution) conclude() {
 		x.settle(x.fence, o, resp, x.leaseEnd)
 	}
 	x.buf.finish()
+	if x.owned {
+		x.observe(OutcomeExecuted, settledReason(o), x.buf.statusCode())
+	}
 }
 
 // classify maps the handler's status, and how it left its transaction, to
@@ -219,7 +226,7 @@ func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time)
 	}
 	backoff := 25 * time.Millisecond
 	for try := 1; ; try++ {
-		_, err := storeCall(rq.m, rq.r.Context(), op, func(c context.Context) (struct{}, error) { return struct{}{}, call(c) })
+		_, err := storeCall(rq, op, func(c context.Context) (struct{}, error) { return struct{}{}, call(c) })
 		switch {
 		case err == nil:
 			return
@@ -230,6 +237,7 @@ func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time)
 		case errors.Is(err, ErrNotOwner):
 			rq.logSettle(slog.LevelError, "idempotency: key was taken over while its handler ran; outcome not settled", op)
 			rq.rm.settleFailures.Inc()
+			rq.recordFailed = true
 			return
 		case storeReason(err) == ReasonData, time.Now().Add(backoff + rq.m.cfg.StoreTimeout).After(deadline):
 			// A refused value fails every retry alike: do not keep the
@@ -237,6 +245,7 @@ func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time)
 			rq.logSettle(slog.LevelError, "idempotency: could not settle the outcome; the key stays in flight", op,
 				"reason", storeReason(err), "error", err)
 			rq.rm.settleFailures.Inc()
+			rq.recordFailed = true
 			return
 		}
 		time.Sleep(backoff) // back off before retrying a failing store
@@ -247,5 +256,5 @@ func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time)
 // logSettle logs an event of settling op for the request's key.
 func (rq *request) logSettle(level slog.Level, msg, op string, args ...any) {
 	args = append([]any{"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "operation", op}, args...)
-	rq.m.log.Log(context.Background(), level, msg, args...)
+	rq.m.log.Log(rq.r.Context(), level, msg, args...)
 }

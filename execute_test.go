@@ -498,3 +498,33 @@ func TestNoStoreConcurrentRetries(t *testing.T) {
 		t.Fatalf("a NoStore route left rows: %+v", rows)
 	}
 }
+
+// TestSettleBacksOff: a failing store is retried after a growing pause
+// (25 ms, then 50 ms, ...), never in a tight loop. Sleeps never end early,
+// so the gaps are lower bounds that hold on any machine.
+func TestSettleBacksOff(t *testing.T) {
+	t.Parallel()
+	var calls []time.Time
+	s := &hookStore{MemoryStore: NewMemoryStore(), complete: func(ctx context.Context, try int) error {
+		calls = append(calls, time.Now())
+		if try <= 3 {
+			return &StoreError{Op: "complete", Reason: ReasonConnection, Err: errors.New("connection reset")}
+		}
+		return nil
+	}}
+	mw := newHooked(t, s, Config{})
+	rt := mw.MustRoute(RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+	}))
+	if w := send(t, rt, "POST", "/orders", testKey, `{}`); w.Code != 201 {
+		t.Fatalf("got %d, want 201", w.Code)
+	}
+	if len(calls) != 4 {
+		t.Fatalf("Complete called %d times, want 4 (three failures, then success)", len(calls))
+	}
+	for i, want := range []time.Duration{25 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond} {
+		if gap := calls[i+1].Sub(calls[i]); gap < want {
+			t.Errorf("retry %d came %v after the failure, want at least %v", i+1, gap, want)
+		}
+	}
+}

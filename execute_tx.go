@@ -23,7 +23,7 @@ func (x *execution) begin() bool {
 		x.tx, x.before = tx, x.w.Header().Clone()
 		return true
 	}
-	x.m.log.Warn("idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
+	x.m.log.WarnContext(x.r.Context(), "idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
 	x.answer(answerUnavailable)
 	return false
 }
@@ -31,7 +31,7 @@ func (x *execution) begin() bool {
 // storeCallTx runs BeginClaim for req as the store call op.
 func storeCallTx(x *execution, op string, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	var tx RouteTx
-	res, err := storeCall(x.m, x.r.Context(), op, func(ctx context.Context) (ClaimResult, error) {
+	res, err := storeCall(&x.request, op, func(ctx context.Context) (ClaimResult, error) {
 		t, r, err := x.rt.txStore.BeginClaim(ctx, req)
 		tx = t
 		return r, err
@@ -73,6 +73,9 @@ func (x *execution) concludeTx() {
 	}
 	if x.settleTx(o, resp) {
 		x.buf.finish()
+		if x.owned {
+			x.observe(OutcomeExecuted, settledReason(o), x.buf.statusCode())
+		}
 	}
 }
 
@@ -121,7 +124,7 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 func (x *execution) commit(s *Settlement) bool {
 	err := x.commitOnce(s)
 	if err != nil && s != nil && errors.Is(err, ErrDeferredConstraint) {
-		x.m.log.Error("idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed",
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
 		if err = x.commitOnce(&Settlement{Fence: s.Fence, Failed: true, Undo: true}); err == nil {
 			restoreHeader(x.w.Header(), x.before)
@@ -135,11 +138,12 @@ func (x *execution) commit(s *Settlement) bool {
 	x.abort()
 	restoreHeader(x.w.Header(), x.before)
 	if x.owned {
-		x.m.log.Error("idempotency: commit failed; the handler ran, the retry replays if it committed and executes if not",
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: commit failed; the handler ran, the retry replays if it committed and executes if not",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
 		x.rm.settleFailures.Inc()
+		x.recordFailed = true
 	} else {
-		x.m.log.Error("idempotency: commit failed", "endpoint", x.label, "error", err)
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: commit failed", "endpoint", x.label, "error", err)
 	}
 	x.answer(answerUnavailable)
 	return false
@@ -147,7 +151,7 @@ func (x *execution) commit(s *Settlement) bool {
 
 // commitOnce runs RouteTx.Commit as the store call "commit".
 func (x *execution) commitOnce(s *Settlement) error {
-	_, err := storeCall(x.m, x.r.Context(), "commit", func(ctx context.Context) (struct{}, error) {
+	_, err := storeCall(&x.request, "commit", func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, x.tx.Commit(ctx, s)
 	})
 	return err
@@ -163,13 +167,13 @@ func (x *execution) checkState() TxState {
 	status := x.buf.statusCode()
 	switch {
 	case state == TxEnded:
-		x.m.log.Error("idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
+		x.m.log.ErrorContext(x.r.Context(), "idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
 			"its writes escaped the key's fence", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	case state == TxAborted && status < 400 && !x.buf.tooLarge:
-		x.m.log.Warn("idempotency: the handler answered success from an aborted transaction; its writes did not happen",
+		x.m.log.WarnContext(x.r.Context(), "idempotency: the handler answered success from an aborted transaction; its writes did not happen",
 			"endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	case state == TxClosed:
-		x.m.log.Warn("idempotency: the route's connection closed while its handler ran (a statement past its deadline, or the session ended); "+
+		x.m.log.WarnContext(x.r.Context(), "idempotency: the route's connection closed while its handler ran (a statement past its deadline, or the session ended); "+
 			"everything rolled back, the claim included", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	}
 	return state
@@ -178,7 +182,7 @@ func (x *execution) checkState() TxState {
 // answerTooLarge answers a transactional response over the buffer cap,
 // whose writes were rolled back.
 func (x *execution) answerTooLarge() {
-	x.m.log.Error("idempotency: response over the transactional route's buffer cap; writes rolled back",
+	x.m.log.ErrorContext(x.r.Context(), "idempotency: response over the transactional route's buffer cap; writes rolled back",
 		"endpoint", x.label, "cap_bytes", bufferCap(x.rt.maxResponse))
 	restoreHeader(x.w.Header(), x.before)
 	x.answer(answerResponseTooLarge)

@@ -24,6 +24,8 @@ type Middleware struct {
 	log     *slog.Logger
 	metrics *metrics
 	ops     storeOps
+	bodies  [numAnswers][]byte // each answer's body in cfg.ErrorFormat
+	scoped  bool               // Config.Scope was set: opaque keys are guarded by it
 
 	routeMetrics sync.Map      // endpoint label -> *routeMetrics
 	forgetting   chan struct{} // one token per claim of unknown outcome being freed (forget.go)
@@ -35,6 +37,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if store == nil {
 		return nil, errors.New("idempotency: store is nil")
 	}
+	scoped := cfg.Scope != nil
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -43,8 +46,11 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Middleware{store: store, cfg: cfg, log: cfg.Logger, metrics: met, ops: newStoreOps(met),
-		forgetting: make(chan struct{}, maxForgetting)}, nil
+	m := &Middleware{store: store, cfg: cfg, log: newLogger(&cfg), metrics: met, ops: newStoreOps(met),
+		forgetting: make(chan struct{}, maxForgetting)}
+	m.scoped = scoped
+	m.errorBodies()
+	return m, nil
 }
 
 // Route returns the middleware for one route with policy rc. It fails when
@@ -83,6 +89,9 @@ type route struct {
 	maxResponse    int64
 	replayHeaders  []string // canonical names, allow-list for recording
 	noStore        bool
+	parseKey       keyParser
+	invalidKey     answer  // the 400 of a refused key, worded for the route's format
+	marker         bool    // add "idempotency_replayed": true to replayed JSON objects
 	txStore        TxStore // non-nil on transactional routes
 	txLockWait     time.Duration
 	releaseOnError bool
@@ -101,6 +110,10 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := rc.validateKeys(m.scoped); err != nil {
+		return nil, err
+	}
+	parse, invalid := rc.newKeyParser()
 	return &route{
 		m:              m,
 		name:           rc.Name,
@@ -111,6 +124,9 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		maxResponse:    rc.MaxResponseBytes,
 		replayHeaders:  headers,
 		noStore:        rc.NoStore,
+		parseKey:       parse,
+		invalidKey:     invalid,
+		marker:         !rc.NoReplayMarker,
 		txStore:        ts,
 		txLockWait:     rc.TxLockWait,
 		releaseOnError: rc.ReleaseOnError,

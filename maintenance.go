@@ -100,7 +100,7 @@ func (m *Middleware) RunJanitor(ctx context.Context, interval time.Duration, bat
 		case <-t.C:
 			n, err := m.Cleanup(ctx, batch)
 			if err != nil && ctx.Err() == nil {
-				m.log.Error("idempotency: cleanup failed", "deleted", n, "error", err)
+				m.log.ErrorContext(ctx, "idempotency: cleanup failed", "deleted", n, "error", err)
 			}
 		}
 	}

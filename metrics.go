@@ -112,10 +112,13 @@ func newStoreOps(met *metrics) storeOps {
 }
 
 // storeCall runs one store operation of a request under its own deadline,
-// detached from the client's connection, and records its duration and any
-// error.
-func storeCall[T any](m *Middleware, parent context.Context, op string, fn func(context.Context) (T, error)) (T, error) {
-	return timedCall(m, context.WithoutCancel(parent), op, fn)
+// detached from the client's connection, and records its duration (in the
+// metrics and the request's store time) and any error.
+func storeCall[T any](rq *request, op string, fn func(context.Context) (T, error)) (T, error) {
+	start := time.Now()
+	v, err := timedCall(rq.m, context.WithoutCancel(rq.r.Context()), op, fn)
+	rq.storeTime += time.Since(start)
+	return v, err
 }
 
 // timedCall runs one store operation under ctx and the store timeout, and

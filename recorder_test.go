@@ -231,3 +231,29 @@ func TestOversizeStreamsThen409(t *testing.T) {
 		t.Fatalf("stored %+v, want the record without its body", rows)
 	}
 }
+
+// TestWriteHeaderCodeRange: the buffer takes every code net/http takes (100
+// to 999) and panics, as net/http does, just outside that range.
+func TestWriteHeaderCodeRange(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code      int
+		wantPanic bool
+	}{{99, true}, {100, false}, {999, false}, {1000, true}} {
+		w := httptest.NewRecorder()
+		b := newResponseBuffer(w, 1<<10, false)
+		panicked := func() (p bool) {
+			defer func() { p = recover() != nil }()
+			b.WriteHeader(tc.code)
+			return false
+		}()
+		if panicked != tc.wantPanic {
+			t.Errorf("WriteHeader(%d): panicked %v, want %v", tc.code, panicked, tc.wantPanic)
+		}
+	}
+	b := newResponseBuffer(httptest.NewRecorder(), 1<<10, false)
+	b.WriteHeader(999)
+	if got := b.statusCode(); got != 999 {
+		t.Errorf("status after WriteHeader(999) = %d, want 999", got)
+	}
+}

@@ -28,16 +28,17 @@ type ReplayEvent struct {
 func (rq *request) replay(rec Record) {
 	if err := rq.auditReplay(rec); err != nil {
 		if !rq.rt.failOpen {
-			rq.m.log.Error("idempotency: replay hook failed; replay refused",
+			rq.m.log.ErrorContext(rq.r.Context(), "idempotency: replay hook failed; replay refused",
 				"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 			rq.answer(answerUnavailable)
 			return
 		}
-		rq.m.log.Warn("idempotency: replay hook failed; replaying anyway (fail-open route)",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: replay hook failed; replaying anyway (fail-open route)",
 			"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 	}
 	rq.rm.replay.Inc()
-	writeReplay(rq.w, rec.Response)
+	rq.observe(OutcomeReplayed, "", rec.Response.Status)
+	writeReplay(rq.w, rec.Response, rq.rt.marker)
 }
 
 // auditReplay calls Config.OnReplay, if set, detached from the client and
@@ -87,14 +88,14 @@ var replayedField = []byte(`"idempotency_replayed"`)
 
 // writeReplay sends a stored response: its status, its stored headers,
 // Idempotent-Replayed: true, and its body, with "idempotency_replayed": true
-// added when the body is a JSON object.
-func writeReplay(w http.ResponseWriter, resp Response) {
+// added when the body is a JSON object and mark is set.
+func writeReplay(w http.ResponseWriter, resp Response, mark bool) {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
 	}
 	body := resp.Body
-	if resp.BodyKind == BodyJSON {
+	if mark && resp.BodyKind == BodyJSON {
 		body = markReplayed(body)
 	}
 	h.Set(HeaderReplayed, "true")

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
 )
 
 // request is one request on its way through a route: what the route knows
@@ -27,10 +25,15 @@ type request struct {
 	rm    *routeMetrics // the label's counters
 	// Set by claimKey:
 	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
+	// For Config.Observer:
+	start        time.Time     // when the request reached the route (only with an Observer)
+	storeTime    time.Duration // time spent in store calls
+	recordFailed bool          // an outcome could not be settled
+	observed     bool          // the decision was reported
 }
 
 func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) request {
-	return request{rt: rt, m: rt.m, w: w, r: r}
+	return request{rt: rt, m: rt.m, w: w, r: r, start: rt.startClock()}
 }
 
 // endpoint returns the key's scope_endpoint and the metrics label.
@@ -59,38 +62,6 @@ func (rq *request) name() {
 // withKey returns the request with its key in the context, for a handler
 // that runs under it.
 func (rq *request) withKey() *http.Request { return withKey(rq.r, rq.claim.Key) }
-
-// parseKey validates an Idempotency-Key header value and returns it in
-// lower case: a UUID in its 36-character form, optionally as a quoted
-// structured-field string; optional white space around it is ignored.
-func parseKey(v string) (string, bool) {
-	v = strings.Trim(v, " \t")
-	if len(v) == 38 && v[0] == '"' && v[37] == '"' {
-		v = v[1:37]
-	}
-	if len(v) != 36 {
-		return "", false
-	}
-	u, err := uuid.Parse(v) // at length 36 only the 8-4-4-4-12 hex form parses
-	if err != nil {
-		return "", false
-	}
-	return u.String(), true
-}
-
-// headerKey returns the request's one Idempotency-Key, normalised. present
-// is false when the header is absent; ok is false when it is not one
-// valid key.
-func headerKey(r *http.Request) (key string, present, ok bool) {
-	values := r.Header.Values(HeaderKey)
-	if len(values) == 0 {
-		return "", false, false
-	}
-	if len(values) == 1 {
-		key, ok = parseKey(values[0])
-	}
-	return key, true, ok
-}
 
 // maxScopeBytes bounds a key's user scope and its endpoint, so that (key,
 // scope, endpoint) always fits the store's unique index (a btree entry

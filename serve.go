@@ -36,11 +36,16 @@ func (rq *request) admit() bool {
 	if !rq.m.cfg.Enabled(rq.r) {
 		rq.name()
 		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonDisabled).Inc()
+		rq.observeUnrun(OutcomeBypassed, reasonDisabled)
 		rq.passThrough()
 		return false
 	}
-	key, present, ok := headerKey(rq.r)
+	key, present, ok := headerKey(rq.r, rq.rt.parseKey)
 	if !present && !rq.rt.requireKey {
+		if rq.m.cfg.Observer != nil {
+			rq.name()
+			rq.observeUnrun(OutcomePassThrough, "")
+		}
 		rq.passThrough()
 		return false
 	}
@@ -50,7 +55,7 @@ func (rq *request) admit() bool {
 		rq.answer(answerMissingKey)
 		return false
 	case !ok:
-		rq.answer(answerInvalidKey)
+		rq.answer(rq.rt.invalidKey)
 		return false
 	}
 	body, err := readBody(rq.w, rq.r, rq.rt.maxBody, rq.m.cfg.BodyTimeout)
@@ -73,7 +78,7 @@ func (rq *request) admitScope(key string, body []byte) bool {
 		// A value the store cannot hold would fail every claim of this
 		// key alike: refuse it rather than treat it as an outage (which a
 		// fail-open route would run without deduplication, every time).
-		rq.m.log.Warn("idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
 			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
 		rq.answer(answerInvalidScope)
 		return false
@@ -108,18 +113,19 @@ func (rq *request) claimFailed(err error) {
 		// A store that refuses this request's values is not down: it
 		// would refuse every retry alike, so a fail-open bypass would run
 		// each one, and a 503 would invite retries that cannot succeed.
-		rq.m.log.Warn("idempotency: the store refused the request's scope or endpoint",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: the store refused the request's scope or endpoint",
 			"endpoint", rq.label, "operation", "claim", "error", err)
 		rq.answer(answerInvalidScope)
 	case rq.rt.failOpen && reason != ReasonFull:
 		// A full memory store is not down either: any client can fill it
 		// on purpose, and must not earn a bypass by doing so.
-		rq.m.log.Warn("idempotency: store unavailable, running without deduplication",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: store unavailable, running without deduplication",
 			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
 		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
+		rq.observeUnrun(OutcomeBypassed, reasonStoreUnavailable)
 		rq.rt.next.ServeHTTP(rq.w, rq.withKey())
 	default:
-		rq.m.log.Warn("idempotency: store unavailable, rejecting",
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: store unavailable, rejecting",
 			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
 		rq.answer(answerUnavailable)
 		rq.forgetClaim(err) // the handler never ran: free the key if the claim landed

@@ -53,7 +53,7 @@ type Fence struct {
 
 // ClaimRequest is what the middleware asks a Store to claim.
 type ClaimRequest struct {
-	Key         string        // normalised lower-case UUID text
+	Key         string        // the route-parsed key: a lower-case UUID, or an opaque key exactly
 	Scope       string        // user scope; "" means unscoped
 	Endpoint    string        // the route's scope_endpoint
 	RequestHash string        // 64 lower-case hex characters

@@ -39,6 +39,7 @@ var pgStatements = map[string]string{
 	"pgNowSQL":                 pgNowSQL,
 	"pgStatsSQL":               pgStatsSQL,
 	"pgCountCleanupSQL":        pgCountCleanupSQL,
+	"pgReleaseKeySQL":          pgReleaseKeySQL,
 }
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the

@@ -50,7 +50,8 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
 // (ClaimRequest.Owner, OwnerReleaser), Takeover, and
-// maintenance (Cleanup, Erase, ExportScope). Every subtest runs in parallel
+// maintenance (Cleanup, Erase, ExportScope), and an operator's release of
+// one key (KeyReleaser, skipped for stores without it). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
 // schema or database), and release it with t.Cleanup.
@@ -65,4 +66,5 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	runOwner(t, setup)
 	runTakeover(t, setup)
 	runMaintenance(t, setup)
+	runRelease(t, setup)
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
+	"github.com/idemkit/idempotency"
 )
 
 // envDatabaseURL is read when --database-url is not given.
@@ -156,20 +156,21 @@ func (c *cli) writeJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// parseKey validates an idempotency key as the middleware does: a UUID in
-// its 36-character 8-4-4-4-12 form, optionally in double quotes, white space
-// around it ignored; it returns it lower-cased.
-func parseKey(v string) (string, error) {
-	s := strings.Trim(v, " \t")
-	if len(s) == 38 && s[0] == '"' && s[37] == '"' {
-		s = s[1:37]
+// parseKey validates an idempotency key as the middleware's routes do and
+// returns the stored forms it may have: a UUID (any case, optionally in
+// double quotes) as a UUID route stores it, lower case, and as an opaque
+// route stores it, exactly; any other key of 1-255 visible ASCII
+// characters or spaces (bare or as a structured-field string) exactly.
+func parseKey(v string) ([]string, error) {
+	opaque, err := idempotency.ParseKey(v, idempotency.KeyOpaque)
+	if err != nil {
+		return nil, usagef("malformed --key %q: want a UUID such as 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20, "+
+			"or an opaque key of 1-255 visible ASCII characters or spaces, optionally in double quotes with \\\" and \\\\ escapes", v)
 	}
-	if len(s) == 36 {
-		if u, err := uuid.Parse(s); err == nil {
-			return u.String(), nil
-		}
+	if u, err := idempotency.ParseKey(v, idempotency.KeyUUID); err == nil && u != opaque {
+		return []string{u, opaque}, nil
 	}
-	return "", usagef("malformed --key %q: want a UUID in its 36-character form, e.g. 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20", v)
+	return []string{opaque}, nil
 }
 
 // checkUser rejects a user scope no row can have: Postgres text holds

@@ -31,8 +31,10 @@ own that it always rolls back, waiting up to 1s, and shows the session that
 holds the key (pg_blocking_pids: pid, application, client, since when).
 Without the probe it changes nothing.
 
-KEY is a UUID in its 36-character form, any case, optionally in double quotes
-as clients may send it.
+KEY is a UUID in its 36-character form, any case (matched as a UUID route
+stores it, lower case, and as an opaque route stores it, exactly), or an
+opaque key of 1-255 visible ASCII characters or spaces, matched exactly;
+either optionally in double quotes as clients may send it.
 
 Example:
   idempotency inspect --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20
@@ -50,7 +52,7 @@ type inspectRow struct {
 func runInspect(ctx context.Context, c *cli, args []string) error {
 	flags := c.flagSet("inspect")
 	var key, user, endpoint optString
-	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID; required")
+	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID or an opaque key; required")
 	flags.Var(&user, "user", "the user scope `ID` (scope_user_id); omitted means the unscoped '' scope")
 	flags.Var(&endpoint, "endpoint", "only this `ENDPOINT` (scope_endpoint, e.g. 'POST /api/trading/orders')")
 	showBody := flags.Bool("show-body", false, "also show the recorded response body and headers")
@@ -64,7 +66,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 	if !key.set {
 		return usagef("--key is required (see idempotency inspect --help)")
 	}
-	k, err := parseKey(key.v)
+	keys, err := parseKey(key.v)
 	if err != nil {
 		return err
 	}
@@ -84,23 +86,29 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	found, err := idempotency.NewPostgresStore(pool).Lookup(sctx, k, user.v, endpoint.v)
-	if err != nil {
-		return c.dbError(ctx, "read the key", err)
-	}
-	var out []inspectRow
-	for _, rec := range found.Records {
-		if endpoint.set && rec.Endpoint != endpoint.v {
-			continue // --endpoint '': Lookup reads every endpoint, the CLI shows none
+	var (
+		out []inspectRow
+		now time.Time
+	)
+	for _, k := range keys { // a UUID's two stored forms
+		found, err := idempotency.NewPostgresStore(pool).Lookup(sctx, k, user.v, endpoint.v)
+		if err != nil {
+			return c.dbError(ctx, "read the key", err)
 		}
-		out = append(out, newInspectRow(rec, *showBody))
+		for _, rec := range found.Records {
+			if endpoint.set && rec.Endpoint != endpoint.v {
+				continue // --endpoint '': Lookup reads every endpoint, the CLI shows none
+			}
+			out = append(out, newInspectRow(rec, *showBody))
+		}
+		now = found.Now
 	}
-	now := found.Now
+	slices.SortStableFunc(out, func(a, b inspectRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	// No committed row: a transactional route's handler may hold the key
 	// in flight inside its open transaction, which only a probe finds.
 	var owner *openOwner
 	if len(out) == 0 && ep != nil {
-		if owner, err = probeOpenTransaction(ctx, pool, k, user.v, *ep); err != nil {
+		if owner, err = probeOpenTransaction(ctx, pool, keys[0], user.v, *ep); err != nil {
 			return c.dbError(ctx, "probe for an open transaction", err)
 		}
 	}
@@ -116,7 +124,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			// OpenTransaction: no committed row, but the key is in flight
 			// inside this session's open transaction (--endpoint only).
 			OpenTransaction *openOwner `json:"open_transaction,omitempty"`
-		}{k, user.v, out, owner})
+		}{keys[0], user.v, out, owner})
 	}
 	if owner != nil {
 		c.printOpenOwner(owner)
@@ -134,7 +142,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		case ep == nil:
 			hint = " (a key in flight inside an open transaction is not visible: --endpoint probes for it)"
 		}
-		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", k, describeUser(user.v), where, hint)
+		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", keys[0], describeUser(user.v), where, hint)
 		return err
 	}
 	for i, r := range out {

@@ -271,3 +271,46 @@ func TestInspectProbesOpenTransaction(t *testing.T) {
 		t.Errorf("inspect after the owner rolled back: %s, want no row (the probe keeps nothing)", r.stdout)
 	}
 }
+
+// TestInspectOpaqueKeys: --key takes opaque keys, matched exactly (never
+// case-folded), bare or as a structured-field string; a UUID typed in
+// upper case finds both the lower-case row a UUID route stored and the
+// exact row an opaque route stored.
+func TestInspectOpaqueKeys(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	const ep = "POST /charges"
+	db.complete(t, "1733015354123456789_AbC-_x", "5", ep, time.Hour, rawResp())
+	db.complete(t, "1733015354123456789_abc-_x", "5", ep, time.Hour, rawResp())
+	db.complete(t, `say "hi"`, "5", ep, time.Hour, rawResp())
+	upper := strings.ToUpper(newKey())
+	db.complete(t, upper, "5", "POST /opaque", time.Hour, rawResp())
+	db.complete(t, strings.ToLower(upper), "5", "POST /uuid", time.Hour, rawResp())
+	for _, c := range []struct {
+		key  string
+		want []string
+	}{
+		{"1733015354123456789_AbC-_x", []string{"1733015354123456789_AbC-_x"}},
+		{`"1733015354123456789_abc-_x"`, []string{"1733015354123456789_abc-_x"}},
+		{`"say \"hi\""`, []string{`say "hi"`}},
+		{upper, []string{upper, strings.ToLower(upper)}}, // ordered by endpoint: /opaque, /uuid
+	} {
+		r := runDB(t, db.dsn, "inspect", "--json", "--user", "5", "--key", c.key)
+		wantCode(t, r, exitOK)
+		var out struct {
+			Rows []struct {
+				Key string `json:"key"`
+			} `json:"rows"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, row := range out.Rows {
+			got = append(got, row.Key)
+		}
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("inspect --key %s: rows %q, want %q", c.key, got, c.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 // Command idempotency is the operator CLI for the idempotency_keys table of
 // github.com/idemkit/idempotency: migrations, cleanup of expired keys, GDPR
-// erasure and export, and inspection.
+// erasure and export, inspection, the release of one stuck key, and the
+// version it was built from.
 //
 //	go run github.com/idemkit/idempotency/cmd/idempotency --help
 //
@@ -51,6 +52,8 @@ var commands = []command{
 	{"export", "print every key of a user scope as JSON lines, GDPR access (--user required)", runExport},
 	{"inspect", "show a key's rows: status, times, staleness (--key required)", runInspect},
 	{"stats", "count keys by status, in flight past their lease, awaiting cleanup", runStats},
+	{"release", "delete one failed or stale key so its next retry executes again (--key, --yes)", runRelease},
+	{"version", "print the module version the CLI was built from", runVersion},
 }
 
 // run is the whole program: it parses args, runs one command and returns

@@ -166,7 +166,7 @@ func TestHelp(t *testing.T) {
 		{"--help"}, {"-h"}, {"help"},
 		{"help", "cleanup"},
 		{"migrate", "--help"}, {"cleanup", "--help"}, {"erase", "--help"}, {"export", "--help"},
-		{"inspect", "--help"}, {"stats", "-h"},
+		{"inspect", "--help"}, {"stats", "-h"}, {"release", "--help"}, {"version", "--help"},
 	} {
 		r := runCLI(t, nil, args...)
 		wantCode(t, r, exitOK)
@@ -208,10 +208,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"export", "--unscoped", "--user", ""}, "--user and --unscoped exclude each other"},
 		{[]string{"erase", "--user", "bad\xff"}, "malformed --user"},
 		{[]string{"inspect"}, "--key is required"},
-		{[]string{"inspect", "--key", "not-a-uuid"}, `malformed --key "not-a-uuid"`},
-		{[]string{"inspect", "--key", "{0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20}"}, "malformed --key"},
-		{[]string{"inspect", "--key", "0b3e1a5c7a1f4c1e9f3d2f6a8c9b1d20"}, "malformed --key"},
+		{[]string{"inspect", "--key", "caf\u00e9"}, "malformed --key \"caf\u00e9\""},
+		{[]string{"inspect", "--key", ""}, "malformed --key"},
+		{[]string{"inspect", "--key", strings.Repeat("k", 256)}, "malformed --key"},
+		{[]string{"inspect", "--key", "a\tb"}, "malformed --key"},
 		{[]string{"inspect", "--key", `"0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20`}, "malformed --key"},
+		{[]string{"inspect", "--key", `"abc";a=b`}, "malformed --key"},
 		{[]string{"stats", "--database-url", "postgres://h:notaport/db"}, "invalid database URL"},
 	} {
 		r := runCLI(t, env, tc.args...)

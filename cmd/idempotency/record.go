@@ -12,7 +12,7 @@ import (
 // recordJSON is one stored key as export writes it (one per line), and as
 // inspect --json shows it. Times are RFC 3339 in UTC.
 type recordJSON struct {
-	Key         string `json:"key"`      // the Idempotency-Key, lower case
+	Key         string `json:"key"`      // the Idempotency-Key as stored: a UUID in lower case, an opaque key exactly
 	User        string `json:"user"`     // scope_user_id; "" is the unscoped scope
 	Endpoint    string `json:"endpoint"` // scope_endpoint
 	RequestHash string `json:"request_hash"`

@@ -2,29 +2,25 @@
 // run in parallel, across packages too, and leave nothing behind.
 //
 // The server is found in this order: the IDEMPOTENCY_TEST_DATABASE_URL
-// variable; else a PostgreSQL container started with testcontainers-go when
-// a Docker engine answers; else the test is skipped with one line naming the
-// variable, or fails when IDEMPOTENCY_REQUIRE_DB=1 (as in CI).
+// variable; else a PostgreSQL container when a Docker engine answers
+// (started with testcontainers-go by the pgcontainer program, a module of
+// its own, so that testcontainers stays out of the root go.mod); else the
+// test is skipped with one line naming the variable, or fails when
+// IDEMPOTENCY_REQUIRE_DB=1 (as in CI).
 package testdb
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/moby/moby/client"
-	"github.com/testcontainers/testcontainers-go"
-	tclog "github.com/testcontainers/testcontainers-go/log"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/idemkit/idempotency/migrations"
 )
@@ -193,63 +189,6 @@ func serverURL(tb testing.TB) string {
 	return ""
 }
 
-// shared is the container started for this test binary, if any.
-var shared struct {
-	once      sync.Once
-	url       string
-	err       error
-	container *tcpostgres.PostgresContainer
-}
-
-// errNoDocker reports that no Docker engine answered.
-var errNoDocker = errors.New("no Docker engine answered")
-
-// containerURL starts, once per test binary, a PostgreSQL container when a
-// Docker engine answers quickly, and returns its URL.
-func containerURL() (string, error) {
-	shared.once.Do(func() {
-		if !dockerAnswers() {
-			shared.err = errNoDocker
-			return
-		}
-		// testcontainers logs every step to stderr by default.
-		tclog.SetDefault(tclog.NewNoopLogger())
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
-			tcpostgres.WithDatabase("idempotency_test"),
-			tcpostgres.WithUsername("postgres"),
-			tcpostgres.WithPassword("postgres"),
-			tcpostgres.BasicWaitStrategies(),
-		)
-		if err != nil {
-			if c != nil {
-				_ = c.Terminate(context.Background())
-			}
-			shared.err = fmt.Errorf("start PostgreSQL container: %w", err)
-			return
-		}
-		shared.container = c
-		shared.url, shared.err = c.ConnectionString(ctx, "sslmode=disable")
-	})
-	return shared.url, shared.err
-}
-
-// dockerAnswers reports whether a Docker engine answers a ping within a few
-// seconds. The client is closed so that no HTTP connection (and no
-// goroutine) is left behind.
-func dockerAnswers() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
-	if err != nil {
-		return false
-	}
-	defer cli.Close()
-	_, err = cli.Ping(ctx, client.PingOptions{})
-	return err == nil
-}
-
 // M is the part of *testing.M that Main needs.
 type M interface{ Run() int }
 
@@ -259,8 +198,9 @@ type M interface{ Run() int }
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
 //
-// Without it the container is removed by testcontainers' reaper when the
-// test binary exits, and PgBouncer is killed with the binary (Linux).
+// Without it the container is removed when the test binary exits (the
+// pgcontainer program sees its stdin close), and PgBouncer is killed with
+// the binary (Linux).
 func Main(m M) M { return mainWrapper{m} }
 
 type mainWrapper struct{ m M }
@@ -268,10 +208,6 @@ type mainWrapper struct{ m M }
 func (w mainWrapper) Run() int {
 	code := w.m.Run()
 	stopPgBouncer()
-	if shared.container != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = shared.container.Terminate(ctx)
-	}
+	stopContainer()
 	return code
 }
