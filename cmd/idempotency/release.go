@@ -65,7 +65,7 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	pool, err := c.open(ctx)
+	pool, err := c.openChecked(ctx)
 	if err != nil {
 		return err
 	}
