@@ -257,3 +257,24 @@ func TestWriteHeaderCodeRange(t *testing.T) {
 		t.Errorf("status after WriteHeader(999) = %d, want 999", got)
 	}
 }
+
+// TestInformationalEdges: 100 to 199 (but 101) go out as they come and
+// leave the final status unset; 200 is a final status, buffered until the
+// record is written, never sent early as an informational answer.
+func TestInformationalEdges(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code          int
+		informational bool
+	}{{100, true}, {199, true}, {200, false}, {101, false}} {
+		spy := &spyWriter{ResponseRecorder: httptest.NewRecorder()}
+		b := newResponseBuffer(spy, 1<<10, false)
+		b.WriteHeader(tc.code)
+		if spy.sent.Load() != tc.informational {
+			t.Errorf("WriteHeader(%d): sent at once %v, want %v", tc.code, spy.sent.Load(), tc.informational)
+		}
+		if final := b.status != 0; final == tc.informational {
+			t.Errorf("WriteHeader(%d): final status set %v, want %v", tc.code, final, !tc.informational)
+		}
+	}
+}
