@@ -101,11 +101,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# free_port prints a loopback port nothing listens on.
+# free_port prints a loopback port nothing listens on, below Linux's
+# ephemeral range (32768 and up), where the run's own client connections
+# hold local ports that a listener could not bind.
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 20000))
+    p=$((20000 + RANDOM % 12000))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"
       return 0
