@@ -278,3 +278,17 @@ func TestInformationalEdges(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldCapEdge: a held-back (transactional) response of exactly the
+// buffer cap is kept; one byte more drops it as too large.
+func TestHoldCapEdge(t *testing.T) {
+	t.Parallel()
+	b := newResponseBuffer(httptest.NewRecorder(), 4, true)
+	b.holdCap = 8
+	if n, err := b.Write([]byte("12345678")); n != 8 || err != nil || b.tooLarge {
+		t.Fatalf("a response of exactly the cap: wrote %d, %v, too large %v; want all of it kept", n, err, b.tooLarge)
+	}
+	if _, err := b.Write([]byte("9")); err == nil || !b.tooLarge {
+		t.Fatalf("one byte past the cap: %v, too large %v; want it refused", err, b.tooLarge)
+	}
+}
