@@ -292,3 +292,26 @@ func TestHoldCapEdge(t *testing.T) {
 		t.Fatalf("one byte past the cap: %v, too large %v; want it refused", err, b.tooLarge)
 	}
 }
+
+// TestResponseLimitEdge: a response of exactly the route's response limit
+// is recorded, one byte more is not, whether it was buffered or is being
+// streamed (after a flush).
+func TestResponseLimitEdge(t *testing.T) {
+	t.Parallel()
+	for _, streamed := range []bool{false, true} {
+		b := newResponseBuffer(httptest.NewRecorder(), 8, false)
+		b.WriteHeader(http.StatusOK)
+		if streamed {
+			b.startStreaming()
+		}
+		_, _ = b.Write([]byte("1234"))
+		_, _ = b.Write([]byte("5678"))
+		if b.overflow || b.buf.Len() != 8 {
+			t.Fatalf("streamed %v: exactly the limit: overflow %v, %d bytes kept; want all 8 kept", streamed, b.overflow, b.buf.Len())
+		}
+		_, _ = b.Write([]byte("9"))
+		if !b.overflow {
+			t.Fatalf("streamed %v: one byte past the limit was kept for the record", streamed)
+		}
+	}
+}
