@@ -92,6 +92,9 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 	state := x.tx.State()
 	switch {
 	case state == TxClosed:
+		// The server rolled everything back; the rollback on the dead
+		// connection fails harmlessly and gives it back to the pool.
+		x.abort()
 		restoreHeader(x.w.Header(), x.before)
 		x.answer(answerUnavailable)
 		return false

@@ -196,6 +196,36 @@ func TestTxPanicRollsBack(t *testing.T) {
 	}
 }
 
+// TestTxPanicOnClosedConnection: a handler that panics after its
+// connection was closed (pgx closes it when a statement outlives its
+// deadline) gives the connection back to the pool, keyed or not: a leaked
+// one would starve every route and hang pool.Close at shutdown.
+func TestTxPanicOnClosedConnection(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{uuid.NewString(), ""} {
+		f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+		f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+			tx, _ := idempotency.TxFromContext(r.Context())
+			_ = tx.Conn().PgConn().Close(r.Context())
+			panic("statement failed on a closed connection")
+		}
+		before := f.pool.Stat().AcquiredConns()
+		func() {
+			defer func() { _ = recover() }()
+			do(h, key, `{}`)
+		}()
+		// A dead connection given back is destroyed in the background:
+		// wait, bounded, for the pool to see it gone.
+		deadline := time.Now().Add(10 * time.Second)
+		for f.pool.Stat().AcquiredConns() != before && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // polling: the pool offers no signal for it
+		}
+		if after := f.pool.Stat().AcquiredConns(); after != before {
+			t.Fatalf("key %q: connections held %d before, %d 10 s after the panic; want it given back", key, before, after)
+		}
+	}
+}
+
 // TestTxPassThrough: without a key, and with the kill-switch off, the
 // handler still gets a transaction, which commits.
 func TestTxPassThrough(t *testing.T) {
