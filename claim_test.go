@@ -222,16 +222,8 @@ func TestContentionIsInFlight(t *testing.T) {
 		for _, failOpen := range []bool{false, true} {
 			t.Run(fmt.Sprintf("takeover=%v/FailOpen=%v", expired, failOpen), func(t *testing.T) {
 				t.Parallel()
-				mw, err := New(&contentionStore{MemoryStore: NewMemoryStore(), expired: expired},
-					Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-				if err != nil {
-					t.Fatal(err)
-				}
-				var calls atomic.Int64
-				rt := mw.MustRoute(RouteConfig{Name: "billing", FailOpen: failOpen})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					calls.Add(1)
-					w.WriteHeader(http.StatusCreated)
-				}))
+				mw, rt, calls := countedRoute(t, &contentionStore{MemoryStore: NewMemoryStore(), expired: expired},
+					RouteConfig{Name: "billing", FailOpen: failOpen})
 				w := send(t, rt, "POST", "/billing", testKey, `{}`)
 				assertJSONError(t, w, 409, `{"error":"idempotency_in_flight","retry_after_ms":5000}`)
 				if w.Header().Get("Retry-After") != "5" {
@@ -327,15 +319,7 @@ func TestClaimRoundsAreBounded(t *testing.T) {
 		t.Run(fmt.Sprintf("FailOpen=%v", failOpen), func(t *testing.T) {
 			t.Parallel()
 			s := &racingStore{MemoryStore: NewMemoryStore()}
-			mw, err := New(s, Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var calls atomic.Int64
-			rt := mw.MustRoute(RouteConfig{Name: "orders", FailOpen: failOpen})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				calls.Add(1)
-				w.WriteHeader(http.StatusCreated)
-			}))
+			mw, rt, calls := countedRoute(t, s, RouteConfig{Name: "orders", FailOpen: failOpen})
 			w := send(t, rt, "POST", "/orders", testKey, `{}`)
 			assertJSONError(t, w, 409, `{"error":"idempotency_in_flight","retry_after_ms":5000}`)
 			if n := s.takeovers.Load(); n != maxClaimRounds-1 {

@@ -352,3 +352,15 @@ func (s *slowClaimStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResu
 	}
 	return res, err
 }
+
+// countedRoute wraps a handler that counts its runs and answers 201 in a
+// route of a middleware over s (newHooked's configuration).
+func countedRoute(t *testing.T, s Store, rc RouteConfig) (*Middleware, http.Handler, *atomic.Int64) {
+	t.Helper()
+	mw := newHooked(t, s, Config{})
+	calls := new(atomic.Int64)
+	return mw, mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})), calls
+}
