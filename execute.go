@@ -18,6 +18,7 @@ type execution struct {
 	fence    Fence     // owned: the claim's fence
 	leaseEnd time.Time // owned: the end of the claim's lease
 	tx       RouteTx   // transactional routes: the handler's transaction
+	closeTx  func()    // transactional routes: closes the handler's view of tx
 	before   http.Header
 	buf      *responseBuffer
 }
@@ -57,11 +58,13 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 	finished := false
 	defer func() {
 		if !finished {
+			x.handlerDone()
 			x.panicked(recover())
 		}
 	}()
 	rq.rt.next.ServeHTTP(x.buf, x.r.WithContext(ctx))
 	finished = true
+	x.handlerDone()
 	cancel()
 	x.conclude()
 }
@@ -76,9 +79,18 @@ func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
 	}
 	if x.tx != nil {
-		ctx = withTx(ctx, x.tx.Tx())
+		ctx, x.closeTx = withTx(ctx, x.tx.Tx())
 	}
 	return ctx, cancel
+}
+
+// handlerDone closes the handler's view of its transaction once the
+// handler returned (or panicked): from then on only the middleware uses
+// the connection, and a handler that kept the transaction is refused.
+func (x *execution) handlerDone() {
+	if x.closeTx != nil {
+		x.closeTx()
+	}
 }
 
 // newBuffer buffers the handler's response: for the record on an owned

@@ -294,8 +294,9 @@ func TestTxStatementPastDeadline(t *testing.T) {
 }
 
 // commitCutter is a tracer that breaks the proxied connection when the
-// route's COMMIT starts: before it is sent (cut), or after the server has
-// it, losing its reply (drop).
+// route's COMMIT starts (alone, or in the batch that carries the record):
+// before it is sent (cut), or after the server has it, losing its reply
+// (drop).
 type commitCutter struct {
 	proxy *tcpproxy.Proxy
 	drop  bool
@@ -314,6 +315,17 @@ func (c *commitCutter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 }
 
 func (c *commitCutter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *commitCutter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		c.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: q.SQL})
+	}
+	return ctx
+}
+
+func (c *commitCutter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *commitCutter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TestTxFailedCommit: a COMMIT that fails, or whose reply is lost, after
 // the record was written answers 503 store unavailable although the
@@ -342,8 +354,19 @@ func TestTxFailedCommit(t *testing.T) {
 			via := testdb.Configure(func(cfg *pgxpool.Config) {
 				cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
 				cfg.ConnConfig.Tracer = cutter
+				cfg.MaxConns = 1
 			})
 			f, h := newTxFixture(t, idempotency.Config{StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}, idempotency.RouteConfig{}, via)
+			// Warm the one connection up, as every connection of a running
+			// server is: its statements prepared, the batch that carries
+			// the record and the COMMIT goes out in one piece.
+			if w := do(h, uuid.NewString(), `{}`); w.Code != http.StatusCreated {
+				t.Fatalf("warm-up: %d %s", w.Code, w.Body)
+			}
+			f.calls.Store(0)
+			if _, err := f.pool.Exec(context.Background(), `DELETE FROM orders`); err != nil {
+				t.Fatal(err)
+			}
 			key := uuid.NewString()
 			cutter.armed.Store(true)
 			w := do(h, key, `{}`)
@@ -405,5 +428,97 @@ func TestTxResponseOnlyAfterCommit(t *testing.T) {
 	close(release)
 	if err := <-got; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTxRefusedAfterHandler: a handler that keeps its transaction, or a
+// savepoint of it, past its return is refused with pgx.ErrTxClosed: the
+// COMMIT went pipelined with the record, so pgx still counts the
+// transaction open, and its connection is back in the pool serving other
+// requests.
+func TestTxRefusedAfterHandler(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(1))
+	kept := make(chan [2]pgx.Tx, 1)
+	f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		sp, err := tx.Begin(r.Context())
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		if err := sp.Commit(r.Context()); err != nil { // a savepoint is the handler's own
+			t.Error(err)
+		}
+		kept <- [2]pgx.Tx{tx, sp}
+		return false
+	}
+	if w := do(h, uuid.NewString(), `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("answer %d %s", w.Code, w.Body)
+	}
+	txs := <-kept
+	f.behave = nil
+	ctx := context.Background()
+	for i, tx := range txs {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (idem_key, execution) VALUES ('late', 0)`); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("tx %d: Exec after the handler returned: %v, want ErrTxClosed", i, err)
+		}
+		rows, err := tx.Query(ctx, `SELECT 1`)
+		if !errors.Is(err, pgx.ErrTxClosed) || !errors.Is(rows.Err(), pgx.ErrTxClosed) {
+			t.Errorf("tx %d: Query after the handler returned: %v / %v, want ErrTxClosed", i, err, rows.Err())
+		}
+		var one int
+		if err := tx.QueryRow(ctx, `SELECT 1`).Scan(&one); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("tx %d: QueryRow after the handler returned: %v, want ErrTxClosed", i, err)
+		}
+		if err := tx.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: `SELECT 1`}}}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("tx %d: SendBatch after the handler returned: %v, want ErrTxClosed", i, err)
+		}
+		if _, err := tx.Begin(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("tx %d: Begin after the handler returned: %v, want ErrTxClosed", i, err)
+		}
+	}
+	// The one connection serves the next request, and nothing of the late
+	// statements reached it.
+	if w := do(h, uuid.NewString(), `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("next request: %d %s", w.Code, w.Body)
+	}
+	if n := f.orders(t); n != 2 {
+		t.Fatalf("orders %d, want 2", n)
+	}
+}
+
+// TestTxRecordFindsNoRow: a handler that deletes its own key's row (which
+// it must never touch) leaves the record nothing to fence: the batch that
+// carries the record stops before its COMMIT, so the handler's writes roll
+// back with it, the client gets 503, and the retry executes once.
+func TestTxRecordFindsNoRow(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	f.behave = func(n int64, _ http.ResponseWriter, r *http.Request) bool {
+		if n == 1 {
+			tx, _ := idempotency.TxFromContext(r.Context())
+			key, _ := idempotency.KeyFromContext(r.Context())
+			if _, err := tx.Exec(r.Context(), `DELETE FROM idempotency_keys WHERE idem_key = $1`, key); err != nil {
+				t.Error(err)
+			}
+		}
+		return false
+	}
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("answer %d %s, want 503", w.Code, w.Body)
+	}
+	if n := f.orders(t); n != 0 {
+		t.Fatalf("orders %d after the unrecorded run, want 0 (committed without a record)", n)
+	}
+	if w := do(h, key, `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("retry: %d %s", w.Code, w.Body)
+	}
+	if w := do(h, key, `{}`); w.Header().Get(idempotency.HeaderReplayed) != "true" {
+		t.Fatalf("second retry: %d %s, want the replay", w.Code, w.Body)
+	}
+	if n := f.orders(t); n != 1 || f.calls.Load() != 2 {
+		t.Fatalf("orders %d, executions %d; want 1 and 2", n, f.calls.Load())
 	}
 }

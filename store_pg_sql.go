@@ -244,6 +244,22 @@ const pgSavepointSQL = `SAVEPOINT idempotency_claim`
 // pgRollbackToSavepointSQL undoes the handler's writes and keeps the claim.
 const pgRollbackToSavepointSQL = `ROLLBACK TO SAVEPOINT idempotency_claim`
 
+// pgTxCompleteSQL is pgCompleteSQL for a transactional route, pipelined
+// with COMMIT: when no row matches (the handler changed or deleted the
+// key's row), the guard divides by zero, so the batch stops before its
+// COMMIT instead of committing the handler's writes without a record.
+const pgTxCompleteSQL = `WITH rec AS (` + pgCompleteSQL + `
+RETURNING 1)
+SELECT 1 / count(*)::int FROM rec`
+
+// pgTxFailSQL is pgFailSQL with pgTxCompleteSQL's guard.
+const pgTxFailSQL = `WITH rec AS (` + pgFailSQL + `
+RETURNING 1)
+SELECT 1 / count(*)::int FROM rec`
+
+// pgCommitSQL commits a transactional route's transaction.
+const pgCommitSQL = `COMMIT`
+
 // pgImmediateSQL checks every deferred constraint now, before the record:
 // a violation then fails where a failed record can still be written,
 // instead of at COMMIT, where the claim would vanish with it.

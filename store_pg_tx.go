@@ -9,35 +9,32 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 var _ TxStore = (*PostgresStore)(nil)
 
-// BeginClaim implements TxStore: BEGIN (its own round trip: pgx.Tx sends
-// it alone), then one pipelined batch of the bounds, the claim
-// (pgTxClaimSQL), the restored lock_timeout and the savepoint; a loser
-// then reads the existing row (pgTxReadSQL). A serialization failure
-// (REPEATABLE READ or SERIALIZABLE, when the owner it waited for commits)
-// or a lock wait that ran out on no row rolls back and begins again, a
-// bounded number of times.
+// BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
+// Batch.BeginTx), the bounds, the claim (pgTxClaimSQL), the restored
+// lock_timeout and the savepoint; a loser then reads the existing row
+// (pgTxReadSQL). A serialization failure (REPEATABLE READ or SERIALIZABLE,
+// when the owner it waited for commits) or a lock wait that ran out on no
+// row rolls back and begins again, a bounded number of times.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	if req == nil {
-		tx, err := s.pool.Begin(ctx)
+		t, _, err := s.begin(ctx, nil, "", "")
 		if err != nil {
 			return nil, ClaimResult{}, pgStoreError("begin", err)
 		}
-		return &pgRouteTx{tx: tx}, ClaimResult{}, nil
+		return t, ClaimResult{}, nil
 	}
 	wait, lease := pgInterval(cmpWait(req.LockWait)), pgInterval(req.Lease)
 	var last error
 	for range pgRetries {
-		tx, err := s.pool.Begin(ctx)
-		if err != nil {
-			return nil, ClaimResult{}, pgStoreError("begin", err)
-		}
-		t := &pgRouteTx{tx: tx}
-		res, err := t.claim(ctx, *req, wait, lease)
+		t, res, err := s.begin(ctx, req, wait, lease)
 		switch {
+		case t == nil:
+			return nil, ClaimResult{}, pgStoreError("begin", err)
 		case err == nil:
 			return t, res, nil
 		case errors.Is(err, pgx.ErrNoRows):
@@ -53,13 +50,13 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		case isRowLockWait(err):
 			// Contention, not a store error: another open transaction
 			// holds the key (its owner is mid-handler).
-			_ = t.rollback(ctx)
+			t.end(ctx)
 			return nil, ClaimResult{}, nil
 		default:
-			_ = t.rollback(ctx)
+			t.end(ctx)
 			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
-		_ = t.rollback(ctx)
+		t.end(ctx)
 		if err := ctx.Err(); err != nil {
 			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
@@ -68,6 +65,42 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		return nil, ClaimResult{}, pgStoreError("claim", last) // a table-level lock: an outage
 	}
 	return nil, ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
+}
+
+// begin takes a connection and sends BEGIN, pipelined with req's claim
+// (nil: BEGIN alone). When no transaction began (no connection, BEGIN
+// failed) it returns a nil pgRouteTx, the connection given back; any later
+// error comes with the pgRouteTx to end. A claim that lost reads the
+// existing row (claimLost).
+func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, lease string) (*pgRouteTx, ClaimResult, error) {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, ClaimResult{}, err
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if req != nil {
+		queueClaim(b, *req, wait, lease)
+	}
+	br := c.Conn().SendBatch(ctx, b)
+	t := &pgRouteTx{c: c, tx: br.Tx()}
+	var res ClaimResult
+	_, err = br.Exec()
+	if err != nil {
+		_ = br.Close()
+		t.end(ctx)
+		return nil, ClaimResult{}, err
+	}
+	if req != nil {
+		err = readClaim(br, *req, &res)
+	}
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
+		err = cerr
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		res, err = t.claimLost(ctx, *req, wait, lease)
+	}
+	return t, res, err
 }
 
 // cmpWait is a lock wait, DefaultTxLockWait for 0.
@@ -84,59 +117,80 @@ func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
-// claim runs the claim batch in t: the bounds, the INSERT (pgTxClaimSQL),
-// the restored lock_timeout and the savepoint, pipelined; a claim that
-// lost reads the existing row (pgTxReadSQL). When that read finds no row
-// (cleanup or a release removed it meanwhile) it claims again in the same
+// queueClaim queues a transactional claim's statements: the bounds, the
+// INSERT (pgTxClaimSQL), the restored lock_timeout and the savepoint.
+func queueClaim(b *pgx.Batch, req ClaimRequest, wait, lease string) {
+	b.Queue(pgTxBoundsSQL, wait, lease)
+	b.Queue(pgTxClaimSQL, claimArgs(req)...)
+	b.Queue(pgTxRestoreSQL)
+	b.Queue(pgSavepointSQL)
+}
+
+// readClaim reads the results of queueClaim's statements into res; it
+// returns pgx.ErrNoRows when the claim lost (the key has a row).
+func readClaim(br pgx.BatchResults, req ClaimRequest, res *ClaimResult) error {
+	var (
+		rec Record
+		won bool
+	)
+	_, err := br.Exec()
+	if err == nil {
+		err = scanClaim(br.QueryRow(), req, &rec, &won)
+	}
+	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+		lost := err != nil
+		if _, err = br.Exec(); err == nil {
+			_, err = br.Exec()
+		}
+		if err == nil && lost {
+			err = pgx.ErrNoRows
+		}
+	}
+	if err == nil {
+		*res = ClaimResult{Won: won, Record: rec}
+	}
+	return err
+}
+
+// claimLost reads the existing row of a claim that lost (pgTxReadSQL; a
+// plain read never waits on a lock). When that read finds no row (cleanup
+// or a release removed it meanwhile) it claims again in the same
 // transaction; it returns pgx.ErrNoRows when that kept happening.
-func (t *pgRouteTx) claim(ctx context.Context, req ClaimRequest, wait, lease string) (ClaimResult, error) {
+func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease string) (ClaimResult, error) {
 	for range pgRetries {
 		var (
 			rec Record
 			won bool
 		)
-		b := &pgx.Batch{}
-		b.Queue(pgTxBoundsSQL, wait, lease)
-		b.Queue(pgTxClaimSQL, claimArgs(req)...)
-		b.Queue(pgTxRestoreSQL)
-		b.Queue(pgSavepointSQL)
-		br := t.tx.SendBatch(ctx, b)
-		_, err := br.Exec()
-		if err == nil {
-			err = scanClaim(br.QueryRow(), req, &rec, &won)
-		}
-		if err == nil || errors.Is(err, pgx.ErrNoRows) {
-			lost := err != nil
-			if _, err = br.Exec(); err == nil {
-				_, err = br.Exec()
-			}
-			if err == nil && lost {
-				err = pgx.ErrNoRows
-			}
-		}
-		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
-			err = cerr
-		}
-		switch {
-		case err == nil:
-			return ClaimResult{Won: won, Record: rec}, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return ClaimResult{}, err
-		}
-		// Lost: the key has a row. A plain read never waits on a lock.
-		err = scanClaim(t.tx.QueryRow(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint), req, &rec, &won)
+		err := scanClaim(t.tx.QueryRow(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint), req, &rec, &won)
 		switch {
 		case err == nil:
 			return ClaimResult{Won: false, Record: rec}, nil
 		case !errors.Is(err, pgx.ErrNoRows):
 			return ClaimResult{}, err
 		}
+		b := &pgx.Batch{}
+		queueClaim(b, req, wait, lease)
+		br := t.tx.SendBatch(ctx, b)
+		var res ClaimResult
+		err = readClaim(br, req, &res)
+		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
+			err = cerr
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return res, err
+		}
 	}
 	return ClaimResult{}, pgx.ErrNoRows
 }
 
-// pgRouteTx is a PostgresStore's RouteTx.
+// pgRouteTx is a PostgresStore's RouteTx: pgx's transaction on a
+// connection taken from the pool, given back when the transaction ends.
+// Its COMMIT goes pipelined with the record, not through tx.Commit, so pgx
+// still counts tx open afterwards: only the middleware, which never hands
+// tx out again once the handler returned (handlerTx), may hold it.
 type pgRouteTx struct {
+	c  *pgxpool.Conn // nil once given back
 	tx pgx.Tx
 }
 
@@ -196,24 +250,36 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 	return ClaimResult{}, pgStoreError("takeover", err)
 }
 
-// Commit implements RouteTx: the rollback to the savepoint (Undo), then one
-// pipelined batch of SET CONSTRAINTS ALL IMMEDIATE and the fenced record
-// (pgCompleteSQL or pgFailSQL), then COMMIT, tx.Commit's own round trip.
+// Commit implements RouteTx. Settled: the rollback to the savepoint
+// (Undo), then one pipelined batch of SET CONSTRAINTS ALL IMMEDIATE, the
+// fenced record (pgTxCompleteSQL or pgTxFailSQL) and COMMIT. Unclaimed
+// (s nil): COMMIT alone. The connection goes back to the pool once
+// committed; on an error the caller ends the transaction (Abort).
 func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
+	if t.c == nil {
+		return pgStoreError("commit", pgx.ErrTxClosed)
+	}
+	var err error
 	if s != nil {
-		if err := t.record(ctx, s); err != nil {
-			return err
+		err = t.record(ctx, s)
+	} else {
+		var tag pgconn.CommandTag
+		if tag, err = t.tx.Exec(ctx, pgCommitSQL); err == nil && tag.String() != "COMMIT" {
+			err = pgx.ErrTxCommitRollback
+		}
+		if err != nil {
+			err = pgStoreError("commit", err)
 		}
 	}
-	if err := t.tx.Commit(ctx); err != nil {
-		return pgStoreError("commit", err)
+	if err == nil {
+		t.release()
 	}
-	return nil
+	return err
 }
 
-// record writes s's record in the transaction.
+// record writes s's record in the transaction and commits.
 func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
-	op, sql, args := "fail", pgFailSQL, []any{s.Fence.ID, s.Fence.Attempt, s.Fence.Scope}
+	op, sql, args := "fail", pgTxFailSQL, []any{s.Fence.ID, s.Fence.Attempt, s.Fence.Scope}
 	if !s.Failed {
 		// A failed statement aborts the transaction, so there is no second
 		// try: every JSON body JSONB might refuse is stored raw up front.
@@ -221,7 +287,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 		if err != nil {
 			return err
 		}
-		op, sql = "complete", pgCompleteSQL
+		op, sql = "complete", pgTxCompleteSQL
 		args = append(args, s.Response.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers))
 	}
 	if s.Undo {
@@ -232,17 +298,27 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 			return pgStoreError(op, err)
 		}
 	}
+	// One batch: an error skips the rest of it, so COMMIT runs only after
+	// the constraints held and the record found its row.
 	b := &pgx.Batch{}
 	b.Queue(pgImmediateSQL)
 	b.Queue(sql, args...)
+	b.Queue(pgCommitSQL)
 	br := t.tx.SendBatch(ctx, b)
 	_, err := br.Exec()
 	if isIntegrityViolation(err) {
 		err = errors.Join(ErrDeferredConstraint, err)
 	}
-	var tag pgconn.CommandTag
+	recorded := false
 	if err == nil {
-		tag, err = br.Exec()
+		_, err = br.Exec()
+		recorded = err == nil
+	}
+	var tag pgconn.CommandTag
+	if recorded {
+		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
+			err = pgx.ErrTxCommitRollback
+		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -250,10 +326,12 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 	switch {
 	case errors.Is(err, ErrDeferredConstraint):
 		return &StoreError{Op: op, Reason: ReasonData, Err: err}
-	case err != nil:
+	case !recorded && isDivisionByZero(err):
+		return ErrNotOwner // the guard of pgTxCompleteSQL and pgTxFailSQL: no row matched
+	case !recorded:
 		return pgStoreError(op, err)
-	case tag.RowsAffected() == 0:
-		return ErrNotOwner
+	case err != nil:
+		return pgStoreError("commit", err)
 	}
 	return nil
 }
@@ -265,6 +343,13 @@ func isIntegrityViolation(err error) bool {
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23")
 }
 
+// isDivisionByZero reports division_by_zero (22012), what the guard of
+// pgTxCompleteSQL and pgTxFailSQL raises when the record matched no row.
+func isDivisionByZero(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22012"
+}
+
 // Abort implements RouteTx.
 func (t *pgRouteTx) Abort(ctx context.Context) error {
 	if err := t.rollback(ctx); err != nil {
@@ -273,12 +358,35 @@ func (t *pgRouteTx) Abort(ctx context.Context) error {
 	return nil
 }
 
-// rollback rolls the transaction back; one already ended is no error.
+// end rolls the transaction back, ignoring an error: the connection goes
+// back to the pool either way (closed by it when not idle).
+func (t *pgRouteTx) end(ctx context.Context) { _ = t.rollback(ctx) }
+
+// rollback rolls the transaction back (unless none is open: one the
+// handler or a failed COMMIT ended, or a closed connection) and gives the
+// connection back. The pool closes a connection left in a transaction,
+// as a failed ROLLBACK leaves it.
 func (t *pgRouteTx) rollback(ctx context.Context) error {
+	if t.c == nil {
+		return nil
+	}
+	defer t.release()
+	pc := t.c.Conn().PgConn()
+	if pc.IsClosed() || pc.TxStatus() == 'I' {
+		return nil
+	}
 	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
 	}
 	return nil
+}
+
+// release gives the connection back to the pool, once.
+func (t *pgRouteTx) release() {
+	if t.c != nil {
+		t.c.Release()
+		t.c = nil
+	}
 }
 
 // isLockWait reports a lock wait that ran out (lock_not_available).
