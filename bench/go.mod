@@ -3,6 +3,7 @@ module github.com/idemkit/idempotency/bench
 go 1.26.0
 
 require (
+	github.com/google/uuid v1.6.0
 	github.com/idemkit/idempotency v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
@@ -11,7 +12,6 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/golang-migrate/migrate/v4 v4.20.1 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgerrcode v0.0.0-20220416144525-469b46aa5efa // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

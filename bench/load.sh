@@ -17,9 +17,15 @@
 # at 1, 4, 16 and 64 clients, in blocks of one run per subject whose order
 # rotates from block to block (at 16 clients a block also holds A's replays
 # of one hot key, A without a key and C's replays, so replay/miss pairs runs
-# of one block); then a storm of concurrent copies (exits non-zero on any
-# double execution), the database round trips per request (through the
-# pgrtt proxy) and a CPU profile of A at 16 clients.
+# of one block); and at 16 clients only, in the same blocks:
+#   N  bench/cmd/noopserver: an ordinary (non-transactional) fail-closed
+#      route whose handler does nothing, behind the middleware on the
+#      Postgres store; new keys and one hot key replayed
+#   P  pgbench running N's own statements with N's values: claim+complete
+#      (noop_unique) and the replay's claim (noop_hot)
+# then a storm of concurrent copies (exits non-zero on any double
+# execution), the database round trips per request (through the pgrtt
+# proxy) and CPU profiles of A and of N (into bench/results) at 16 clients.
 #
 # Writes bench/results/ (ignored by git: logs, latest.json, profile); and,
 # only when every measurement succeeded, bench/chart.svg and the figures
@@ -30,7 +36,8 @@
 # postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) must be a
 # PostgreSQL on this machine; the run works in the schemas idem_bench_a,
 # idem_bench_b (A's and B's: neither grows the other's tables),
-# idem_bench_floor and idem_bench_pgbench, dropped and created afresh, and
+# idem_bench_noop (N's), idem_bench_floor and idem_bench_pgbench, dropped
+# and created afresh, and
 # dropped at the end unless KEEP_SCHEMA=1. All load goes to 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,7 +47,7 @@ quick=0
 for arg in "$@"; do
   case $arg in
     -quick | --quick) quick=1 ;;
-    -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "load.sh: unknown argument $arg (want -quick)" >&2; exit 2 ;;
   esac
 done
@@ -84,8 +91,10 @@ psql_q() { psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -c 'SET client_min_messages
 reset_schema() { psql_q -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "CREATE SCHEMA $1"; }
 reset_schema idem_bench_a
 reset_schema idem_bench_b
+reset_schema idem_bench_noop
 DSN_A=$(with_schema "$BASE_DSN" idem_bench_a)
 DSN_B=$(with_schema "$BASE_DSN" idem_bench_b)
+DSN_N=$(with_schema "$BASE_DSN" idem_bench_noop)
 
 pids=()
 cleanup() {
@@ -95,7 +104,7 @@ cleanup() {
   pids=()
   if [[ ${KEEP_SCHEMA:-0} != 1 ]]; then
     psql_q -c 'DROP SCHEMA IF EXISTS idem_bench_a CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_b CASCADE' \
-      -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
+      -c 'DROP SCHEMA IF EXISTS idem_bench_noop CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
   fi
 }
 trap cleanup EXIT
@@ -130,6 +139,29 @@ start_server() {
   SERVER_PID=$!
   pids+=("$SERVER_PID")
   SERVER_URL=http://127.0.0.1:$port
+  wait_up "$name" "$@"
+}
+
+# start_noop NAME DSN [FLAG...]: starts bench/cmd/noopserver (subject N) on
+# a free port, middleware on, and waits for /healthz; sets SERVER_PID and
+# SERVER_URL.
+start_noop() {
+  local name=$1 dsn=$2 port
+  shift 2
+  port=$(free_port)
+  env FLAG_IDEMPOTENCY_MIDDLEWARE=on DATABASE_URL="$dsn" \
+    "$BIN/noopserver" -addr "127.0.0.1:$port" "$@" >"$OUT/server-$name.log" 2>&1 &
+  SERVER_PID=$!
+  pids+=("$SERVER_PID")
+  SERVER_URL=http://127.0.0.1:$port
+  wait_up "$name" "$@"
+}
+
+# wait_up NAME [WHAT...]: waits for the server just started to answer
+# /healthz.
+wait_up() {
+  local name=$1
+  shift
   for _ in $(seq 1 200); do
     if curl -sf "$SERVER_URL/healthz" >/dev/null 2>&1; then
       say "server $name up at $SERVER_URL (pid $SERVER_PID${*:+, $*})"
@@ -169,11 +201,67 @@ start_server A "$DSN_A"
 A_PID=$SERVER_PID A_URL=$SERVER_URL
 start_server B "$DSN_B" FLAG_IDEMPOTENCY_MIDDLEWARE=0
 B_PID=$SERVER_PID B_URL=$SERVER_URL
+start_noop N "$DSN_N"
+N_PID=$SERVER_PID N_URL=$SERVER_URL
+
+# pgbench, when installed: its schema and scripts now, since N's pgbench
+# points run inside the sweep's blocks at 16 clients.
+have_pgbench=0
+command -v pgbench >/dev/null && have_pgbench=1
+pgb=$OUT/pgbench
+# The values every script shares (the middleware sends a new owner token
+# per request; one fixed token matches no row's status here either), then
+# the order route's and N's rows.
+pgb_common=(-D hash=5f1e3d0b9c8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e
+  -D "ttl=24 hours" -D "lease=30 seconds" -D owner=3c9d2f4e-8b1a-4c6d-9e7f-1a2b3c4d5e6f
+  -D hotkey=0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b)
+pgb_vars=("${pgb_common[@]}" -D scope=1 -D "endpoint=POST /api/trading/orders" -D code=201
+  -D 'body={"id":1,"symbol":"AAPL","side":"buy","qty":1,"status":"filled","fill_price":187.43}'
+  -D 'headers={"Content-Type":["application/json"],"Location":["/api/trading/orders/1"]}')
+pgb_noop_vars=("${pgb_common[@]}")
+while IFS= read -r v; do pgb_noop_vars+=(-D "$v"); done < <("$BIN/noopserver" -pgbench-vars)
+if ((have_pgbench)); then
+  reset_schema idem_bench_pgbench
+  rm -rf "$pgb" && mkdir -p "$pgb"
+  "$BIN/pgbenchsql" -src store_pg_sql.go -example examples/server/postgres.go -out "$pgb"
+  for f in migrations/*.up.sql "$pgb/example_schema.sql"; do
+    PGOPTIONS='-c search_path=idem_bench_pgbench' psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -f "$f"
+  done
+  # The hot key's completed row, once with the order route's values and
+  # once with N's (another endpoint: another row).
+  for arr in pgb_vars pgb_noop_vars; do
+    declare -n vs=$arr
+    (cd "$pgb" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
+      pgbench -n -M prepared "${vs[@]}" -f hot_setup.sql -c 1 -t 1 "$BASE_DSN" >/dev/null)
+    unset -n vs
+  done
+fi
+
+# pgbench_run MODE SCRIPT [VARS]: one pgbench run at 16 clients, with the
+# order route's variables or the array named VARS.
+pgbench_run() {
+  local dir=$pgb/$1 out tps failed
+  declare -n vars=${3:-pgb_vars}
+  rm -rf "$dir" && mkdir -p "$dir" # this run's logs only
+  out=$( (cd "$dir" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
+    pgbench -n -M prepared "${vars[@]}" -f "../$2" -c 16 -j 2 -T "$PGB_T" -l "$BASE_DSN") 2>&1) || {
+    failures+=("pgbench $1")
+    echo "$out" | tail -n 5 | tee -a "$LOG"
+    return 0
+  }
+  echo "$out" | grep -E '^(tps|latency average|number of failed)' | sed 's/^/  pgbench: /' | tee -a "$LOG"
+  tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out")
+  failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")
+  run "P $1" "$BIN/pgbenchsql" -summarize -logs "$dir" -mode "$1" -concurrency 16 -tps "${tps:-0}" -failed "${failed:-0}"
+}
 
 # Each measured run first waits up to $SETTLE for other work on the machine
 # to calm down (cores under 30% busy), and records what it found.
 lg() { "$BIN/loadgen" -settle "$SETTLE" -duration "$DUR" -warmup "$WARM" "$@"; }
 floor() { "$BIN/sqlfloor" -settle "$SETTLE" -database-url "$BASE_DSN" -schema idem_bench_floor -duration "$DUR" -warmup "$WARM" "$@"; }
+
+# loadgen's flags for N's route.
+noop_lg=(-path /noop -body '{"symbol":"AAPL","side":"buy","qty":1}' -login=false)
 
 # point NAME C: one measured run of the sweep.
 point() {
@@ -184,6 +272,10 @@ point() {
     Ahot) run "A hot c=$2" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode hot -concurrency "$2" ;;
     Anokey) run "A nokey c=$2" lg -subject A -url "$A_URL" -server-pid "$A_PID" -mode nokey -concurrency "$2" ;;
     Chot) run "C hot c=$2" floor -subject C -mode hot -concurrency "$2" ;;
+    N) run "N unique c=$2" lg -subject N -url "$N_URL" -server-pid "$N_PID" -mode unique -concurrency "$2" "${noop_lg[@]}" ;;
+    Nhot) run "N hot c=$2" lg -subject N -url "$N_URL" -server-pid "$N_PID" -mode hot -concurrency "$2" "${noop_lg[@]}" ;;
+    PN) say "pgbench: N's claim+complete, ${PGB_T}s"; pgbench_run noop_unique miss.sql pgb_noop_vars ;;
+    PNhot) say "pgbench: N's replay (the claim of a completed key), ${PGB_T}s"; pgbench_run noop_hot hot.sql pgb_noop_vars ;;
   esac
 }
 
@@ -191,12 +283,13 @@ point() {
 # block, so each point takes every position in turn rather than always
 # running first or last; benchreport pairs the i-th runs of two points,
 # which come from the same block.
-say "sweep: A, B and C at ${LEVELS[*]} clients (and A hot, A nokey, C hot at 16), $DUR each after a $WARM warm-up, in rotating blocks"
+say "sweep: A, B and C at ${LEVELS[*]} clients (and A hot, A nokey, C hot, N and N hot, and pgbench of N's SQL at 16), $DUR each after a $WARM warm-up, in rotating blocks"
 block=0
 for c in "${LEVELS[@]}"; do
   reps=$REPS points=(A B C)
   if ((c == 16)); then
-    reps=$REPS16 points=(A B C Ahot Anokey Chot)
+    reps=$REPS16 points=(A B C Ahot Anokey Chot N Nhot)
+    ((have_pgbench)) && points+=(PN PNhot)
   fi
   for ((r = 1; r <= reps; r++)); do
     n=${#points[@]}
@@ -208,35 +301,8 @@ for c in "${LEVELS[@]}"; do
 done
 run "C claim" floor -subject C -mode claim -concurrency 16
 
-if command -v pgbench >/dev/null; then
+if ((have_pgbench)); then
   say "pgbench: the library's claim and complete SQL at 16 clients, ${PGB_T}s each"
-  reset_schema idem_bench_pgbench
-  pgb=$OUT/pgbench
-  rm -rf "$pgb" && mkdir -p "$pgb"
-  "$BIN/pgbenchsql" -src store_pg_sql.go -example examples/server/postgres.go -out "$pgb"
-  for f in migrations/*.up.sql "$pgb/example_schema.sql"; do
-    PGOPTIONS='-c search_path=idem_bench_pgbench' psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -f "$f"
-  done
-  pgb_vars=(-D scope=1 -D "endpoint=POST /api/trading/orders"
-    -D hash=5f1e3d0b9c8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e
-    -D "ttl=24 hours" -D "lease=30 seconds"
-    -D 'body={"id":1,"symbol":"AAPL","side":"buy","qty":1,"status":"filled","fill_price":187.43}'
-    -D 'headers={"Content-Type":["application/json"],"Location":["/api/trading/orders/1"]}'
-    -D hotkey=0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b)
-  pgbench_run() { # MODE SCRIPT
-    local dir=$pgb/$1 out tps failed
-    rm -rf "$dir" && mkdir -p "$dir" # this run's logs only
-    out=$( (cd "$dir" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
-      pgbench -n -M prepared "${pgb_vars[@]}" -f "../$2" -c 16 -j 2 -T "$PGB_T" -l "$BASE_DSN") 2>&1) || {
-      failures+=("pgbench $1")
-      echo "$out" | tail -n 5 | tee -a "$LOG"
-      return 0
-    }
-    echo "$out" | grep -E '^(tps|latency average|number of failed)' | sed 's/^/  pgbench: /' | tee -a "$LOG"
-    tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out")
-    failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")
-    run "P $1" "$BIN/pgbenchsql" -summarize -logs "$dir" -mode "$1" -concurrency 16 -tps "${tps:-0}" -failed "${failed:-0}"
-  }
   pgbench_run unique miss.sql
   # A's and B's SQL alone, paired like A and B: what A/B would be if HTTP
   # and Go cost nothing.
@@ -250,8 +316,6 @@ if command -v pgbench >/dev/null; then
     pgbench_run order_idem order_idem.sql
     pgbench_run order_idem_tx_all order_idem_tx_all.sql
   done
-  (cd "$pgb" && PGOPTIONS='-c search_path=idem_bench_pgbench' \
-    pgbench -n -M prepared "${pgb_vars[@]}" -f hot_setup.sql -c 1 -t 1 "$BASE_DSN" >/dev/null)
   pgbench_run hot hot.sql
 else
   say "pgbench not found: subject P skipped (install postgresql-contrib or the client package that ships it)"
@@ -264,6 +328,7 @@ if ! "$BIN/loadgen" -subject B -url "$B_URL" -mode storm -keys "$STORM_KEYS" -co
 fi
 stop_pid "$A_PID"
 stop_pid "$B_PID"
+stop_pid "$N_PID"
 
 say "database round trips per request: A and B through the pgrtt proxy, 16 clients, $RTT_DUR each"
 pg_host_port=$(psql "$BASE_DSN" -X -Atc "SELECT CASE family(inet_server_addr()) WHEN 6 THEN '[' || host(inet_server_addr()) || ']'
@@ -281,6 +346,8 @@ start_server A-rtt "$(rtt_dsn idem_bench_a)"
 AR_PID=$SERVER_PID AR_URL=$SERVER_URL
 start_server B-rtt "$(rtt_dsn idem_bench_b)" FLAG_IDEMPOTENCY_MIDDLEWARE=0
 BR_PID=$SERVER_PID BR_URL=$SERVER_URL
+start_noop N-rtt "$(rtt_dsn idem_bench_noop)"
+NR_PID=$SERVER_PID NR_URL=$SERVER_URL
 # The warm-up opens the fresh servers' connections and prepares their
 # statements; loadgen counts round trips from its end, over the window's
 # requests only.
@@ -289,8 +356,11 @@ run "A/rtt unique" rtt -subject A/rtt -url "$AR_URL" -mode unique
 run "B/rtt unique" rtt -subject B/rtt -url "$BR_URL" -mode unique
 run "A/rtt hot" rtt -subject A/rtt -url "$AR_URL" -mode hot
 run "A/rtt nokey" rtt -subject A/rtt -url "$AR_URL" -mode nokey
+run "N/rtt unique" rtt -subject N/rtt -url "$NR_URL" -mode unique "${noop_lg[@]}"
+run "N/rtt hot" rtt -subject N/rtt -url "$NR_URL" -mode hot "${noop_lg[@]}"
 stop_pid "$AR_PID"
 stop_pid "$BR_PID"
+stop_pid "$NR_PID"
 stop_pid "$RTT_PID"
 
 profile_txt=
@@ -316,6 +386,26 @@ if ((PROFILE)); then
       sed -n '/^Duration/p; /flat%/,$p' | cut -c1-150
   } >"$OUT/cpu-A-unique-c16.txt"
   profile_txt=$OUT/cpu-A-unique-c16.txt
+
+  # N's two paths, for bench/results only (not in BENCHMARKS.md): what the
+  # middleware and the store cost with no handler work around them.
+  say "CPU profiles of the no-op server (N, new keys and replays, 16 clients)"
+  pprof_port=$(free_port)
+  start_noop N-pprof "$DSN_N" -pprof "127.0.0.1:$pprof_port"
+  NP_PID=$SERVER_PID NP_URL=$SERVER_URL
+  for mode in unique hot; do
+    "$BIN/loadgen" -subject N/pprof -url "$NP_URL" -mode "$mode" -concurrency 16 -duration 8s -warmup 1s "${noop_lg[@]}" \
+      >"$OUT/profile-N-$mode-load.log" 2>&1 &
+    lg_pid=$!
+    pids+=("$lg_pid")
+    sleep 2
+    curl -sf -o "$OUT/cpu-N-$mode-c16.pprof" "http://127.0.0.1:$pprof_port/debug/pprof/profile?seconds=6"
+    wait "$lg_pid" || true
+    stop_pid "$lg_pid"
+    go tool pprof -top -cum -nodecount=45 "$BIN/noopserver" "$OUT/cpu-N-$mode-c16.pprof" 2>/dev/null |
+      sed -n '/^Duration/p; /flat%/,$p' | cut -c1-150 >"$OUT/cpu-N-$mode-c16.txt"
+  done
+  stop_pid "$NP_PID"
 fi
 
 say "report"

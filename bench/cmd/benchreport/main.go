@@ -31,10 +31,12 @@ var (
 	subjects = []string{"A", "B", "C"}
 )
 
-// Targets from issue #7.
+// Targets from issue #7, and the no-op route's from issue #13.
 const (
-	targetAB     = 0.70
-	targetReplay = 2.0
+	targetAB         = 0.70
+	targetReplay     = 2.0
+	targetNoopMiss   = 0.60
+	targetNoopReplay = 0.50
 )
 
 type machine struct {
@@ -219,10 +221,13 @@ func median(v []float64) float64 {
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
-func joinRatios(v []float64) string {
+func joinRatios(v []float64) string { return joinFloats(v, "%.2f") }
+
+// joinFloats formats each of v with format, joined by commas.
+func joinFloats(v []float64, format string) string {
 	parts := make([]string, len(v))
 	for i, x := range v {
-		parts[i] = fmt.Sprintf("%.2f", x)
+		parts[i] = fmt.Sprintf(format, x)
 	}
 	return strings.Join(parts, ", ")
 }
@@ -316,6 +321,7 @@ func (r *report) ratios() {
 			Detail: fmt.Sprintf("median of %d paired runs (%s); median %.0f replays/s through HTTP vs %.0f claims of a completed key/s straight through pgx",
 				len(pairs), joinRatios(pairs), gh.Median.RPS, gfh.Median.RPS)})
 	}
+	r.noopRatios()
 	for _, mode := range []string{"unique", "hot"} {
 		f, okC := r.get("C", mode, ratioAt)
 		p, okP := r.get("P", mode, ratioAt)
@@ -323,6 +329,38 @@ func (r *report) ratios() {
 			r.Ratios = append(r.Ratios, ratio{Name: fmt.Sprintf("C/P %s at 16 clients (pgx store vs pgbench, same SQL)", mode), Value: f.RPS / p.RPS,
 				Detail: fmt.Sprintf("%.0f vs %.0f per second", f.RPS, p.RPS)})
 		}
+	}
+}
+
+// noopRatios sets N (the no-op ordinary route) against pgbench running N's
+// own statements with N's values, paired by block: the issue #13 targets.
+func (r *report) noopRatios() {
+	for _, d := range []struct {
+		mode, pgMode, name, what string
+		target                   float64
+	}{
+		{"unique", "noop_unique", "N new keys / pgbench claim+complete at 16 clients", "new keys/s through HTTP vs claim+complete/s in pgbench", targetNoopMiss},
+		{"hot", "noop_hot", "N replays / pgbench replay at 16 clients", "replays/s through HTTP vs the replay's claim/s in pgbench", targetNoopReplay},
+	} {
+		gn, gp := r.Groups[key("N", d.mode, ratioAt)], r.Groups[key("P", d.pgMode, ratioAt)]
+		pairs := pairedRatios(gn, gp)
+		if len(pairs) == 0 {
+			continue
+		}
+		v := median(pairs)
+		cpu := make([]float64, 0, len(gn.Runs))
+		for _, s := range gn.Runs {
+			if s.CPUServerUs > 0 {
+				cpu = append(cpu, s.CPUServerUs)
+			}
+		}
+		cpuText := "not measured"
+		if len(cpu) > 0 {
+			cpuText = fmt.Sprintf("%.0f µs (runs: %s)", median(cpu), joinFloats(cpu, "%.0f"))
+		}
+		r.Ratios = append(r.Ratios, ratio{Name: d.name, Value: v, Target: d.target, Met: met(v, d.target),
+			Detail: fmt.Sprintf("median of %d paired runs (%s); medians %.0f vs %.0f %s (ranges %s vs %s); server CPU per request %s",
+				len(pairs), joinRatios(pairs), gn.Median.RPS, gp.Median.RPS, d.what, r.rpsRange("N", d.mode), r.rpsRange("P", d.pgMode), cpuText)})
 	}
 }
 
@@ -355,6 +393,14 @@ func describe(subject, mode string) string {
 		return "pgbench: two-commit design (claim; BEGIN, order, audit row, complete, COMMIT)"
 	case "P order":
 		return "pgbench: B's SQL (BEGIN, order, audit row, COMMIT)"
+	case "N unique":
+		return "no-op ordinary route, middleware on, new key each (miss)"
+	case "N hot":
+		return "no-op ordinary route, middleware on, one key replayed"
+	case "P noop_unique":
+		return "pgbench: N's claim + complete, N's values (miss.sql)"
+	case "P noop_hot":
+		return "pgbench: N's replay, the claim of a completed key (hot.sql)"
 	}
 	return subject + " " + mode
 }
@@ -395,6 +441,10 @@ func (r *report) rows() []row {
 	add("P", "order_idem_tx_all", ratioAt)
 	add("P", "order_idem", ratioAt)
 	add("P", "order", ratioAt)
+	add("N", "unique", ratioAt)
+	add("P", "noop_unique", ratioAt)
+	add("N", "hot", ratioAt)
+	add("P", "noop_hot", ratioAt)
 	return out
 }
 

@@ -97,6 +97,65 @@ func TestABRatioPairsRuns(t *testing.T) {
 	}
 }
 
+// TestNoopRatios: N against pgbench running N's SQL, each target paired by
+// block and judged on its own, with N's server CPU per request, in the
+// table and the Markdown.
+func TestNoopRatios(t *testing.T) {
+	n := func(mode string, rps, cpu float64) result.Summary {
+		s := sum("N", mode, rps, 1)
+		s.CPUServerUs = cpu
+		return s
+	}
+	rep := newReport([]result.Summary{
+		n("unique", 600, 300), sum("P", "noop_unique", 1000, 1), n("hot", 900, 200), sum("P", "noop_hot", 3000, 1), // block 1
+		sum("P", "noop_hot", 2000, 1), n("hot", 1200, 210), sum("P", "noop_unique", 2000, 1), n("unique", 1000, 320), // block 2
+		n("unique", 700, 310), n("hot", 1000, 190), sum("P", "noop_unique", 1000, 1), sum("P", "noop_hot", 1000, 1), // block 3
+	}, machine{})
+	miss := find(t, rep, "N new keys / pgbench claim+complete at 16 clients")
+	// Pairs 0.6, 0.5, 0.7: the median is 0.6, exactly the target.
+	if miss.Value != 0.6 || miss.Target != 0.60 || miss.Met == nil || !*miss.Met {
+		t.Errorf("miss ratio %v, target %v, met %v; want 0.60 of 0.60, met", miss.Value, miss.Target, miss.Met)
+	}
+	if !strings.Contains(miss.Detail, "server CPU per request 310 µs (runs: 300, 320, 310)") {
+		t.Errorf("miss detail %q lacks the median server CPU of N's runs", miss.Detail)
+	}
+	replay := find(t, rep, "N replays / pgbench replay at 16 clients")
+	// Pairs 0.3, 0.6, 1.0: the median 0.6 would meet 0.50; the ratio of
+	// the medians (1000/2000) would not be the figure.
+	if replay.Value != 0.6 || replay.Target != 0.50 || replay.Met == nil || !*replay.Met {
+		t.Errorf("replay ratio %v, target %v, met %v; want 0.60 of 0.50, met", replay.Value, replay.Target, replay.Met)
+	}
+	if !strings.Contains(replay.Detail, "server CPU per request 200 µs") {
+		t.Errorf("replay detail %q lacks the median server CPU", replay.Detail)
+	}
+
+	var rows []string
+	for _, rw := range rep.rows() {
+		rows = append(rows, rw.s.Subject+" "+rw.s.Mode)
+	}
+	for _, want := range []string{"N unique", "P noop_unique", "N hot", "P noop_hot"} {
+		if !slices.Contains(rows, want) {
+			t.Errorf("table rows %v lack %s", rows, want)
+		}
+	}
+
+	// A missed target reads as missed.
+	low := newReport([]result.Summary{n("unique", 100, 300), sum("P", "noop_unique", 1000, 1)}, machine{})
+	md := low.markdown(low.text(), "", "make bench/load", "bench/chart.svg")
+	if !strings.Contains(md, "| N new keys / pgbench claim+complete at 16 clients | 0.10 | >= 0.60 | **missed** |") {
+		t.Errorf("markdown lacks the missed no-op target:\n%s", md)
+	}
+	if !strings.Contains(md, "| N: no-op ordinary route, middleware on, new key each (miss) | unique | 16 | 100 |") {
+		t.Errorf("markdown lacks N's row:\n%s", md)
+	}
+	if strings.Contains(md, "N replays / pgbench replay") {
+		t.Errorf("markdown has a replay ratio without replay runs:\n%s", md)
+	}
+	if txt := low.text(); !strings.Contains(txt, "target >= 0.60: MISSED") {
+		t.Errorf("text lacks the MISSED verdict:\n%s", txt)
+	}
+}
+
 func find(t *testing.T, rep *report, name string) ratio {
 	t.Helper()
 	for _, q := range rep.Ratios {

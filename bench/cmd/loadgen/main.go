@@ -1,4 +1,5 @@
-// Command loadgen drives the example server's order route over HTTP and
+// Command loadgen drives the example server's order route (or, with -path,
+// -body and -login=false, another route such as noopserver's) over HTTP and
 // reports throughput, latency percentiles and status counts, ending with a
 // one-line JSON summary (prefix "SUMMARY ").
 //
@@ -36,6 +37,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -43,7 +45,11 @@ import (
 	"github.com/idemkit/idempotency/bench/internal/result"
 )
 
-const orderBody = `{"symbol":"AAPL","side":"buy","qty":1}`
+// The example server's order route and the body sent to it.
+const (
+	orderPath = "/api/trading/orders"
+	orderBody = `{"symbol":"AAPL","side":"buy","qty":1}`
+)
 
 type options struct {
 	url         string
@@ -62,6 +68,9 @@ type options struct {
 	rttURL      string
 	serverPID   int
 	settle      time.Duration
+	path        string
+	body        string
+	login       bool
 }
 
 func main() {
@@ -83,6 +92,9 @@ func main() {
 	fs.StringVar(&o.rttURL, "rtt-url", "", "pgrtt counter URL: report database round trips per request (loopback only)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "the server's process id: report its CPU time per request")
 	fs.DurationVar(&o.settle, "settle", 0, "before the load, wait up to this long for the cores to be under 30% busy (other work on the machine)")
+	fs.StringVar(&o.path, "path", orderPath, "unique, nokey, hot: the route to POST to")
+	fs.StringVar(&o.body, "body", orderBody, "unique, nokey, hot: the JSON body to send")
+	fs.BoolVar(&o.login, "login", true, "create a demo user first and send its token (the example server); false for a server without sessions")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -134,6 +146,10 @@ func (o options) check() error {
 		return errors.New("-requests must not be negative")
 	case o.keys < 1 || o.copies < 1 || o.rounds < 1 || o.keys*o.copies > 8192:
 		return errors.New("-keys, -copies and -rounds must be positive, with keys*copies at most 8192")
+	case !strings.HasPrefix(o.path, "/"):
+		return errors.New("-path must start with /")
+	case o.mode == "storm" && (o.path != orderPath || !o.login):
+		return errors.New("-mode storm runs on the example server's order route only (no -path, -login)")
 	}
 	return nil
 }
@@ -239,8 +255,10 @@ func run(ctx context.Context, o options) (result.Summary, bool, error) {
 	}
 	c := newClient(o.url, conns, o.timeout)
 	defer c.close()
-	if err := c.login(ctx); err != nil {
-		return s, false, err
+	if o.login {
+		if err := c.login(ctx); err != nil {
+			return s, false, err
+		}
 	}
 	if o.mode == "storm" {
 		ok, err := storm(ctx, c, o, &s)
@@ -256,11 +274,11 @@ func run(ctx context.Context, o options) (result.Summary, bool, error) {
 // from the window's start, after the warm-up, over the requests sent in
 // the window.
 func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool, error) {
-	body := []byte(orderBody)
+	body := []byte(o.body)
 	hotKey := ""
 	if o.mode == "hot" {
 		hotKey = newKey()
-		a, err := c.do(ctx, http.MethodPost, "/api/trading/orders", hotKey, body, nil)
+		a, err := c.do(ctx, http.MethodPost, o.path, hotKey, body, nil)
 		if err != nil {
 			return false, fmt.Errorf("hot key: first request: %w", err)
 		}
@@ -290,7 +308,7 @@ func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool,
 		if o.mode == "unique" {
 			key = newKey()
 		}
-		a, err := c.do(ctx, http.MethodPost, "/api/trading/orders", key, body, nil)
+		a, err := c.do(ctx, http.MethodPost, o.path, key, body, nil)
 		return outcome(a, err, o.mode == "hot")
 	})
 	if rttErr != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,7 +52,8 @@ func fakeServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
 func TestSteadyCountsOnlyExpectedAnswers(t *testing.T) {
 	srv, orders := fakeServer(t)
 	o := options{url: srv.URL, mode: "unique", concurrency: 4, duration: 200 * time.Millisecond,
-		warmup: 50 * time.Millisecond, timeout: 10 * time.Second, rttURL: srv.URL + "/counts", keys: 1, copies: 1, rounds: 1}
+		warmup: 50 * time.Millisecond, timeout: 10 * time.Second, rttURL: srv.URL + "/counts", keys: 1, copies: 1, rounds: 1,
+		path: orderPath, body: orderBody, login: true}
 	if err := o.check(); err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +77,64 @@ func TestSteadyCountsOnlyExpectedAnswers(t *testing.T) {
 	}
 	if s.RoundTripsPerReq != 2 || orders.Load() <= s.Requests {
 		t.Errorf("%.3f round trips per request (after %d orders), want exactly 2", s.RoundTripsPerReq, orders.Load())
+	}
+}
+
+// TestOtherRoute: with -path, -body and -login=false loadgen posts the body
+// given to the route given, never asks for a session, and in hot mode
+// counts the replays of its one key.
+func TestOtherRoute(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		seen   = map[string]bool{}
+		bodies = map[string]bool{}
+		other  atomic.Int64
+	)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /noop", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		replay := seen[key]
+		seen[key], bodies[string(b)] = true, true
+		mu.Unlock()
+		if replay {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		other.Add(1)
+		w.WriteHeader(http.StatusNotFound)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	o := options{url: srv.URL, mode: "hot", concurrency: 2, duration: 100 * time.Millisecond,
+		warmup: 10 * time.Millisecond, timeout: 10 * time.Second, keys: 1, copies: 1, rounds: 1,
+		path: "/noop", body: `{"n":1}`, login: false}
+	if err := o.check(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // never hangs
+	defer cancel()
+	s, ok, err := run(ctx, o)
+	if err != nil || !ok {
+		t.Fatalf("run: ok %v, err %v, summary %+v", ok, err, s)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || len(bodies) != 1 || !bodies[`{"n":1}`] {
+		t.Errorf("keys %v, bodies %v: want one key and the -body given", seen, bodies)
+	}
+	if other.Load() != 0 {
+		t.Errorf("%d requests off /noop (a login?), want none", other.Load())
+	}
+	if s.Requests == 0 || s.Replayed != s.Requests {
+		t.Errorf("requests %d, replayed %d: want every measured request a replay", s.Requests, s.Replayed)
+	}
+	o.mode = "storm"
+	if o.check() == nil {
+		t.Error("a storm on another route passed the check")
 	}
 }
 

@@ -3,12 +3,17 @@
 // constants of store_pg_sql.go (so the scripts follow the library's SQL), with
 // their $n parameters turned into pgbench variables. Run the scripts with
 // pgbench -M prepared, which sends the variables as parameters, and these
-// -D variables: scope, endpoint, hash, ttl, lease, body, headers (and
-// hotkey for the hot scripts).
+// -D variables: scope, endpoint, hash, ttl, lease, owner (a UUID), code
+// (the status), body, headers (and hotkey for the hot scripts).
 //
 //	miss.sql       claim a new random key, then complete it (\gset reads id and attempt)
 //	hot_setup.sql  claim and complete :hotkey (run once, one client)
 //	hot.sql        claim :hotkey again: a replay's store work
+//
+// miss.sql is exactly what an ordinary route's new key runs (pgClaimSQL,
+// then pgCompleteSQL, each alone), and hot.sql what its replay runs
+// (pgClaimSQL of a completed key); bench/cmd/noopserver's test traces the
+// route's statements to hold them to that.
 //
 // and, from the example server's postgres.go (-example), the SQL of subjects
 // A and B without HTTP or Go:
@@ -34,12 +39,8 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -47,6 +48,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idempotency/bench/internal/gosrc"
 	"github.com/idemkit/idempotency/bench/internal/result"
 )
 
@@ -120,7 +122,7 @@ func main() {
 }
 
 func run(src, example, out string) error {
-	consts, err := stringConsts(src)
+	consts, err := gosrc.StringConsts(src)
 	if err != nil {
 		return err
 	}
@@ -128,7 +130,7 @@ func run(src, example, out string) error {
 	if claim == "" || complete == "" {
 		return fmt.Errorf("%s: pgClaimSQL or pgCompleteSQL not found", src)
 	}
-	ex, err := stringConsts(example)
+	ex, err := gosrc.StringConsts(example)
 	if err != nil {
 		return err
 	}
@@ -140,8 +142,13 @@ func run(src, example, out string) error {
 	if bounds == "" || txClaim == "" || restore == "" || savepoint == "" || immediate == "" {
 		return fmt.Errorf("%s: the transactional claim's statements (pgTxBoundsSQL, pgTxClaimSQL, pgTxRestoreSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
 	}
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", "NULL"}
-	completeArgs := []string{":c_id", ":c_attempt", ":scope", "201", ":body", "NULL", ":headers"}
+	// As the middleware sends them: every claim carries an owner token (a
+	// new one per request; one fixed token here, which no row's status
+	// lets match), and the complete the status as a parameter. The raw
+	// body is NULL for a JSON body: a literal, since a pgbench variable
+	// cannot be NULL.
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
+	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
 		return oneLine(bind(claim, args))
@@ -156,7 +163,7 @@ func run(src, example, out string) error {
 	boundsSQL := oneLine(bind(bounds, []string{"'10ms'", "'30000ms'"}))
 	claimPipe := boundsSQL + ";\n" + oneLine(bind(txClaim, claimArgs)) + ";\n" + oneLine(restore) + ";\n" + oneLine(savepoint) + ";\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
-	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", "201", ":body", "NULL", ":headers"})) + ";\n"
+	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers"})) + ";\n"
 	files := map[string]string{
 		"example_schema.sql": schema,
 		"order.sql":          newKey + "BEGIN;\n" + orderWrites + "COMMIT;\n",
@@ -197,67 +204,4 @@ func bind(sql string, args []string) string {
 // semicolon, and a meta-command (\gset) must follow on the next line.
 func oneLine(sql string) string {
 	return strings.Join(strings.Fields(sql), " ")
-}
-
-// stringConsts evaluates the file's string constants made of literals and
-// other constants joined with +.
-func stringConsts(path string) (map[string]string, error) {
-	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-	if err != nil {
-		return nil, err
-	}
-	exprs := map[string]ast.Expr{}
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, name := range vs.Names {
-				if i < len(vs.Values) {
-					exprs[name.Name] = vs.Values[i]
-				}
-			}
-		}
-	}
-	out := map[string]string{}
-	var eval func(e ast.Expr, depth int) (string, error)
-	eval = func(e ast.Expr, depth int) (string, error) {
-		if depth > 20 {
-			return "", errors.New("constant nesting too deep")
-		}
-		switch e := e.(type) {
-		case *ast.BasicLit:
-			if e.Kind != token.STRING {
-				return "", errors.New("not a string")
-			}
-			return strconv.Unquote(e.Value)
-		case *ast.Ident:
-			x, ok := exprs[e.Name]
-			if !ok {
-				return "", fmt.Errorf("unknown constant %s", e.Name)
-			}
-			return eval(x, depth+1)
-		case *ast.BinaryExpr:
-			if e.Op != token.ADD {
-				return "", errors.New("not a concatenation")
-			}
-			l, err := eval(e.X, depth+1)
-			if err != nil {
-				return "", err
-			}
-			r, err := eval(e.Y, depth+1)
-			return l + r, err
-		case *ast.ParenExpr:
-			return eval(e.X, depth+1)
-		}
-		return "", errors.New("not a string constant")
-	}
-	for name, e := range exprs {
-		if s, err := eval(e, 0); err == nil {
-			out[name] = s
-		}
-	}
-	return out, nil
 }

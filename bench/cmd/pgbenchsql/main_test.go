@@ -47,6 +47,15 @@ func TestScriptsFollowTheSource(t *testing.T) {
 			t.Errorf("%s: a $n parameter left unbound:\n%s", name, s)
 		}
 	}
+	// The middleware sends the owner token and the status as parameters.
+	for _, name := range []string{"miss.sql", "hot.sql", "order_idem_tx.sql"} {
+		if s := read(name); !strings.Contains(s, ":owner::uuid") || strings.Contains(s, "NULL::uuid") {
+			t.Errorf("%s: the claim's owner token is not the :owner parameter:\n%s", name, s)
+		}
+	}
+	if s := read("miss.sql"); !strings.Contains(s, "response_code = :code") {
+		t.Errorf("miss.sql: the status is not the :code parameter:\n%s", s)
+	}
 	if s := read("order.sql"); strings.Contains(s, "idempotency_keys") {
 		t.Errorf("order.sql (B's SQL) touches idempotency_keys:\n%s", s)
 	}

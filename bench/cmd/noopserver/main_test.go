@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idempotency/bench/internal/gosrc"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// recorder keeps the SQL and arguments of every query while on.
+type recorder struct {
+	mu  sync.Mutex
+	on  bool
+	got []pgx.TraceQueryStartData
+}
+
+func (r *recorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.on {
+		r.got = append(r.got, d)
+	}
+	return ctx
+}
+
+func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// start records afresh; take returns what was recorded since, and stops.
+func (r *recorder) start() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.on, r.got = true, nil
+}
+
+func (r *recorder) take() []pgx.TraceQueryStartData {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := r.got
+	r.on, r.got = false, nil
+	return got
+}
+
+// TestRouteRunsThePgbenchStatements holds bench/cmd/pgbenchsql's miss.sql
+// and hot.sql to what the route really runs: a new key is pgClaimSQL then
+// pgCompleteSQL, and nothing else; a replay is pgClaimSQL alone. It checks
+// the arguments against pgbenchVars too, so pgbench stores the same rows.
+func TestRouteRunsThePgbenchStatements(t *testing.T) {
+	rec := &recorder{}
+	pool := testdb.New(t, testdb.Tracer(rec), testdb.MaxConns(2))
+	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	consts, err := gosrc.StringConsts("../../../store_pg_sql.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimSQL, completeSQL := consts["pgClaimSQL"], consts["pgCompleteSQL"]
+	if claimSQL == "" || completeSQL == "" {
+		t.Fatal("pgClaimSQL or pgCompleteSQL not found in store_pg_sql.go")
+	}
+	vars := map[string]string{}
+	for _, v := range pgbenchVars {
+		name, value, _ := strings.Cut(v, "=")
+		vars[name] = value
+	}
+
+	key := uuid.NewString()
+	post := func() (status int, replayed bool, body string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/noop", strings.NewReader(`{"n":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", string(b)
+	}
+	sqlOf := func(got []pgx.TraceQueryStartData) []string {
+		out := make([]string, len(got))
+		for i, d := range got {
+			out[i] = d.SQL
+		}
+		return out
+	}
+
+	rec.start()
+	status, replayed, body := post()
+	miss := rec.take()
+	if status != http.StatusCreated || replayed || body != answerBody {
+		t.Fatalf("new key: %d replayed %v body %q, want a fresh 201 %s", status, replayed, body, answerBody)
+	}
+	if len(miss) != 2 || miss[0].SQL != claimSQL || miss[1].SQL != completeSQL {
+		t.Fatalf("new key ran %d statements, want pgClaimSQL then pgCompleteSQL:\n%s", len(miss), strings.Join(sqlOf(miss), "\n---\n"))
+	}
+	claim, complete := miss[0].Args, miss[1].Args
+	if len(claim) != 7 || claim[1] != vars["scope"] || claim[2] != vars["endpoint"] ||
+		claim[4] != 24*time.Hour || claim[5] != 30*time.Second {
+		t.Errorf("claim arguments %v: want scope %q, endpoint %q, TTL 24h (pgbench's ttl), lease 30s", claim, vars["scope"], vars["endpoint"])
+	}
+	if owner, ok := claim[6].(string); !ok || uuid.Validate(owner) != nil {
+		t.Errorf("claim's owner token %#v, want a UUID's text (pgbench's :owner)", claim[6])
+	}
+	if len(complete) != 7 {
+		t.Fatalf("complete arguments %v, want 7", complete)
+	}
+	if complete[2] != vars["scope"] || complete[3] != 201 || vars["code"] != "201" {
+		t.Errorf("complete's scope and status %v, %v: want %q, 201", complete[2], complete[3], vars["scope"])
+	}
+	if b, ok := complete[4].(json.RawMessage); !ok || string(b) != vars["body"] {
+		t.Errorf("complete's body %#v, want %s", complete[4], vars["body"])
+	}
+	if raw, ok := complete[5].([]byte); !ok || raw != nil {
+		t.Errorf("complete's raw body %#v, want NULL (pgbench's literal NULL)", complete[5])
+	}
+	if hd, ok := complete[6].(json.RawMessage); !ok || string(hd) != vars["headers"] {
+		t.Errorf("complete's headers %s, want %s", complete[6], vars["headers"])
+	}
+
+	rec.start()
+	status, replayed, body = post()
+	replay := rec.take()
+	// The contract marks a replayed JSON object's body (DESIGN.md).
+	if status != http.StatusCreated || !replayed || !strings.Contains(body, `"idempotency_replayed":true`) {
+		t.Fatalf("same key again: %d replayed %v body %q, want the replay", status, replayed, body)
+	}
+	if len(replay) != 1 || replay[0].SQL != claimSQL {
+		t.Fatalf("replay ran %d statements, want pgClaimSQL alone:\n%s", len(replay), strings.Join(sqlOf(replay), "\n---\n"))
+	}
+}

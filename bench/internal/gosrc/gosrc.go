@@ -1,0 +1,76 @@
+// Package gosrc reads values out of Go source files without building them:
+// the bench tools take the library's SQL from store_pg_sql.go this way, so
+// they follow it.
+package gosrc
+
+import (
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"strconv"
+)
+
+// StringConsts evaluates the file's string constants made of literals and
+// other constants joined with +.
+func StringConsts(path string) (map[string]string, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	exprs := map[string]ast.Expr{}
+	for _, d := range f.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if i < len(vs.Values) {
+					exprs[name.Name] = vs.Values[i]
+				}
+			}
+		}
+	}
+	out := map[string]string{}
+	var eval func(e ast.Expr, depth int) (string, error)
+	eval = func(e ast.Expr, depth int) (string, error) {
+		if depth > 20 {
+			return "", errors.New("constant nesting too deep")
+		}
+		switch e := e.(type) {
+		case *ast.BasicLit:
+			if e.Kind != token.STRING {
+				return "", errors.New("not a string")
+			}
+			return strconv.Unquote(e.Value)
+		case *ast.Ident:
+			x, ok := exprs[e.Name]
+			if !ok {
+				return "", fmt.Errorf("unknown constant %s", e.Name)
+			}
+			return eval(x, depth+1)
+		case *ast.BinaryExpr:
+			if e.Op != token.ADD {
+				return "", errors.New("not a concatenation")
+			}
+			l, err := eval(e.X, depth+1)
+			if err != nil {
+				return "", err
+			}
+			r, err := eval(e.Y, depth+1)
+			return l + r, err
+		case *ast.ParenExpr:
+			return eval(e.X, depth+1)
+		}
+		return "", errors.New("not a string constant")
+	}
+	for name, e := range exprs {
+		if s, err := eval(e, 0); err == nil {
+			out[name] = s
+		}
+	}
+	return out, nil
+}
