@@ -522,3 +522,39 @@ func TestTxRecordFindsNoRow(t *testing.T) {
 		t.Fatalf("orders %d, executions %d; want 1 and 2", n, f.calls.Load())
 	}
 }
+
+// TestTxHandlerSettings: the claim's lock wait bounds the claim only. The
+// handler's statements keep the session's lock_timeout, and run under the
+// server-side bounds of a vanished owner, statement_timeout and
+// idle_in_transaction_session_timeout, both the lease.
+func TestTxHandlerSettings(t *testing.T) {
+	t.Parallel()
+	session := testdb.Configure(func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["lock_timeout"] = "7s" })
+	f, h := newTxFixture(t, idempotency.Config{Lease: 12 * time.Second}, idempotency.RouteConfig{TxLockWait: 25 * time.Millisecond}, session)
+	got := make(chan [3]string, 2)
+	f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		var s [3]string
+		if err := tx.QueryRow(r.Context(), `SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+			current_setting('idle_in_transaction_session_timeout')`).Scan(&s[0], &s[1], &s[2]); err != nil {
+			t.Error(err)
+		}
+		got <- s
+		return false
+	}
+	if w := do(h, uuid.NewString(), `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("answer %d %s", w.Code, w.Body)
+	}
+	if s, want := <-got, [3]string{"7s", "12s", "12s"}; s != want {
+		t.Fatalf("the handler's lock_timeout, statement_timeout, idle_in_transaction_session_timeout: %q, want %q", s, want)
+	}
+	// The settings were the transaction's own: the connection is back to
+	// the session's.
+	var lockTimeout, statementTimeout string
+	if err := f.pool.QueryRow(context.Background(), `SELECT current_setting('lock_timeout'), current_setting('statement_timeout')`).Scan(&lockTimeout, &statementTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if lockTimeout != "7s" || statementTimeout != "0" {
+		t.Fatalf("after the route: lock_timeout %q, statement_timeout %q; want 7s and 0", lockTimeout, statementTimeout)
+	}
+}

@@ -187,8 +187,9 @@ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now()
 
 // The statements of a transactional route's claim (DESIGN.md
 // "Transactional routes: one transaction"). They run pipelined in one
-// batch after BEGIN: the bounds, the claim (or takeover), the saved
-// lock_timeout put back, and the savepoint the failure paths roll back to.
+// batch with BEGIN: the claim with its bounds, and the savepoint the
+// failure paths roll back to; a takeover sets the lock wait, takes the row
+// over, puts the session's lock_timeout back and marks the savepoint.
 
 // pgTxClaimSQL is a transactional route's claim: the INSERT alone, without
 // pgClaimSQL's read of an existing row. Inside the route's transaction the
@@ -199,15 +200,39 @@ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now()
 // a transactional claim is never retried after a lost connection (its
 // transaction rolled back with it).
 //
+// It carries its own bounds, so the claim's batch holds one statement
+// where it held three: the bounds CTE is read (MATERIALIZED: once, before
+// the INSERT inserts, hence before any lock wait) for the INSERT's one
+// row, so the wait on another transaction's row of the key is bounded by
+// $8; it saves the session's lock_timeout in a custom setting and sets,
+// for this transaction only (set_config's is_local: a parameter cannot
+// follow SET LOCAL), the lock wait and the server-side bounds of a
+// vanished owner, statement_timeout and idle_in_transaction_session_timeout
+// from the lease. RETURNING, evaluated once the row is inserted, puts the
+// session's lock_timeout back, so the handler's statements keep it (its
+// won column is that set_config's value, never NULL: always true). A claim
+// that inserted nothing returns nothing, and leaves the bound in place for
+// the loser's statements (a read, a takeover that sets it again, a
+// rollback).
+//
 // $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
-// $7 owner token (NULL for none).
-const pgTxClaimSQL = `INSERT INTO idempotency_keys
+// $7 owner token (NULL for none), $8 lock wait, $9 lease (both as text,
+// such as "10ms").
+const pgTxClaimSQL = `WITH bounds AS MATERIALIZED (
+	SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true),
+		set_config('lock_timeout', $8, true),
+		set_config('statement_timeout', $9, true),
+		set_config('idle_in_transaction_session_timeout', $9, true)
+)
+INSERT INTO idempotency_keys
 	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	 created_at, locked_at, locked_until, expires_at, owner_token)
-VALUES ($1, $2, $3, $4, 'in_flight', 1,
-	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
+SELECT $1, $2, $3, $4, 'in_flight', 1,
+	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid
+FROM bounds
 ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-RETURNING ` + pgClaimColumns + `, true AS won`
+RETURNING ` + pgClaimColumns + `,
+	set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true) IS NOT NULL AS won`
 
 // pgTxReadSQL reads the key's existing row for a transactional claim that
 // lost. At READ COMMITTED it takes a new snapshot, so it sees a row whose
@@ -216,18 +241,6 @@ RETURNING ` + pgClaimColumns + `, true AS won`
 // $1 key, $2 scope, $3 endpoint.
 const pgTxReadSQL = `SELECT ` + pgClaimColumns + `, false AS won FROM idempotency_keys
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`
-
-// pgTxBoundsSQL saves the session's lock_timeout in a custom setting, then
-// sets, for this transaction only (set_config's is_local, since a
-// parameter cannot follow SET LOCAL), the claim's lock wait and the
-// server-side bounds of a vanished owner: statement_timeout and
-// idle_in_transaction_session_timeout from the lease.
-//
-// $1 lock wait, $2 lease (both as text, such as "10ms").
-const pgTxBoundsSQL = `SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true),
-	set_config('lock_timeout', $1, true),
-	set_config('statement_timeout', $2, true),
-	set_config('idle_in_transaction_session_timeout', $2, true)`
 
 // pgTxWaitSQL sets the lock wait again, for a takeover later in the
 // transaction. $1 lock wait.

@@ -26,7 +26,6 @@ var pgStatements = map[string]string{
 	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
 	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
 	"pgExportScopeSQL":         pgExportScopeSQL,
-	"pgTxBoundsSQL":            pgTxBoundsSQL,
 	"pgTxWaitSQL":              pgTxWaitSQL,
 	"pgTxRestoreSQL":           pgTxRestoreSQL,
 	"pgSavepointSQL":           pgSavepointSQL,

@@ -15,8 +15,8 @@ import (
 var _ TxStore = (*PostgresStore)(nil)
 
 // BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
-// Batch.BeginTx), the bounds, the claim (pgTxClaimSQL), the restored
-// lock_timeout and the savepoint; a loser then reads the existing row
+// Batch.BeginTx), the claim with its bounds (pgTxClaimSQL) and the
+// savepoint; a loser then reads the existing row
 // (pgTxReadSQL). A serialization failure (REPEATABLE READ or SERIALIZABLE,
 // when the owner it waited for commits) or a lock wait that ran out on no
 // row rolls back and begins again, a bounded number of times.
@@ -117,12 +117,10 @@ func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
-// queueClaim queues a transactional claim's statements: the bounds, the
-// INSERT (pgTxClaimSQL), the restored lock_timeout and the savepoint.
+// queueClaim queues a transactional claim's statements: the INSERT with
+// its bounds (pgTxClaimSQL) and the savepoint.
 func queueClaim(b *pgx.Batch, req ClaimRequest, wait, lease string) {
-	b.Queue(pgTxBoundsSQL, wait, lease)
-	b.Queue(pgTxClaimSQL, claimArgs(req)...)
-	b.Queue(pgTxRestoreSQL)
+	b.Queue(pgTxClaimSQL, append(claimArgs(req), wait, lease)...)
 	b.Queue(pgSavepointSQL)
 }
 
@@ -133,16 +131,10 @@ func readClaim(br pgx.BatchResults, req ClaimRequest, res *ClaimResult) error {
 		rec Record
 		won bool
 	)
-	_, err := br.Exec()
-	if err == nil {
-		err = scanClaim(br.QueryRow(), req, &rec, &won)
-	}
+	err := scanClaim(br.QueryRow(), req, &rec, &won)
 	if err == nil || errors.Is(err, pgx.ErrNoRows) {
 		lost := err != nil
-		if _, err = br.Exec(); err == nil {
-			_, err = br.Exec()
-		}
-		if err == nil && lost {
+		if _, err = br.Exec(); err == nil && lost {
 			err = pgx.ErrNoRows
 		}
 	}
@@ -169,11 +161,16 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease
 		case !errors.Is(err, pgx.ErrNoRows):
 			return ClaimResult{}, err
 		}
+		// Claim again. The lost claim left its lock wait in place: put
+		// the session's lock_timeout back first, for the claim to save.
 		b := &pgx.Batch{}
+		b.Queue(pgTxRestoreSQL)
 		queueClaim(b, req, wait, lease)
 		br := t.tx.SendBatch(ctx, b)
 		var res ClaimResult
-		err = readClaim(br, req, &res)
+		if _, err = br.Exec(); err == nil {
+			err = readClaim(br, req, &res)
+		}
 		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 			err = cerr
 		}

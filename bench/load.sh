@@ -12,7 +12,7 @@
 #   P  pgbench running the same claim/complete SQL, and A's and B's SQL
 #      without HTTP (the order transaction with and without the claim and
 #      record: A's one transaction, the earlier two-commit design, and the
-#      one transaction with BEGIN and COMMIT pipelined), when pgbench is
+#      one transaction with BEGIN and COMMIT on their own round trips), when pgbench is
 #      installed
 # at 1, 4, 16 and 64 clients, in blocks of one run per subject whose order
 # rotates from block to block (at 16 clients a block also holds A's replays
@@ -307,9 +307,10 @@ if ((have_pgbench)); then
   # A's and B's SQL alone, paired like A and B: what A/B would be if HTTP
   # and Go cost nothing.
   # order_idem is the two-commit design (the claim committed alone);
-  # order_idem_tx the one transaction A runs now, as pgx sends it (BEGIN
-  # and COMMIT alone); order_idem_tx_all the same with BEGIN and COMMIT
-  # pipelined (a Tx of our own).
+  # order_idem_tx_all the one transaction A runs now (BEGIN pipelined with
+  # the claim, COMMIT with the record); order_idem_tx the same with BEGIN
+  # and COMMIT on round trips of their own, as pgx's Begin and Commit send
+  # them (the design before).
   for ((r = 1; r <= REPS16; r++)); do
     pgbench_run order_idem_tx order_idem_tx.sql
     pgbench_run order order.sql

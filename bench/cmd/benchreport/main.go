@@ -277,9 +277,9 @@ func (r *report) ratios() {
 	}
 	pb := r.Groups[key("P", "order", ratioAt)]
 	for _, d := range []struct{ mode, name, what string }{
-		{"order_idem_tx", "A/B in SQL alone at 16 clients (pgbench)", "A's one transaction as pgx sends it (BEGIN; the bounds, the claim, the restore and the SAVEPOINT pipelined; the order's writes; SET CONSTRAINTS and the complete pipelined; COMMIT)"},
+		{"order_idem_tx", "one transaction with BEGIN and COMMIT on their own round trips, in SQL alone at 16 clients (pgbench)", "A's one transaction as pgx's Begin and Commit would send it (BEGIN; the claim with its bounds and the SAVEPOINT pipelined; the order's writes; SET CONSTRAINTS and the complete pipelined; COMMIT)"},
 		{"order_idem", "two-commit design in SQL alone at 16 clients (pgbench)", "the earlier design (the claim committed alone; BEGIN, the writes, the fenced complete, COMMIT)"},
-		{"order_idem_tx_all", "one transaction with BEGIN and COMMIT pipelined, in SQL alone at 16 clients (pgbench)", "A's one transaction with BEGIN and COMMIT in the pipelines too (what a Tx of our own could send)"},
+		{"order_idem_tx_all", "A/B in SQL alone at 16 clients (pgbench)", "A's one transaction as it sends it (BEGIN, the claim with its bounds and the SAVEPOINT pipelined; the order's writes; SET CONSTRAINTS, the complete and COMMIT pipelined)"},
 	} {
 		pi := r.Groups[key("P", d.mode, ratioAt)]
 		if pairs := pairedRatios(pi, pb); len(pairs) > 0 {
@@ -386,9 +386,9 @@ func describe(subject, mode string) string {
 	case "P hot":
 		return "pgbench: claim CTE of a completed key"
 	case "P order_idem_tx":
-		return "pgbench: A's SQL (BEGIN; claim pipelined; order, audit row; complete pipelined; COMMIT)"
+		return "pgbench: A's SQL with BEGIN and COMMIT alone (the design before)"
 	case "P order_idem_tx_all":
-		return "pgbench: A's SQL with BEGIN and COMMIT pipelined"
+		return "pgbench: A's SQL (BEGIN+claim pipelined; order, audit row; complete+COMMIT pipelined)"
 	case "P order_idem":
 		return "pgbench: two-commit design (claim; BEGIN, order, audit row, complete, COMMIT)"
 	case "P order":

@@ -138,9 +138,9 @@ func run(src, example, out string) error {
 	if schema == "" || insOrder == "" || insPlaced == "" {
 		return fmt.Errorf("%s: schemaSQL, insertOrderSQL or insertOrderPlacedSQL not found", example)
 	}
-	bounds, txClaim, restore, savepoint, immediate := consts["pgTxBoundsSQL"], consts["pgTxClaimSQL"], consts["pgTxRestoreSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
-	if bounds == "" || txClaim == "" || restore == "" || savepoint == "" || immediate == "" {
-		return fmt.Errorf("%s: the transactional claim's statements (pgTxBoundsSQL, pgTxClaimSQL, pgTxRestoreSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
+	txClaim, savepoint, immediate := consts["pgTxClaimSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
+	if txClaim == "" || savepoint == "" || immediate == "" {
+		return fmt.Errorf("%s: the transactional claim's statements (pgTxClaimSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
 	}
 	// As the middleware sends them: every claim carries an owner token (a
 	// new one per request; one fixed token here, which no row's status
@@ -160,8 +160,8 @@ func run(src, example, out string) error {
 		oneLine(bind(insPlaced, []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
 	newKey := "\\set key random(1, 9223372036854775806)\n"
 	// The one-transaction flow: the claim's pipeline and the record's.
-	boundsSQL := oneLine(bind(bounds, []string{"'10ms'", "'30000ms'"}))
-	claimPipe := boundsSQL + ";\n" + oneLine(bind(txClaim, claimArgs)) + ";\n" + oneLine(restore) + ";\n" + oneLine(savepoint) + ";\n"
+	// The claim carries its bounds: the lock wait and the lease as text.
+	claimPipe := oneLine(bind(txClaim, append(claimArgs[:len(claimArgs):len(claimArgs)], "'10ms'", "'30000ms'"))) + ";\n" + oneLine(savepoint) + ";\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
 	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers"})) + ";\n"
 	files := map[string]string{
