@@ -3,6 +3,12 @@
 // reports throughput, latency percentiles and status counts, ending with a
 // one-line JSON summary (prefix "SUMMARY ").
 //
+// The steady modes (unique, nokey, hot) send their load through a minimal
+// keep-alive HTTP/1.1 client of loadgen's own (rawhttp.go), one connection
+// per client, so that loadgen's CPU on the shared cores stays small; the
+// login, the hot key's first request, storm and its verification use
+// net/http's client.
+//
 // It only ever talks to the -url given, and refuses any host that is not
 // loopback. Every run stops by itself: -duration (at most 10 minutes) bounds
 // the load, -timeout each request.
