@@ -217,7 +217,12 @@ func TestRawClientCutConnection(t *testing.T) {
 		{"cut mid-answer", "k", []string{created, "HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{" + cut, created}, []bool{false, true, false}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := startRaw(t, func(n int64) string { return tc.answers[n-1] })
+			srv := startRaw(t, func(n int64) string {
+				if int(n) > len(tc.answers) {
+					return "" // a request too many: cut
+				}
+				return tc.answers[n-1]
+			})
 			c, err := newRawClient(srv.addr, "/", "", nil, tc.key, false, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
