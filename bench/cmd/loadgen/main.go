@@ -3,6 +3,12 @@
 // reports throughput, latency percentiles and status counts, ending with a
 // one-line JSON summary (prefix "SUMMARY ").
 //
+// The steady modes (unique, nokey, hot) send their load through a minimal
+// keep-alive HTTP/1.1 client of loadgen's own (rawhttp.go), one connection
+// per client, so that loadgen's CPU on the shared cores stays small; the
+// login, the hot key's first request, storm and its verification use
+// net/http's client.
+//
 // It only ever talks to the -url given, and refuses any host that is not
 // loopback. Every run stops by itself: -duration (at most 10 minutes) bounds
 // the load, -timeout each request.
@@ -268,8 +274,8 @@ func run(ctx context.Context, o options) (result.Summary, bool, error) {
 	return s, ok, err
 }
 
-// steady runs the unique, nokey and hot modes: -concurrency workers in a
-// closed loop for the warm-up and the measured window (result.Load). Only
+// steady runs the unique, nokey and hot modes: -concurrency workers, each
+// on its own raw keep-alive connection (rawClient), in a closed loop for the warm-up and the measured window (result.Load). Only
 // the answers the mode expects count as requests; round trips are counted
 // from the window's start, after the warm-up, over the requests sent in
 // the window.
@@ -301,14 +307,27 @@ func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool,
 		},
 		AtEnd: func() { cpu = append(cpu, result.SampleCPU(o.serverPID)) },
 	}
+	// One raw keep-alive client per worker (rawhttp.go): each request takes
+	// one from the pool and puts it back, so the pool never runs dry.
+	pool := make(chan *rawClient, o.concurrency)
+	defer func() {
+		for range len(pool) {
+			(<-pool).close()
+		}
+	}()
+	for range o.concurrency {
+		rc, err := newRawClient(o.url, o.path, c.token, body, hotKey, o.mode == "unique", o.timeout)
+		if err != nil {
+			return false, err
+		}
+		pool <- rc
+	}
 	runCtx, cancel := context.WithTimeout(ctx, o.warmup+o.duration+2*o.timeout)
 	defer cancel()
 	r := load.Run(runCtx, func(ctx context.Context) result.Sample {
-		key := hotKey
-		if o.mode == "unique" {
-			key = newKey()
-		}
-		a, err := c.do(ctx, http.MethodPost, o.path, key, body, nil)
+		rc := <-pool
+		a, err := rc.do(ctx)
+		pool <- rc
 		return outcome(a, err, o.mode == "hot")
 	})
 	if rttErr != nil {
