@@ -259,8 +259,11 @@ func bodyAllowed(status int) bool {
 
 // isJSONType reports whether a Content-Type declares JSON.
 func isJSONType(ct string) bool {
-	if ct == "" {
+	switch ct {
+	case "":
 		return false
+	case "application/json": // the usual one, without parsing
+		return true
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
