@@ -51,8 +51,10 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			rec Record
 			won bool
 		)
-		row := s.pool.QueryRow(ctx, pgClaimSQL, claimArgs(req)...)
-		err := scanClaim(row, req, &rec, &won)
+		rows, err := s.pool.Query(ctx, pgClaimSQL, claimArgs(req)...)
+		if err == nil {
+			err = scanClaimRows(rows, req, &rec, &won)
+		}
 		switch {
 		case err == nil:
 			return ClaimResult{Won: won, Record: rec}, nil
