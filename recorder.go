@@ -212,7 +212,7 @@ func (b *responseBuffer) finish() {
 	// No Content-Length with trailers: HTTP/1.1 carries them only in a
 	// chunked body.
 	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" && !hasTrailers(h) {
-		h.Set("Content-Length", strconv.Itoa(b.buf.Len()))
+		h["Content-Length"] = []string{strconv.Itoa(b.buf.Len())} // canonical: Header.Set without its canonicalisation
 	}
 	b.w.WriteHeader(status)
 	if b.buf.Len() > 0 {
