@@ -75,6 +75,9 @@ func parseUUIDKey(v string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
+	if strings.IndexFunc(v, isUpperHex) < 0 {
+		return v, true // already u.String(): lower case, hyphenated
+	}
 	return u.String(), true
 }
 
@@ -182,3 +185,7 @@ func headerKey(r *http.Request, parse keyParser) (key string, present, ok bool) 
 	}
 	return key, true, ok
 }
+
+// isUpperHex reports an upper-case hex digit, which a UUID key's stored
+// form writes in lower case.
+func isUpperHex(r rune) bool { return r >= 'A' && r <= 'F' }

@@ -212,7 +212,7 @@ func (b *responseBuffer) finish() {
 	// No Content-Length with trailers: HTTP/1.1 carries them only in a
 	// chunked body.
 	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" && !hasTrailers(h) {
-		h.Set("Content-Length", strconv.Itoa(b.buf.Len()))
+		h["Content-Length"] = []string{strconv.Itoa(b.buf.Len())} // canonical: Header.Set without its canonicalisation
 	}
 	b.w.WriteHeader(status)
 	if b.buf.Len() > 0 {
@@ -259,8 +259,11 @@ func bodyAllowed(status int) bool {
 
 // isJSONType reports whether a Content-Type declares JSON.
 func isJSONType(ct string) bool {
-	if ct == "" {
+	switch ct {
+	case "":
 		return false
+	case "application/json": // the usual one, without parsing
+		return true
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))

@@ -98,8 +98,9 @@ func writeReplay(w http.ResponseWriter, resp Response, mark bool) {
 	if mark && resp.BodyKind == BodyJSON {
 		body = markReplayed(body)
 	}
-	h.Set(HeaderReplayed, "true")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
+	// Canonical names, so Header.Set's canonicalisation is skipped.
+	h[HeaderReplayed] = []string{"true"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(body)
 }

@@ -98,7 +98,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 		return nil, errBodyTooLarge
 	}
 	armed := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	body, err := readAll(r.Body, limit+1, r.ContentLength)
 	var maxErr *http.MaxBytesError
 	switch {
 	case errors.As(err, &maxErr), err == nil && int64(len(body)) > limit:
@@ -116,6 +116,44 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 		// and cancel the connection's context.
 		_ = rc.SetReadDeadline(time.Time{})
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	rb := &bodyReader{}
+	rb.r.Reset(body)
+	r.Body = rb
 	return body, nil
 }
+
+// readAll reads r to its end as io.ReadAll(io.LimitReader(r, n)) does,
+// growing its buffer the same way, but starts it no larger than a declared
+// length calls for (io.ReadAll starts at 512 bytes): declared, the small
+// body of the usual request fits one allocation. A larger declared length
+// changes nothing.
+func readAll(r io.Reader, n, declared int64) ([]byte, error) {
+	size := int64(512)
+	if declared >= 0 && declared < size {
+		size = declared + 1 // room for the read that finds the end
+	}
+	lr := io.LimitedReader{R: r, N: n}
+	b := make([]byte, 0, size)
+	for {
+		m, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+m]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append pick the next size
+		}
+	}
+}
+
+// bodyReader is a read body given back to the handler: io.NopCloser of a
+// bytes.Reader (the same methods: Read, WriteTo and Close) in one
+// allocation.
+type bodyReader struct{ r bytes.Reader }
+
+func (b *bodyReader) Read(p []byte) (int, error)         { return b.r.Read(p) }
+func (b *bodyReader) WriteTo(w io.Writer) (int64, error) { return b.r.WriteTo(w) }
+func (b *bodyReader) Close() error                       { return nil }

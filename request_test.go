@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -349,5 +350,33 @@ func TestUnstorableScopeFailClosed(t *testing.T) {
 	if h.calls.Load() != 0 || h.store.claims.Load() != 0 ||
 		counter(t, h.mw.metrics.rejections.WithLabelValues("orders", reasonInvalidScope)) != 1 {
 		t.Fatalf("calls %d, claims %d, or the rejection not counted", h.calls.Load(), h.store.claims.Load())
+	}
+}
+
+// TestReadAllAsIOReadAll: readAll reads what io.ReadAll of a LimitReader
+// reads, whatever length is declared (none, exact, short, long), at any
+// limit, from readers that return a byte at a time or fail half-way.
+func TestReadAllAsIOReadAll(t *testing.T) {
+	t.Parallel()
+	errStall := errors.New("stalled")
+	for _, size := range []int{0, 1, 39, 511, 512, 513, 2000} {
+		body := strings.Repeat("x", size)
+		for _, declared := range []int64{-1, int64(size), int64(size / 2), int64(size + 7)} {
+			for _, limit := range []int64{int64(size) + 1, int64(size), int64(size / 2), 0} {
+				readers := map[string]func() io.Reader{
+					"plain":    func() io.Reader { return strings.NewReader(body) },
+					"one byte": func() io.Reader { return iotest.OneByteReader(strings.NewReader(body)) },
+					"fails":    func() io.Reader { return io.MultiReader(strings.NewReader(body), iotest.ErrReader(errStall)) },
+				}
+				for name, reader := range readers {
+					want, wantErr := io.ReadAll(io.LimitReader(reader(), limit))
+					got, err := readAll(reader(), limit, declared)
+					if string(got) != string(want) || !errors.Is(err, wantErr) || (err == nil) != (wantErr == nil) {
+						t.Errorf("%s body of %d, declared %d, limit %d: read %d bytes, %v; io.ReadAll %d, %v",
+							name, size, declared, limit, len(got), err, len(want), wantErr)
+					}
+				}
+			}
+		}
 	}
 }

@@ -51,8 +51,10 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			rec Record
 			won bool
 		)
-		row := s.pool.QueryRow(ctx, pgClaimSQL, claimArgs(req)...)
-		err := scanClaim(row, req, &rec, &won)
+		rows, err := s.pool.Query(ctx, pgClaimSQL, claimArgs(req)...)
+		if err == nil {
+			err = scanClaimRows(rows, req, &rec, &won)
+		}
 		switch {
 		case err == nil:
 			return ClaimResult{Won: won, Record: rec}, nil
@@ -112,17 +114,15 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 	if err != nil {
 		return err
 	}
-	exec := func() error {
-		return fenced(ctx, s.pool, pgCompleteSQL, f, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers))
-	}
-	err = exec()
+	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers)}
+	err = execFenced(ctx, s.pool, pgCompleteSQL, args)
 	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
 		// Postgres refused a value (ReasonData): the body is JSON it will
 		// not store as JSONB (\u0000, a character the database encoding
 		// lacks, a number beyond numeric's range, a value past JSONB's
 		// limits). The update changed nothing, so store the bytes raw.
-		jsonBody, rawBody = jsonStoredRaw, jsonBody
-		err = exec()
+		args[4], args[5] = jsonbArg(jsonStoredRaw), jsonBody
+		err = execFenced(ctx, s.pool, pgCompleteSQL, args)
 	}
 	return pgOwnerError("complete", err)
 }
@@ -145,8 +145,14 @@ type execer interface {
 // fenced runs a statement on q whose first three parameters are f (id,
 // attempt, scope), returning ErrNotOwner when it changed no row.
 func fenced(ctx context.Context, q execer, sql string, f Fence, args ...any) error {
+	return execFenced(ctx, q, sql, append([]any{f.ID, f.Attempt, f.Scope}, args...))
+}
+
+// execFenced runs a fenced statement whose parameters, the fence first,
+// are args.
+func execFenced(ctx context.Context, q execer, sql string, args []any) error {
 	return retrySerialization(ctx, func() error {
-		tag, err := q.Exec(ctx, sql, append([]any{f.ID, f.Attempt, f.Scope}, args...)...)
+		tag, err := q.Exec(ctx, sql, args...)
 		if err != nil {
 			return err
 		}

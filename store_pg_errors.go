@@ -26,6 +26,9 @@ func retrySerialization(ctx context.Context, f func() error) error {
 
 // isRetryable reports a serialization failure or a deadlock.
 func isRetryable(err error) bool {
+	if err == nil {
+		return false // without errors.As, whose target escapes
+	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
