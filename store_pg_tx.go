@@ -131,7 +131,10 @@ func readClaim(br pgx.BatchResults, req ClaimRequest, res *ClaimResult) error {
 		rec Record
 		won bool
 	)
-	err := scanClaim(br.QueryRow(), req, &rec, &won)
+	rows, err := br.Query()
+	if err == nil {
+		err = scanClaimRows(rows, req, &rec, &won)
+	}
 	if err == nil || errors.Is(err, pgx.ErrNoRows) {
 		lost := err != nil
 		if _, err = br.Exec(); err == nil && lost {
@@ -154,7 +157,10 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease
 			rec Record
 			won bool
 		)
-		err := scanClaim(t.tx.QueryRow(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint), req, &rec, &won)
+		rows, err := t.tx.Query(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint)
+		if err == nil {
+			err = scanClaimRows(rows, req, &rec, &won)
+		}
 		switch {
 		case err == nil:
 			return ClaimResult{Won: false, Record: rec}, nil
