@@ -21,6 +21,9 @@
 #   N  bench/cmd/noopserver: an ordinary (non-transactional) fail-closed
 #      route whose handler does nothing, behind the middleware on the
 #      Postgres store; new keys and one hot key replayed
+#   N0 the same binary with -floor: the same route and pool without the
+#      middleware, running N's statements by hand through pgx (the floor
+#      of net/http + pgx + loopback TCP); new keys and one hot key
 #   P  pgbench running N's own statements with N's values: claim+complete
 #      (noop_unique) and the replay's claim (noop_hot)
 # then a storm of concurrent copies (exits non-zero on any double
@@ -36,9 +39,9 @@
 # postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) must be a
 # PostgreSQL on this machine; the run works in the schemas idem_bench_a,
 # idem_bench_b (A's and B's: neither grows the other's tables),
-# idem_bench_noop (N's), idem_bench_floor and idem_bench_pgbench, dropped
-# and created afresh, and
-# dropped at the end unless KEEP_SCHEMA=1. All load goes to 127.0.0.1 only.
+# idem_bench_noop (N's), idem_bench_noop0 (N0's), idem_bench_floor and
+# idem_bench_pgbench, dropped and created afresh, and dropped at the end
+# unless KEEP_SCHEMA=1. All load goes to 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 started=$SECONDS
@@ -47,7 +50,7 @@ quick=0
 for arg in "$@"; do
   case $arg in
     -quick | --quick) quick=1 ;;
-    -h | --help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "load.sh: unknown argument $arg (want -quick)" >&2; exit 2 ;;
   esac
 done
@@ -92,9 +95,11 @@ reset_schema() { psql_q -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "CREATE SCHEMA 
 reset_schema idem_bench_a
 reset_schema idem_bench_b
 reset_schema idem_bench_noop
+reset_schema idem_bench_noop0
 DSN_A=$(with_schema "$BASE_DSN" idem_bench_a)
 DSN_B=$(with_schema "$BASE_DSN" idem_bench_b)
 DSN_N=$(with_schema "$BASE_DSN" idem_bench_noop)
+DSN_N0=$(with_schema "$BASE_DSN" idem_bench_noop0)
 
 pids=()
 cleanup() {
@@ -104,7 +109,8 @@ cleanup() {
   pids=()
   if [[ ${KEEP_SCHEMA:-0} != 1 ]]; then
     psql_q -c 'DROP SCHEMA IF EXISTS idem_bench_a CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_b CASCADE' \
-      -c 'DROP SCHEMA IF EXISTS idem_bench_noop CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
+      -c 'DROP SCHEMA IF EXISTS idem_bench_noop CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_noop0 CASCADE' \
+      -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
   fi
 }
 trap cleanup EXIT
@@ -203,6 +209,8 @@ start_server B "$DSN_B" FLAG_IDEMPOTENCY_MIDDLEWARE=0
 B_PID=$SERVER_PID B_URL=$SERVER_URL
 start_noop N "$DSN_N"
 N_PID=$SERVER_PID N_URL=$SERVER_URL
+start_noop N0 "$DSN_N0" -floor
+N0_PID=$SERVER_PID N0_URL=$SERVER_URL
 
 # pgbench, when installed: its schema and scripts now, since N's pgbench
 # points run inside the sweep's blocks at 16 clients.
@@ -274,6 +282,8 @@ point() {
     Chot) run "C hot c=$2" floor -subject C -mode hot -concurrency "$2" ;;
     N) run "N unique c=$2" lg -subject N -url "$N_URL" -server-pid "$N_PID" -mode unique -concurrency "$2" "${noop_lg[@]}" ;;
     Nhot) run "N hot c=$2" lg -subject N -url "$N_URL" -server-pid "$N_PID" -mode hot -concurrency "$2" "${noop_lg[@]}" ;;
+    N0) run "N0 unique c=$2" lg -subject N0 -url "$N0_URL" -server-pid "$N0_PID" -mode unique -concurrency "$2" "${noop_lg[@]}" ;;
+    N0hot) run "N0 hot c=$2" lg -subject N0 -url "$N0_URL" -server-pid "$N0_PID" -mode hot -concurrency "$2" "${noop_lg[@]}" ;;
     PN) say "pgbench: N's claim+complete, ${PGB_T}s"; pgbench_run noop_unique miss.sql pgb_noop_vars ;;
     PNhot) say "pgbench: N's replay (the claim of a completed key), ${PGB_T}s"; pgbench_run noop_hot hot.sql pgb_noop_vars ;;
   esac
@@ -283,12 +293,12 @@ point() {
 # block, so each point takes every position in turn rather than always
 # running first or last; benchreport pairs the i-th runs of two points,
 # which come from the same block.
-say "sweep: A, B and C at ${LEVELS[*]} clients (and A hot, A nokey, C hot, N and N hot, and pgbench of N's SQL at 16), $DUR each after a $WARM warm-up, in rotating blocks"
+say "sweep: A, B and C at ${LEVELS[*]} clients (and A hot, A nokey, C hot, N, N hot, N0 and N0 hot, and pgbench of N's SQL at 16), $DUR each after a $WARM warm-up, in rotating blocks"
 block=0
 for c in "${LEVELS[@]}"; do
   reps=$REPS points=(A B C)
   if ((c == 16)); then
-    reps=$REPS16 points=(A B C Ahot Anokey Chot N Nhot)
+    reps=$REPS16 points=(A B C Ahot Anokey Chot N Nhot N0 N0hot)
     ((have_pgbench)) && points+=(PN PNhot)
   fi
   for ((r = 1; r <= reps; r++)); do
@@ -330,6 +340,7 @@ fi
 stop_pid "$A_PID"
 stop_pid "$B_PID"
 stop_pid "$N_PID"
+stop_pid "$N0_PID"
 
 say "database round trips per request: A and B through the pgrtt proxy, 16 clients, $RTT_DUR each"
 pg_host_port=$(psql "$BASE_DSN" -X -Atc "SELECT CASE family(inet_server_addr()) WHEN 6 THEN '[' || host(inet_server_addr()) || ']'

@@ -348,20 +348,51 @@ func (r *report) noopRatios() {
 			continue
 		}
 		v := median(pairs)
-		cpu := make([]float64, 0, len(gn.Runs))
-		for _, s := range gn.Runs {
-			if s.CPUServerUs > 0 {
-				cpu = append(cpu, s.CPUServerUs)
-			}
-		}
-		cpuText := "not measured"
-		if len(cpu) > 0 {
-			cpuText = fmt.Sprintf("%.0f µs (runs: %s)", median(cpu), joinFloats(cpu, "%.0f"))
-		}
 		r.Ratios = append(r.Ratios, ratio{Name: d.name, Value: v, Target: d.target, Met: met(v, d.target),
 			Detail: fmt.Sprintf("median of %d paired runs (%s); medians %.0f vs %.0f %s (ranges %s vs %s); server CPU per request %s",
-				len(pairs), joinRatios(pairs), gn.Median.RPS, gp.Median.RPS, d.what, r.rpsRange("N", d.mode), r.rpsRange("P", d.pgMode), cpuText)})
+				len(pairs), joinRatios(pairs), gn.Median.RPS, gp.Median.RPS, d.what, r.rpsRange("N", d.mode), r.rpsRange("P", d.pgMode), serverCPU(gn))})
 	}
+	r.noopFloorRatios()
+}
+
+// noopFloorRatios splits N's gap to pgbench at N0, the same route without
+// the middleware running N's statements by hand through pgx: N0 against
+// pgbench is what net/http, pgx and loopback TCP cost on this machine with
+// no middleware at all; N against N0 is what the middleware and the store
+// add to that floor. Paired by block like the targets, which they explain;
+// no targets of their own.
+func (r *report) noopFloorRatios() {
+	for _, d := range []struct{ mode, pgMode, what, pgWhat string }{
+		{"unique", "noop_unique", "new keys", "pgbench claim+complete"},
+		{"hot", "noop_hot", "replays", "pgbench replay"},
+	} {
+		gn, gf, gp := r.Groups[key("N", d.mode, ratioAt)], r.Groups[key("N0", d.mode, ratioAt)], r.Groups[key("P", d.pgMode, ratioAt)]
+		if pairs := pairedRatios(gf, gp); len(pairs) > 0 {
+			r.Ratios = append(r.Ratios, ratio{Name: fmt.Sprintf("N0 %s / %s at 16 clients", d.what, d.pgWhat), Value: median(pairs),
+				Detail: fmt.Sprintf("median of %d paired runs (%s); medians %.0f vs %.0f per second (ranges %s vs %s); N0 server CPU per request %s. The floor of net/http + pgx + loopback TCP: the same route and SQL without the middleware, against the SQL alone; N's ratio to pgbench cannot exceed it by much",
+					len(pairs), joinRatios(pairs), gf.Median.RPS, gp.Median.RPS, r.rpsRange("N0", d.mode), r.rpsRange("P", d.pgMode), serverCPU(gf))})
+		}
+		if pairs := pairedRatios(gn, gf); len(pairs) > 0 {
+			r.Ratios = append(r.Ratios, ratio{Name: fmt.Sprintf("N %s / N0 %s at 16 clients", d.what, d.what), Value: median(pairs),
+				Detail: fmt.Sprintf("median of %d paired runs (%s); medians %.0f vs %.0f per second (ranges %s vs %s); server CPU per request %s vs %s. What the middleware and the store cost over the floor of net/http + pgx running the same statements (1.00: nothing)",
+					len(pairs), joinRatios(pairs), gn.Median.RPS, gf.Median.RPS, r.rpsRange("N", d.mode), r.rpsRange("N0", d.mode), serverCPU(gn), serverCPU(gf))})
+		}
+	}
+}
+
+// serverCPU is the median server CPU per request of g's runs that
+// measured it, with each run's.
+func serverCPU(g *group) string {
+	cpu := make([]float64, 0, len(g.Runs))
+	for _, s := range g.Runs {
+		if s.CPUServerUs > 0 {
+			cpu = append(cpu, s.CPUServerUs)
+		}
+	}
+	if len(cpu) == 0 {
+		return "not measured"
+	}
+	return fmt.Sprintf("%.0f µs (runs: %s)", median(cpu), joinFloats(cpu, "%.0f"))
 }
 
 // describe names a subject and mode for the table.
@@ -397,6 +428,10 @@ func describe(subject, mode string) string {
 		return "no-op ordinary route, middleware on, new key each (miss)"
 	case "N hot":
 		return "no-op ordinary route, middleware on, one key replayed"
+	case "N0 unique":
+		return "floor of N: the same route without the middleware, N's SQL by hand via pgx, new key each"
+	case "N0 hot":
+		return "floor of N: the same route without the middleware, N's replay's SQL by hand via pgx"
 	case "P noop_unique":
 		return "pgbench: N's claim + complete, N's values (miss.sql)"
 	case "P noop_hot":
@@ -442,8 +477,10 @@ func (r *report) rows() []row {
 	add("P", "order_idem", ratioAt)
 	add("P", "order", ratioAt)
 	add("N", "unique", ratioAt)
+	add("N0", "unique", ratioAt)
 	add("P", "noop_unique", ratioAt)
 	add("N", "hot", ratioAt)
+	add("N0", "hot", ratioAt)
 	add("P", "noop_hot", ratioAt)
 	return out
 }

@@ -166,3 +166,54 @@ func find(t *testing.T, rep *report, name string) ratio {
 	t.Fatalf("no ratio %q in %v", name, rep.Ratios)
 	return ratio{}
 }
+
+// TestNoopFloorRatios: N0 against pgbench and N against N0, paired by
+// block, with no target, both server CPUs in N/N0's detail, N0's rows in
+// the table; none without N0's runs.
+func TestNoopFloorRatios(t *testing.T) {
+	s := func(subject, mode string, rps, cpu float64) result.Summary {
+		x := sum(subject, mode, rps, 1)
+		x.CPUServerUs = cpu
+		return x
+	}
+	rep := newReport([]result.Summary{
+		s("N", "hot", 400, 80), s("N0", "hot", 800, 40), s("P", "noop_hot", 1000, 0), s("N0", "unique", 300, 90), s("P", "noop_unique", 1000, 0), // block 1
+		s("N0", "hot", 500, 44), s("P", "noop_hot", 2000, 0), s("N", "hot", 400, 84), s("P", "noop_unique", 500, 0), s("N0", "unique", 400, 95), // block 2
+		s("P", "noop_hot", 1000, 0), s("N", "hot", 600, 82), s("N0", "hot", 600, 42), s("N0", "unique", 200, 100), s("P", "noop_unique", 1000, 0), // block 3
+	}, machine{})
+	// N0/P replays: pairs 0.8, 0.25, 0.6; N/N0 replays: 0.5, 0.8, 1.0.
+	floor := find(t, rep, "N0 replays / pgbench replay at 16 clients")
+	if floor.Value != 0.6 || floor.Met != nil || floor.Target != 0 {
+		t.Errorf("N0/P replays %v (target %v, met %v), want 0.60 with no target", floor.Value, floor.Target, floor.Met)
+	}
+	if !strings.Contains(floor.Detail, "N0 server CPU per request 42 µs") || !strings.Contains(floor.Detail, "net/http + pgx") {
+		t.Errorf("N0/P detail %q lacks N0's CPU or what the floor is", floor.Detail)
+	}
+	over := find(t, rep, "N replays / N0 replays at 16 clients")
+	if over.Value != 0.8 || over.Met != nil {
+		t.Errorf("N/N0 replays %v (met %v), want 0.80 with no target", over.Value, over.Met)
+	}
+	if !strings.Contains(over.Detail, "server CPU per request 82 µs (runs: 80, 84, 82) vs 42 µs (runs: 40, 44, 42)") {
+		t.Errorf("N/N0 detail %q lacks both servers' CPU", over.Detail)
+	}
+	// New keys: pairs 0.3, 0.8, 0.2; no N unique runs, so no N/N0.
+	if q := find(t, rep, "N0 new keys / pgbench claim+complete at 16 clients"); q.Value != 0.3 {
+		t.Errorf("N0/P new keys %v, want 0.30", q.Value)
+	}
+	for _, q := range rep.Ratios {
+		if q.Name == "N new keys / N0 new keys at 16 clients" {
+			t.Errorf("a ratio N/N0 for new keys without N's runs: %+v", q)
+		}
+	}
+	var rows []string
+	for _, rw := range rep.rows() {
+		rows = append(rows, rw.s.Subject+" "+rw.s.Mode)
+	}
+	if want := []string{"N0 unique", "P noop_unique", "N hot", "N0 hot", "P noop_hot"}; !slices.Equal(rows, want) {
+		t.Errorf("table rows %v, want %v", rows, want)
+	}
+	md := rep.markdown(rep.text(), "", "make bench/load", "bench/chart.svg")
+	if !strings.Contains(md, "| N replays / N0 replays at 16 clients | 0.80 | - | - |") {
+		t.Errorf("markdown lacks N/N0 without a target:\n%s", md)
+	}
+}

@@ -31,7 +31,7 @@ func (r *report) markdown(text, profile, command, svgPath string) string {
 	fmt.Fprintf(&b, "| PostgreSQL | %s |\n| Go | %s |\n| load average at start | %s |\n\n", m.Postgres, m.Go, m.LoadAvg)
 
 	b.WriteString("### Throughput and latency\n\n")
-	b.WriteString("CPU columns: CPU time per request in µs, read from /proc over the measured window: the server process (the example server; bench/cmd/noopserver for N), the client tool (loadgen or sqlfloor), and the rest of the machine (PostgreSQL, plus any other load on the machine at the time). Cores busy: over the measured window; background: just before the run started, with nothing of the run at work (other load sharing the machine).\n\n")
+	b.WriteString("CPU columns: CPU time per request in µs, read from /proc over the measured window: the server process (the example server; bench/cmd/noopserver for N and N0), the client tool (loadgen or sqlfloor), and the rest of the machine (PostgreSQL, plus any other load on the machine at the time). Cores busy: over the measured window; background: just before the run started, with nothing of the run at work (other load sharing the machine).\n\n")
 	b.WriteString("| subject | mode | clients | req/s (median) | range (runs) | p50 ms | p90 ms | p99 ms | server CPU | client CPU | rest CPU | cores busy | background |\n")
 	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, rw := range r.rows() {

@@ -14,7 +14,8 @@
 //
 // Flags: -addr (loopback only), -database-url (default $DATABASE_URL),
 // -pprof, a loopback address to serve net/http/pprof on (profiling runs),
-// and -pgbench-vars, which prints the pgbench -D variables (name=value, one
+// -floor, which serves the route without the middleware, running the same
+// statements by hand (subject N0, floor.go), and -pgbench-vars, which prints the pgbench -D variables (name=value, one
 // a line) that make bench/cmd/pgbenchsql's miss.sql and hot.sql store the
 // rows this route stores, and exits.
 package main
@@ -72,6 +73,7 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:8090", "address to listen on (loopback only)")
 	dsn := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
 	pprofAddr := flag.String("pprof", "", "loopback address to serve net/http/pprof on (empty: none)")
+	floorMode := flag.Bool("floor", false, "serve the route without the middleware: the same SQL by hand through pgx (subject N0)")
 	vars := flag.Bool("pgbench-vars", false, "print the pgbench -D variables of this route's rows, one a line, and exit")
 	flag.Parse()
 	if *vars {
@@ -80,13 +82,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*addr, *dsn, *pprofAddr); err != nil {
+	if err := run(*addr, *dsn, *pprofAddr, *floorMode); err != nil {
 		fmt.Fprintln(os.Stderr, "noopserver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, dsn, pprofAddr string) error {
+func run(addr, dsn, pprofAddr string, floorMode bool) error {
 	if err := checkLoopback(addr); err != nil {
 		return fmt.Errorf("-addr: %w", err)
 	}
@@ -101,7 +103,12 @@ func run(addr, dsn, pprofAddr string) error {
 		return err
 	}
 	defer pool.Close()
-	h, err := newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	var h http.Handler
+	if floorMode {
+		h, err = newFloorHandler(ctx, pool)
+	} else {
+		h, err = newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,248 @@
+package main
+
+// The floor (-floor, bench/load.sh's subject N0): the same route, the same
+// pool and the same statements as N, without the middleware. A request
+// with a new key runs the claim, then the complete, then answers 201; a
+// request for a completed key runs the claim and answers the stored
+// response with Idempotent-Replayed: true. No request hash, no recorder,
+// no decoding beyond the columns the answer needs: what is left is
+// net/http, pgx and the SQL, the least a route that stores its answers in
+// PostgreSQL could cost on this machine; N over N0 is what the middleware
+// and the store add to it.
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/migrations"
+)
+
+// floorClaimSQL and floorCompleteSQL are copies of the root package's
+// pgClaimSQL and pgCompleteSQL (unexported); floor_test.go holds them to
+// store_pg_sql.go, and to what N runs.
+const (
+	floorClaimSQL = `WITH ins AS (
+	INSERT INTO idempotency_keys
+		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+		 created_at, locked_at, locked_until, expires_at, owner_token)
+	VALUES ($1, $2, $3, $4, 'in_flight', 1,
+		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
+	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+	RETURNING ` + floorClaimColumns + `
+)
+SELECT *, true AS won FROM ins
+UNION ALL
+SELECT ` + floorClaimColumns + `,
+	(status = 'in_flight' AND locked_until >= now() AND owner_token = $7::uuid) IS TRUE AS won
+FROM idempotency_keys
+WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
+	AND NOT EXISTS (SELECT 1 FROM ins)`
+	floorClaimColumns = `id, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers,
+	created_at, locked_at, locked_until, expires_at,
+	expires_at < now() AS expired, locked_until < now() AS lease_over`
+	floorCompleteSQL = `UPDATE idempotency_keys SET
+	status = 'completed',
+	response_code = $4,
+	response_body = $5,
+	response_body_raw = $6,
+	response_headers = $7
+WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
+)
+
+// The claim's parameters the middleware derives and the floor fixes: a
+// request hash (the floor hashes nothing; the value is the one load.sh
+// gives pgbench), and the default TTL and lease (idempotency.Config).
+const (
+	floorHash  = "5f1e3d0b9c8a7f6e5d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a291807f6e"
+	floorTTL   = 24 * time.Hour
+	floorLease = 30 * time.Second
+)
+
+// The claim row's columns the floor reads (floorClaimColumns, then won).
+const (
+	colID       = 0
+	colStatus   = 2
+	colAttempt  = 3
+	colCode     = 4
+	colBody     = 5
+	colHeaders  = 7
+	colWon      = 14
+	claimFields = 15
+)
+
+// newFloorHandler migrates and checks the schema as newHandler does, and
+// returns the floor's routes: the same paths, no middleware.
+func newFloorHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
+	mctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := migrations.Migrate(mctx, pool); err != nil {
+		return nil, err
+	}
+	if err := idempotency.NewPostgresStore(pool).Check(mctx); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(routePattern, floor{pool})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
+	})
+	return mux, nil
+}
+
+// floor is the route by hand.
+type floor struct{ pool *pgxpool.Pool }
+
+// claimed is what the floor reads of the claim's row.
+type claimed struct {
+	won           bool
+	id            int64
+	attempt       int32
+	status        string
+	code          int
+	body, headers []byte
+}
+
+var (
+	answerBytes       = []byte(answerBody)
+	answerHeaderBytes = []byte(answerHeaders)
+)
+
+func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		http.Error(w, "Idempotency-Key required", http.StatusBadRequest)
+		return
+	}
+	// The middleware reads the body before the claim (to hash it).
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		http.Error(w, "reading the body", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	c, err := f.claim(ctx, key)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	switch {
+	case c.won:
+		// The handler's answer, recorded before it is sent, as the
+		// middleware does.
+		tag, err := f.pool.Exec(ctx, floorCompleteSQL, c.id, c.attempt, scope, http.StatusCreated,
+			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes))
+		if err == nil && tag.RowsAffected() != 1 {
+			err = errors.New("complete: not the owner")
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		noop(w, r)
+	case c.status == "completed":
+		h := w.Header()
+		if string(c.headers) == answerHeaders {
+			h["Content-Type"] = []string{"application/json"}
+		} else if err := json.Unmarshal(c.headers, &h); err != nil {
+			http.Error(w, "stored headers: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		h[idempotency.HeaderReplayed] = []string{"true"}
+		w.WriteHeader(c.code)
+		_, _ = w.Write(c.body)
+	default:
+		http.Error(w, "in flight or failed: "+c.status, http.StatusConflict)
+	}
+}
+
+// claim runs the claim for key and reads its one row.
+func (f floor) claim(ctx context.Context, key string) (claimed, error) {
+	rows, err := f.pool.Query(ctx, floorClaimSQL, key, scope, routePattern, floorHash, floorTTL, floorLease, uuid.NewString())
+	if err != nil {
+		return claimed{}, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return claimed{}, err
+		}
+		return claimed{}, errors.New("claim: no row (a concurrent commit; the store would run it again)")
+	}
+	c, err := decodeClaimed(rows.FieldDescriptions(), rows.RawValues())
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	return c, err
+}
+
+// errColumn is a claim row the floor does not read (the store would have
+// pgx scan it): another type or format than pgx's defaults give.
+var errColumn = errors.New("claim row: unexpected column type or format")
+
+// decodeClaimed reads the columns the answer needs from the claim's row,
+// in pgx's default formats: integers and booleans binary, text as text,
+// JSONB in either (binary after its version byte).
+func decodeClaimed(fields []pgconn.FieldDescription, values [][]byte) (claimed, error) {
+	var c claimed
+	if len(fields) != claimFields || len(values) != claimFields {
+		return c, errColumn
+	}
+	bin := func(i int, n int) ([]byte, bool) {
+		v := values[i]
+		return v, fields[i].Format == pgtype.BinaryFormatCode && len(v) == n
+	}
+	v, ok := bin(colWon, 1)
+	if !ok {
+		return c, errColumn
+	}
+	c.won = v[0] == 1
+	if v, ok = bin(colID, 8); !ok {
+		return c, errColumn
+	}
+	c.id = int64(binary.BigEndian.Uint64(v))
+	if v, ok = bin(colAttempt, 4); !ok {
+		return c, errColumn
+	}
+	c.attempt = int32(binary.BigEndian.Uint32(v))
+	c.status = string(values[colStatus])
+	if c.won || c.status != "completed" {
+		return c, nil
+	}
+	if v, ok = bin(colCode, 2); !ok {
+		return c, errColumn
+	}
+	c.code = int(int16(binary.BigEndian.Uint16(v)))
+	var err error
+	if c.body, err = jsonbText(fields[colBody], values[colBody]); err != nil {
+		return c, err
+	}
+	c.headers, err = jsonbText(fields[colHeaders], values[colHeaders])
+	return c, err
+}
+
+// jsonbText copies a JSONB value's text (NULL as nil).
+func jsonbText(f pgconn.FieldDescription, v []byte) ([]byte, error) {
+	if v == nil {
+		return nil, nil
+	}
+	if f.Format == pgtype.BinaryFormatCode {
+		if len(v) == 0 || v[0] != 1 {
+			return nil, errColumn
+		}
+		v = v[1:]
+	}
+	return append([]byte(nil), v...), nil
+}
