@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -40,6 +41,24 @@ func TestPostgresErrors(t *testing.T) {
 		_, err = s.Cleanup(t.Context(), 10)
 		if r := idempotencytest.StoreReason(t, "Cleanup", err); r != idempotency.ReasonSchema {
 			t.Errorf("Cleanup without the table: reason %q (%v), want schema", r, err)
+		}
+	})
+
+	t.Run("MissingTableIsTheTransactionalClaims", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		s := idempotency.NewPostgresStore(pool)
+		if _, err := pool.Exec(t.Context(), `DROP TABLE idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		req := idempotencytest.Request("u", time.Hour, time.Minute)
+		tx, _, err := s.BeginClaim(t.Context(), &req)
+		var se *idempotency.StoreError
+		if tx != nil || !errors.As(err, &se) || se.Op != "claim" || se.Reason != idempotency.ReasonSchema {
+			t.Fatalf("BeginClaim without the table: %v (%#v), want the claim's schema error", err, se)
+		}
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Fatalf("%d connections still held", n)
 		}
 	})
 

@@ -34,6 +34,14 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		t, res, err := s.begin(ctx, req, wait, lease)
 		switch {
 		case t == nil:
+			// The batch failed before BEGIN took effect. A server error
+			// there is the claim's (its statement is prepared before the
+			// batch runs: a missing table, say); BEGIN itself fails only
+			// with the connection.
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				return nil, ClaimResult{}, pgStoreError("claim", err)
+			}
 			return nil, ClaimResult{}, pgStoreError("begin", err)
 		case err == nil:
 			return t, res, nil
