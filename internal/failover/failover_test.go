@@ -59,8 +59,10 @@ func TestFailover(t *testing.T) {
 	ld := newLoad(srv, users)
 	ld.start()
 	time.Sleep(warmUp) // a period of load, not synchronisation
-	killed := time.Now()
 	leader.kill(t)
+	// From here on no request can reach the old leader: every one of its
+	// processes is gone, so a write that starts later is the new leader's.
+	killed := time.Now()
 	t.Logf("killed %s (patroni and postgres) at +%.1fs", leader.name, killed.Sub(ld.began).Seconds())
 	recovered := ld.waitWrite(killed, recoverBound)
 	if recovered.IsZero() {
@@ -79,6 +81,15 @@ func TestFailover(t *testing.T) {
 	fmt.Printf("failover: %.1f seconds without writes (kill -9 of the leader; last write before %+.1fs, first after %+.1fs), first write on the new leader %.1fs after the kill\n",
 		rep.gap.Seconds(), rep.lastBefore.Sub(killed).Seconds(), rep.firstAfter.Sub(killed).Seconds(), recovered.Sub(killed).Seconds())
 	fmt.Printf("failover: answers %v; errors seen: %v\n", rep.byStatus, rep.errors)
+
+	// Once the service is back, a client's retry of a key that failed
+	// executes it, or answers 409 (its first try committed and is in
+	// flight elsewhere, or failed): never 503 again.
+	for _, r := range retried {
+		if r.err == nil && r.status == 503 {
+			t.Errorf("key %s: retried after recovery, still 503 %s", r.key, r.body)
+		}
+	}
 
 	// Fail-closed: every answer is a 201, a 409 (a duplicate in flight, or
 	// an outcome the store cannot know) or a 503, and none hangs.
@@ -359,11 +370,36 @@ func (n *node) kill(t *testing.T) {
 		t.Fatalf("%s: no running postmaster", n.name)
 	}
 	_ = syscall.Kill(-n.patroni.cmd.Process.Pid, syscall.SIGKILL)
+	children := childrenOf(pm)
 	_ = syscall.Kill(pm, syscall.SIGKILL)
-	for _, pid := range childrenOf(pm) {
+	for _, pid := range children {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	<-n.patroni.done
+	// SIGKILL is delivered asynchronously: wait until the postmaster and
+	// every backend are gone (no /proc entry, or a zombie), so the caller
+	// knows no statement can still commit on this node.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range append(children, pm) {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: process %d still alive 10s after SIGKILL", n.name, pid)
+			}
+			time.Sleep(5 * time.Millisecond) // polling /proc: there is nothing to wait on for a non-child
+		}
+	}
+}
+
+// alive reports whether pid runs: it has a /proc entry and is not a
+// zombie (a killed process whose parent has not reaped it yet).
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	fields := strings.Fields(string(b[i+1:]))
+	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
 }
 
 // childrenOf returns the pids whose parent is pid, from /proc.
