@@ -558,3 +558,46 @@ func TestTxHandlerSettings(t *testing.T) {
 		t.Fatalf("after the route: lock_timeout %q, statement_timeout %q; want 7s and 0", lockTimeout, statementTimeout)
 	}
 }
+
+// TestTxQueryExecModes: the transactional route's batches (BEGIN with the
+// claim, the record with COMMIT) work in every pgx query mode, the ones
+// PgBouncer's transaction mode needs included: a miss, its replay, and a
+// failed handler whose key is recorded failed in the same transaction.
+func TestTxQueryExecModes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{},
+				testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
+			failing := uuid.NewString()
+			f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+				if key, _ := idempotency.KeyFromContext(r.Context()); key == failing {
+					w.WriteHeader(http.StatusInternalServerError)
+					return true
+				}
+				return false
+			}
+			key := uuid.NewString()
+			if w := do(h, key, `{}`); w.Code != http.StatusCreated {
+				t.Fatalf("miss: %d %s", w.Code, w.Body)
+			}
+			if w := do(h, key, `{}`); w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "true" {
+				t.Fatalf("replay: %d %s %v", w.Code, w.Body, w.Header())
+			}
+			if w := do(h, failing, `{}`); w.Code != http.StatusInternalServerError {
+				t.Fatalf("failing handler: %d %s", w.Code, w.Body)
+			}
+			if w := do(h, failing, `{}`); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "idempotency_previous_failed") {
+				t.Fatalf("retry of the failed key: %d %s", w.Code, w.Body)
+			}
+			if n := f.orders(t); n != 1 || f.calls.Load() != 2 {
+				t.Fatalf("orders %d, executions %d; want 1 and 2", n, f.calls.Load())
+			}
+			if n := f.pool.Stat().AcquiredConns(); n != 0 {
+				t.Fatalf("%d connections still held", n)
+			}
+		})
+	}
+}
