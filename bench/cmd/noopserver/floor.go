@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -25,41 +26,28 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/bench/internal/gosrc"
 	"github.com/idemkit/idempotency/migrations"
 )
 
-// floorClaimSQL and floorCompleteSQL are copies of the root package's
-// pgClaimSQL and pgCompleteSQL (unexported); floor_test.go holds them to
-// store_pg_sql.go, and to what N runs.
-const (
-	floorClaimSQL = `WITH ins AS (
-	INSERT INTO idempotency_keys
-		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		 created_at, locked_at, locked_until, expires_at, owner_token)
-	VALUES ($1, $2, $3, $4, 'in_flight', 1,
-		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
-	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-	RETURNING ` + floorClaimColumns + `
-)
-SELECT *, true AS won FROM ins
-UNION ALL
-SELECT ` + floorClaimColumns + `,
-	(status = 'in_flight' AND locked_until >= now() AND owner_token = $7::uuid) IS TRUE AS won
-FROM idempotency_keys
-WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
-	AND NOT EXISTS (SELECT 1 FROM ins)`
-	floorClaimColumns = `id, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
-	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over`
-	floorCompleteSQL = `UPDATE idempotency_keys SET
-	status = 'completed',
-	response_code = $4,
-	response_body = $5,
-	response_body_raw = $6,
-	response_headers = $7
-WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
-)
+// floorSQL are the store's own statements the floor runs, read out of the
+// root package's store_pg_sql.go (they are unexported) when it starts, so
+// the floor always runs what the middleware runs: pgClaimSQL and
+// pgCompleteSQL.
+type floorSQL struct{ claim, complete string }
+
+// loadFloorSQL reads the statements from the file at src.
+func loadFloorSQL(src string) (floorSQL, error) {
+	consts, err := gosrc.StringConsts(src)
+	if err != nil {
+		return floorSQL{}, err
+	}
+	q := floorSQL{claim: consts["pgClaimSQL"], complete: consts["pgCompleteSQL"]}
+	if q.claim == "" || q.complete == "" {
+		return floorSQL{}, fmt.Errorf("%s: pgClaimSQL or pgCompleteSQL not found", src)
+	}
+	return q, nil
+}
 
 // The claim's parameters the middleware derives and the floor fixes: a
 // request hash (the floor hashes nothing; the value is the one load.sh
@@ -70,7 +58,7 @@ const (
 	floorLease = 30 * time.Second
 )
 
-// The claim row's columns the floor reads (floorClaimColumns, then won).
+// The claim row's columns the floor reads (pgClaimColumns, then won).
 const (
 	colID       = 0
 	colStatus   = 2
@@ -84,7 +72,11 @@ const (
 
 // newFloorHandler migrates and checks the schema as newHandler does, and
 // returns the floor's routes: the same paths, no middleware.
-func newFloorHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, error) {
+func newFloorHandler(ctx context.Context, pool *pgxpool.Pool, sqlSrc string) (http.Handler, error) {
+	q, err := loadFloorSQL(sqlSrc)
+	if err != nil {
+		return nil, err
+	}
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := migrations.Migrate(mctx, pool); err != nil {
@@ -94,7 +86,7 @@ func newFloorHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, err
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(routePattern, floor{pool})
+	mux.Handle(routePattern, floor{pool, q})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}`))
@@ -103,7 +95,10 @@ func newFloorHandler(ctx context.Context, pool *pgxpool.Pool) (http.Handler, err
 }
 
 // floor is the route by hand.
-type floor struct{ pool *pgxpool.Pool }
+type floor struct {
+	pool *pgxpool.Pool
+	sql  floorSQL
+}
 
 // claimed is what the floor reads of the claim's row.
 type claimed struct {
@@ -141,7 +136,7 @@ func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case c.won:
 		// The handler's answer, recorded before it is sent, as the
 		// middleware does.
-		tag, err := f.pool.Exec(ctx, floorCompleteSQL, c.id, c.attempt, scope, http.StatusCreated,
+		tag, err := f.pool.Exec(ctx, f.sql.complete, c.id, c.attempt, scope, http.StatusCreated,
 			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes))
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("complete: not the owner")
@@ -169,7 +164,7 @@ func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // claim runs the claim for key and reads its one row.
 func (f floor) claim(ctx context.Context, key string) (claimed, error) {
-	rows, err := f.pool.Query(ctx, floorClaimSQL, key, scope, routePattern, floorHash, floorTTL, floorLease, uuid.NewString())
+	rows, err := f.pool.Query(ctx, f.sql.claim, key, scope, routePattern, floorHash, floorTTL, floorLease, uuid.NewString())
 	if err != nil {
 		return claimed{}, err
 	}

@@ -18,21 +18,27 @@ import (
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
-// TestFloorSQLIsTheStore's: the floor's copies of the statements are the
-// root package's, byte for byte.
+// TestFloorSQLIsTheStore's: the floor runs the statements it reads out of
+// store_pg_sql.go, and refuses a file without them.
 func TestFloorSQLIsTheStore(t *testing.T) {
-	consts, err := gosrc.StringConsts("../../../store_pg_sql.go")
+	consts, err := gosrc.StringConsts(storeSQL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, got := range map[string]string{
-		"pgClaimSQL": floorClaimSQL, "pgClaimColumns": floorClaimColumns, "pgCompleteSQL": floorCompleteSQL,
-	} {
-		if want := consts[name]; want == "" || got != want {
-			t.Errorf("the floor's copy of %s differs from store_pg_sql.go's:\n%s\n--- want ---\n%s", name, got, want)
-		}
+	q, err := loadFloorSQL(storeSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.claim != consts["pgClaimSQL"] || q.complete != consts["pgCompleteSQL"] || q.claim == "" || q.complete == "" {
+		t.Fatalf("the floor's statements are not store_pg_sql.go's: %+v", q)
+	}
+	if _, err := loadFloorSQL("floor.go"); err == nil {
+		t.Fatal("a file without the statements was accepted")
 	}
 }
+
+// storeSQL is the root package's file of statements, from this directory.
+const storeSQL = "../../../store_pg_sql.go"
 
 // exchange is one request's answer and the statements it ran.
 type exchange struct {
@@ -56,7 +62,7 @@ func TestFloorRunsNsStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fh, err := newFloorHandler(ctx, pool)
+	fh, err := newFloorHandler(ctx, pool, storeSQL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,9 +124,9 @@ func sameStatements(t *testing.T, what string, want, got []pgx.TraceQueryStartDa
 			continue
 		}
 		differ := map[int]bool{}
-		if got[i].SQL == floorClaimSQL {
+		if q, _ := loadFloorSQL(storeSQL); got[i].SQL == q.claim {
 			differ = map[int]bool{0: true, 3: true, 6: true}
-		} else if got[i].SQL == floorCompleteSQL {
+		} else if got[i].SQL == q.complete {
 			differ = map[int]bool{0: true}
 		}
 		if len(got[i].Args) != len(want[i].Args) {

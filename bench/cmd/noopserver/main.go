@@ -74,6 +74,7 @@ func main() {
 	dsn := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
 	pprofAddr := flag.String("pprof", "", "loopback address to serve net/http/pprof on (empty: none)")
 	floorMode := flag.Bool("floor", false, "serve the route without the middleware: the same SQL by hand through pgx (subject N0)")
+	sqlSrc := flag.String("sql-src", "store_pg_sql.go", "with -floor: the root package's store_pg_sql.go, whose statements the floor runs")
 	vars := flag.Bool("pgbench-vars", false, "print the pgbench -D variables of this route's rows, one a line, and exit")
 	flag.Parse()
 	if *vars {
@@ -82,13 +83,19 @@ func main() {
 		}
 		return
 	}
-	if err := run(*addr, *dsn, *pprofAddr, *floorMode); err != nil {
+	floorSrc := ""
+	if *floorMode {
+		floorSrc = *sqlSrc
+	}
+	if err := run(*addr, *dsn, *pprofAddr, floorSrc); err != nil {
 		fmt.Fprintln(os.Stderr, "noopserver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, dsn, pprofAddr string, floorMode bool) error {
+// run serves the route with the middleware, or by hand with the
+// statements of floorSrc when it is not empty (-floor).
+func run(addr, dsn, pprofAddr, floorSrc string) error {
 	if err := checkLoopback(addr); err != nil {
 		return fmt.Errorf("-addr: %w", err)
 	}
@@ -104,8 +111,8 @@ func run(addr, dsn, pprofAddr string, floorMode bool) error {
 	}
 	defer pool.Close()
 	var h http.Handler
-	if floorMode {
-		h, err = newFloorHandler(ctx, pool)
+	if floorSrc != "" {
+		h, err = newFloorHandler(ctx, pool, floorSrc)
 	} else {
 		h, err = newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	}
