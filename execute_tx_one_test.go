@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -599,5 +600,36 @@ func TestTxQueryExecModes(t *testing.T) {
 				t.Fatalf("%d connections still held", n)
 			}
 		})
+	}
+}
+
+// TestTxTakeoverOfExpiredKey: a key whose row expired (its TTL ran out,
+// cleanup has not deleted it yet) is taken over inside the route's
+// transaction: the retry executes, and the next one replays its answer.
+func TestTxTakeoverOfExpiredKey(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	if _, err := f.pool.Exec(context.Background(),
+		`UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	execution := func(w *httptest.ResponseRecorder) int {
+		var b struct{ Execution int }
+		_ = json.Unmarshal(w.Body.Bytes(), &b)
+		return b.Execution
+	}
+	w := do(h, key, `{}`)
+	if w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "" || execution(w) != 2 {
+		t.Fatalf("after expiry: %d %s %v, want the second execution", w.Code, w.Body, w.Header())
+	}
+	if w := do(h, key, `{}`); w.Header().Get(idempotency.HeaderReplayed) != "true" || execution(w) != 2 {
+		t.Fatalf("then: %d %s, want the second execution replayed", w.Code, w.Body)
+	}
+	if n := f.orders(t); n != 2 || f.calls.Load() != 2 {
+		t.Fatalf("orders %d, executions %d; want 2 and 2", n, f.calls.Load())
 	}
 }

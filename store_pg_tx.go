@@ -237,7 +237,7 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 	br := t.tx.SendBatch(ctx, b)
 	_, err := br.Exec()
 	if err == nil {
-		err = scanRecord(br.QueryRow(), &rec, nil)
+		err = scanRecord(br.QueryRow(), &rec)
 	}
 	if err == nil {
 		_, err = br.Exec()
