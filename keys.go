@@ -71,14 +71,11 @@ func parseUUIDKey(v string) (string, bool) {
 	if len(v) != 36 {
 		return "", false
 	}
-	u, err := uuid.Parse(v) // at length 36 only the 8-4-4-4-12 hex form parses
-	if err != nil {
+	if _, err := uuid.Parse(v); err != nil { // at length 36 only the 8-4-4-4-12 hex form parses
 		return "", false
 	}
-	if strings.IndexFunc(v, isUpperHex) < 0 {
-		return v, true // already u.String(): lower case, hyphenated
-	}
-	return u.String(), true
+	return strings.ToLower(v), true // uuid's String form; no allocation when v already is
+
 }
 
 // parseOpaqueKey validates an opaque key and returns its content: 1 to
@@ -185,7 +182,3 @@ func headerKey(r *http.Request, parse keyParser) (key string, present, ok bool) 
 	}
 	return key, true, ok
 }
-
-// isUpperHex reports an upper-case hex digit, which a UUID key's stored
-// form writes in lower case.
-func isUpperHex(r rune) bool { return r >= 'A' && r <= 'F' }

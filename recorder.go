@@ -220,7 +220,6 @@ func (b *responseBuffer) finish() {
 	}
 }
 
-// hasTrailers reports whether the handler declared trailers.
 // declaredTrailers returns the names the response declared as trailers
 // (the Trailer header), canonical: their values are sent after the body
 // and are never recorded, even when the route replays a header of the same
@@ -241,6 +240,7 @@ func declaredTrailers(h http.Header) map[string]bool {
 	return names
 }
 
+// hasTrailers reports whether the handler declared trailers.
 func hasTrailers(h http.Header) bool {
 	if _, ok := h["Trailer"]; ok {
 		return true

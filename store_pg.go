@@ -137,15 +137,15 @@ func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
 	return pgOwnerError("release", fenced(ctx, s.pool, pgReleaseSQL, f))
 }
 
-// execer runs a statement: the pool, or a transactional route's transaction.
+// execer runs a statement (the pool).
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // fenced runs a statement on q whose first three parameters are f (id,
 // attempt, scope), returning ErrNotOwner when it changed no row.
-func fenced(ctx context.Context, q execer, sql string, f Fence, args ...any) error {
-	return execFenced(ctx, q, sql, append([]any{f.ID, f.Attempt, f.Scope}, args...))
+func fenced(ctx context.Context, q execer, sql string, f Fence) error {
+	return execFenced(ctx, q, sql, []any{f.ID, f.Attempt, f.Scope})
 }
 
 // execFenced runs a fenced statement whose parameters, the fence first,

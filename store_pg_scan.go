@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"encoding/binary"
 	"slices"
 	"time"
@@ -120,7 +121,7 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 	if v.body, ok = jsonbValue(values[5], fields[5].Format); !ok {
 		return false
 	}
-	v.raw = bytesValue(values[6])
+	v.raw = bytes.Clone(values[6])
 	if v.headers, ok = jsonbValue(values[7], fields[7].Format); !ok {
 		return false
 	}
@@ -179,26 +180,16 @@ func boolValue(src []byte) (bool, bool) {
 	return src[0] == 1, true
 }
 
-// bytesValue copies a bytea, NULL as nil.
-func bytesValue(src []byte) []byte {
-	if src == nil {
-		return nil
-	}
-	b := make([]byte, len(src))
-	copy(b, src)
-	return b
-}
-
 // jsonbValue copies a JSONB's text: all of it in text format, after its
 // version byte (1) in binary; NULL as nil.
 func jsonbValue(src []byte, format int16) ([]byte, bool) {
 	if src == nil || format == pgtype.TextFormatCode {
-		return bytesValue(src), true
+		return bytes.Clone(src), true
 	}
 	if len(src) == 0 || src[0] != 1 {
 		return nil, false
 	}
-	return bytesValue(src[1:]), true
+	return bytes.Clone(src[1:]), true
 }
 
 // microsecFromUnixEpochToY2K is 2000-01-01, binary timestamptz's zero, in
@@ -217,8 +208,5 @@ func timestamptzValue(src []byte) (time.Time, bool) {
 	if microsecSinceY2K < -1999*366*24*3600*1_000_000 || microsecSinceY2K > bound {
 		return time.Time{}, false
 	}
-	return time.Unix(
-		microsecFromUnixEpochToY2K/1_000_000+microsecSinceY2K/1_000_000,
-		(microsecFromUnixEpochToY2K%1_000_000*1_000)+(microsecSinceY2K%1_000_000*1_000),
-	), true
+	return time.UnixMicro(microsecFromUnixEpochToY2K + microsecSinceY2K), true
 }

@@ -200,8 +200,8 @@ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now()
 // a transactional claim is never retried after a lost connection (its
 // transaction rolled back with it).
 //
-// It carries its own bounds, so the claim's batch holds one statement
-// where it held three: the bounds CTE is read (MATERIALIZED: once, before
+// It sets its own bounds, in the statement rather than in statements of
+// their own around it: the bounds CTE is read (MATERIALIZED: once, before
 // the INSERT inserts, hence before any lock wait) for the INSERT's one
 // row, so the wait on another transaction's row of the key is bounded by
 // $8; it saves the session's lock_timeout in a custom setting and sets,

@@ -102,13 +102,22 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 	if req != nil {
 		err = readClaim(br, *req, &res)
 	}
-	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
-		err = cerr
-	}
+	err = closeBatch(br, err)
 	if errors.Is(err, pgx.ErrNoRows) {
 		res, err = t.claimLost(ctx, *req, wait, lease)
 	}
 	return t, res, err
+}
+
+// closeBatch closes br and returns err, the batch's first error read, or
+// the error closing it reports when err is nil or only pgx.ErrNoRows (a
+// claim that lost, a takeover that matched nothing: the batch's later
+// statements may still have failed).
+func closeBatch(br pgx.BatchResults, err error) error {
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 // cmpWait is a lock wait, DefaultTxLockWait for 0.
@@ -185,9 +194,7 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease
 		if _, err = br.Exec(); err == nil {
 			err = readClaim(br, req, &res)
 		}
-		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
-			err = cerr
-		}
+		err = closeBatch(br, err)
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return res, err
 		}
@@ -245,9 +252,7 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 	if err == nil {
 		_, err = br.Exec()
 	}
-	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
-		err = cerr
-	}
+	err = closeBatch(br, err)
 	switch {
 	case err == nil:
 		return ClaimResult{Won: true, Record: rec}, nil

@@ -16,7 +16,7 @@ import (
 // Commit implements RouteTx. Settled: the rollback to the savepoint
 // (Undo), then one pipelined batch of SET CONSTRAINTS ALL IMMEDIATE, the
 // fenced record (pgTxCompleteSQL or pgTxFailSQL) and COMMIT. Unclaimed
-// (s nil): COMMIT alone. The connection goes back to the pool once
+// (s nil): COMMIT alone, pgx's Commit. The connection goes back to the pool once
 // committed; on an error the caller ends the transaction (Abort).
 func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 	if t.c == nil {
@@ -25,14 +25,8 @@ func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 	var err error
 	if s != nil {
 		err = t.record(ctx, s)
-	} else {
-		var tag pgconn.CommandTag
-		if tag, err = t.tx.Exec(ctx, pgCommitSQL); err == nil && tag.String() != "COMMIT" {
-			err = pgx.ErrTxCommitRollback
-		}
-		if err != nil {
-			err = pgStoreError("commit", err)
-		}
+	} else if err = t.tx.Commit(ctx); err != nil {
+		err = pgStoreError("commit", err)
 	}
 	if err == nil {
 		t.release()
