@@ -3,8 +3,8 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -273,12 +273,17 @@ func isLockWait(err error) bool {
 }
 
 // isRowLockWait reports a lock wait that ran out on a row of the key
-// (lock_not_available, whose context names the tuple it waited for):
-// another open transaction owns the key. One on a table-level lock (DDL, a
-// migration) names no tuple: that is an outage like any other. (Neither
-// does a wait on a concurrent claim's speculative insertion, which
-// BeginClaim tells apart by beginning again.)
+// (lock_not_available, whose context names the tuple it waited for, by
+// its id such as "(0,5)"): another open transaction owns the key. One on a
+// table-level lock (DDL, a migration) names no tuple: that is an outage
+// like any other. (Neither does a wait on a concurrent claim's speculative
+// insertion, which BeginClaim tells apart by beginning again.) The tuple
+// id, not the word "tuple", is what is looked for: the context is
+// translated under a non-English lc_messages, the id is not.
 func isRowLockWait(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && strings.Contains(pgErr.Where, "tuple")
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && tupleID.MatchString(pgErr.Where)
 }
+
+// tupleID matches a tuple id, (block,offset), as PostgreSQL prints it.
+var tupleID = regexp.MustCompile(`\(\d+,\d+\)`)
