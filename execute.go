@@ -79,7 +79,7 @@ func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
 	}
 	if x.tx != nil {
-		ctx, x.closeTx = withTx(ctx, x.tx.Tx())
+		ctx, x.closeTx = x.tx.Lend(ctx)
 	}
 	return ctx, cancel
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
 // Status is the state of a stored key.
@@ -211,9 +210,16 @@ type TxStore interface {
 // TxStore.BeginClaim and used by one request at a time. Its errors, other
 // than ErrNotOwner, are *StoreError.
 type RouteTx interface {
-	// Tx returns the transaction the handler writes through; TxFromContext
-	// hands it out with Commit and Rollback refused.
-	Tx() pgx.Tx
+	// Tx returns the transaction itself (a pgx.Tx for PostgresStore), for
+	// the store's own tests and idempotencytest.RunTx. Handlers get it
+	// through Lend.
+	Tx() any
+	// Lend returns ctx carrying the handler's view of the transaction, which
+	// the store's context getter returns (TxFromContext for PostgresStore):
+	// its Commit and Rollback are refused (ErrTxManaged). The function it
+	// returns ends the loan once the handler returned: every later use of the
+	// view is refused.
+	Lend(ctx context.Context) (context.Context, func())
 	// State reports how the handler left the transaction.
 	State() TxState
 	// Takeover takes over the expired row f inside the transaction, as

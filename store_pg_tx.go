@@ -212,8 +212,12 @@ type pgRouteTx struct {
 	tx pgx.Tx
 }
 
-// Tx implements RouteTx.
-func (t *pgRouteTx) Tx() pgx.Tx { return t.tx }
+// Tx implements RouteTx: the pgx.Tx.
+func (t *pgRouteTx) Tx() any { return t.tx }
+
+// Lend implements RouteTx: the handler's view is a handlerTx
+// (TxFromContext).
+func (t *pgRouteTx) Lend(ctx context.Context) (context.Context, func()) { return withTx(ctx, t.tx) }
 
 // State implements RouteTx from the connection and the transaction status
 // the server reports after each statement (pgconn's TxStatus).

@@ -8,6 +8,11 @@
 //		})
 //	}
 //
+// RunTx is the transactional part, for a TxStore: the caller passes a
+// function that writes one row through the route's transaction and one
+// that counts the committed rows, so the same checks run on any database
+// driver.
+//
 // The suite never assumes the store's clock is the caller's: a key given a
 // tiny TTL or lease is polled with Claim until the store itself reports it
 // expired or its lease over. It asserts behaviour, never speed. The
