@@ -18,12 +18,6 @@ func EnabledFromEnv(*http.Request) bool {
 	return flagEnabled(os.Getenv(FlagEnv))
 }
 
-// EnabledFrom is EnabledFromEnv reading FLAG_IDEMPOTENCY_MIDDLEWARE through
-// getenv (a flag service, a test's environment) on every request.
-func EnabledFrom(getenv func(string) string) func(*http.Request) bool {
-	return func(*http.Request) bool { return flagEnabled(getenv(FlagEnv)) }
-}
-
 func flagEnabled(v string) bool {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "0", "false", "off", "no":

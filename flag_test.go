@@ -14,19 +14,6 @@ func TestFlagEnabled(t *testing.T) {
 	}
 }
 
-func TestEnabledFrom(t *testing.T) {
-	t.Parallel()
-	env := map[string]string{FlagEnv: " Off "}
-	enabled := EnabledFrom(func(k string) string { return env[k] })
-	if enabled(nil) {
-		t.Fatal("Off did not disable")
-	}
-	env[FlagEnv] = "yes"
-	if !enabled(nil) {
-		t.Fatal("yes did not enable (it is read per request)")
-	}
-}
-
 func TestEnabledFromEnv(t *testing.T) {
 	t.Setenv(FlagEnv, "off")
 	if EnabledFromEnv(nil) {

@@ -56,7 +56,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 // the fenced outcomes (Complete, Fail, Release), owner tokens
 // (ClaimRequest.Owner, OwnerReleaser), Takeover, and
 // maintenance (Cleanup, Erase, ExportScope), and an operator's release of
-// one key (KeyReleaser, skipped for stores without it). Every subtest runs in parallel
+// one key (the CLI's; run for this module's stores only). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
 // schema or database), and release it with t.Cleanup.

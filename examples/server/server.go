@@ -132,7 +132,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 			uid, _ := userFromContext(r.Context())
 			return strconv.FormatInt(uid, 10)
 		},
-		Enabled:    idempotency.EnabledFrom(cfg.getenv),
+		Enabled:    func(*http.Request) bool { return !falsy(cfg.getenv(idempotency.FlagEnv)) },
 		OnReplay:   s.auditReplay,
 		Logger:     log,
 		Registerer: s.reg,
