@@ -52,28 +52,32 @@ type Config struct {
 	// with Connection: close, and nothing more of it is read. Defaults to
 	// 10s.
 	BodyTimeout time.Duration
-	// Scope returns the user scope of a request: keys of different scopes
+	// Scope returns the user scope of a call from its context (an HTTP
+	// route's request is RequestFromContext's): keys of different scopes
 	// never meet. "" means unscoped. Run the middleware after the session
-	// middleware so the user is known. Defaults to a function returning "".
-	// A scope that is not valid UTF-8, holds a NUL byte or is longer than
-	// 1024 bytes is refused with 400 idempotency_scope_invalid before any
-	// claim: the store could not hold it.
-	Scope func(*http.Request) string
-	// RouteName, when set, names a request's route when its RouteConfig.Name
-	// is empty, before r.Pattern is consulted: for routers that do not set
-	// r.Pattern (gorilla/mux, gin, echo) or set it only partly. It must
-	// return the route's template (for example "POST /accounts/{id}/orders"),
-	// never the raw path: the name becomes a metrics label and the key's
-	// scope_endpoint, so a path with ids in it would explode the label set
-	// and scope one key per path. "" falls through to r.Pattern. The
-	// contrib modules provide one per framework. Defaults to nil.
-	RouteName func(*http.Request) string
-	// Enabled is the kill-switch, asked on every request: false makes every
-	// route a pure pass-through. Defaults to EnabledFromEnv.
-	Enabled func(*http.Request) bool
+	// middleware so the user is known. Do asks it only for a Call without a
+	// Scope. Defaults to a function returning "". A scope that is not valid
+	// UTF-8, holds a NUL byte or is longer than 1024 bytes is refused with
+	// 400 idempotency_scope_invalid (ErrInvalidScope) before any claim: the
+	// store could not hold it.
+	Scope func(ctx context.Context) string
+	// RouteName, when set, names an HTTP route (RequestFromContext) when its
+	// RouteConfig.Name is empty, before r.Pattern is consulted: for routers
+	// that do not set r.Pattern (gorilla/mux, gin, echo) or set it only
+	// partly. It must return the route's template (for example "POST
+	// /accounts/{id}/orders"), never the raw path: the name becomes a
+	// metrics label and the key's scope_endpoint. "" falls through to
+	// r.Pattern. The contrib modules provide one per framework. Defaults to
+	// nil.
+	RouteName func(ctx context.Context) string
+	// Enabled is the kill-switch, asked on every call with its context:
+	// false makes every route a pure pass-through and every Do run its
+	// function. Defaults to EnabledFromEnv.
+	Enabled func(ctx context.Context) bool
 	// OnReplay, when set, is called synchronously before every replay is
-	// sent, so the host can write its own audit row. Its context is
-	// detached from the client and bounded by StoreTimeout. When it returns
+	// sent, so the host can write its own audit row. Its context is the
+	// call's (an HTTP route's request is RequestFromContext's), detached
+	// from the client and bounded by StoreTimeout. When it returns
 	// an error the replay is not sent on a fail-closed route, which answers
 	// 503 idempotency_store_unavailable (the client retries the same key),
 	// and is sent anyway on a fail-open route, with a WARN log. Defaults to
@@ -212,7 +216,7 @@ func (c Config) withDefaults() Config {
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
 	c.BodyTimeout = cmp.Or(c.BodyTimeout, DefaultBodyTimeout)
 	if c.Scope == nil {
-		c.Scope = func(*http.Request) string { return "" }
+		c.Scope = func(context.Context) string { return "" }
 	}
 	if c.Enabled == nil {
 		c.Enabled = EnabledFromEnv

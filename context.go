@@ -15,7 +15,17 @@ type ctxKey int
 const (
 	keyCtxKey ctxKey = iota
 	txCtxKey
+	requestCtxKey
 )
+
+// RequestFromContext returns the HTTP request a route is deciding, inside
+// Config's hooks (Scope, RouteName, Enabled, OnReplay), which take the
+// call's context so that one hook serves HTTP routes and Do alike. It
+// reports false for a call that did not come over HTTP.
+func RequestFromContext(ctx context.Context) (*http.Request, bool) {
+	r, ok := ctx.Value(requestCtxKey).(*http.Request)
+	return r, ok
+}
 
 // KeyFromContext returns the request's normalised idempotency key inside a
 // wrapped handler, for example to forward it to a broker as its client

@@ -29,7 +29,7 @@ func Example_orderRoute() {
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
 		// The user scope: run the idempotency middleware after the session
 		// middleware, and return the session's user here.
-		Scope: func(r *http.Request) string { return "42" },
+		Scope: func(ctx context.Context) string { return "42" },
 	})
 	if err != nil {
 		panic(err)
@@ -127,7 +127,7 @@ func Example_transactionalRoute() {
 // response.
 func Example_opaqueKeysProblemJSON() {
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
-		Scope:           func(r *http.Request) string { return "42" },
+		Scope:           func(ctx context.Context) string { return "42" },
 		ErrorFormat:     idempotency.ErrorProblem,
 		ProblemTypeBase: "https://api.example.com/problems/",
 	})

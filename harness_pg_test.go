@@ -38,7 +38,7 @@ func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempo
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer, cfg.Logger = reg, quiet
-	cfg.Enabled = func(*http.Request) bool { return true }
+	cfg.Enabled = func(context.Context) bool { return true }
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -335,7 +335,7 @@ func fidelityRoute(t *testing.T, store idempotency.Store, name string, hf http.H
 	t.Helper()
 	mw, err := idempotency.New(store, idempotency.Config{
 		Registerer: prometheus.NewRegistry(), Logger: quiet,
-		Enabled: func(*http.Request) bool { return true },
+		Enabled: func(context.Context) bool { return true },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +394,7 @@ func orderRoute(t *testing.T, s idempotency.Store, log *slog.Logger, calls *atom
 	t.Helper()
 	mw, err := idempotency.New(s, idempotency.Config{
 		Registerer: prometheus.NewRegistry(), Logger: log,
-		Enabled: func(*http.Request) bool { return true },
+		Enabled: func(context.Context) bool { return true },
 	})
 	if err != nil {
 		t.Fatal(err)

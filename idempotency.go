@@ -19,13 +19,14 @@ const (
 // Middleware wraps routes with idempotency keys. Build one with New, then
 // wrap each route with Route. It is safe for concurrent use.
 type Middleware struct {
-	store   Store
-	cfg     Config
-	log     *slog.Logger
-	metrics *metrics
-	ops     storeOps
-	bodies  [numAnswers][]byte // each answer's body in cfg.ErrorFormat
-	scoped  bool               // Config.Scope was set: opaque keys are guarded by it
+	store     Store
+	cfg       Config
+	log       *slog.Logger
+	metrics   *metrics
+	ops       storeOps
+	bodies    [numAnswers][]byte // each answer's body in cfg.ErrorFormat
+	scoped    bool               // Config.Scope was set: opaque keys are guarded by it
+	ownSwitch bool               // Config.Enabled was set: the host's own kill-switch
 
 	routeMetrics sync.Map      // endpoint label -> *routeMetrics
 	forgetting   chan struct{} // one token per claim of unknown outcome being freed (forget.go)
@@ -37,7 +38,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if store == nil {
 		return nil, errors.New("idempotency: store is nil")
 	}
-	scoped := cfg.Scope != nil
+	scoped, ownSwitch := cfg.Scope != nil, cfg.Enabled != nil
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -48,7 +49,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	}
 	m := &Middleware{store: store, cfg: cfg, log: newLogger(&cfg), metrics: met, ops: newStoreOps(met),
 		forgetting: make(chan struct{}, maxForgetting)}
-	m.scoped = scoped
+	m.scoped, m.ownSwitch = scoped, ownSwitch
 	m.errorBodies()
 	return m, nil
 }

@@ -12,15 +12,16 @@ import (
 	"time"
 )
 
-// ReplayEvent describes one replay, for OnReplay.
+// ReplayEvent describes one replay, for OnReplay. The duplicate's HTTP
+// request, on an HTTP route, is in the hook's context (RequestFromContext).
 type ReplayEvent struct {
-	Key            string        // the normalised idempotency key
-	Scope          string        // the user scope
-	Endpoint       string        // the route's scope_endpoint
-	RequestHash    string        // the request hash, the original's and the duplicate's
-	OriginalStatus int           // the status being replayed
-	OriginalTime   time.Time     // when the original request claimed the key
-	Request        *http.Request // the duplicate being answered
+	Key            string    // the normalised idempotency key
+	Scope          string    // the user scope
+	Endpoint       string    // the scope_endpoint: "POST /orders", "do:settle-payment"
+	Adapter        string    // the entry point: "http", "do", or an adapter's (Operation)
+	RequestHash    string    // the request hash, the original's and the duplicate's
+	OriginalStatus int       // the status being replayed
+	OriginalTime   time.Time // when the original request claimed the key
 }
 
 // replay sends a completed key's stored response, once the host's replay
@@ -48,11 +49,11 @@ func (rq *request) auditReplay(rec Record) error {
 	if hook == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(rq.r.Context()), rq.m.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rq.hookContext(true)), rq.m.cfg.StoreTimeout)
 	defer cancel()
 	return hook(ctx, ReplayEvent{
-		Key: rq.claim.Key, Scope: rq.claim.Scope, Endpoint: rq.claim.Endpoint, RequestHash: rec.RequestHash,
-		OriginalStatus: rec.Response.Status, OriginalTime: rec.CreatedAt, Request: rq.r,
+		Key: rq.claim.Key, Scope: rq.claim.Scope, Endpoint: rq.claim.Endpoint, Adapter: "http", RequestHash: rec.RequestHash,
+		OriginalStatus: rec.Response.Status, OriginalTime: rec.CreatedAt,
 	})
 }
 

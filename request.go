@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -24,7 +25,8 @@ type request struct {
 	claim ClaimRequest  // key, scope, endpoint, request hash, TTL, lease, owner token
 	rm    *routeMetrics // the label's counters
 	// Set by claimKey:
-	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
+	claimStart time.Time       // when the first claiming call began: the earliest the lease can have started
+	hctx       context.Context // the hooks' context, carrying the request (hookContext)
 	// For Config.Observer:
 	start        time.Time     // when the request reached the route (only with an Observer)
 	storeTime    time.Duration // time spent in store calls
@@ -36,11 +38,12 @@ func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) request {
 	return request{rt: rt, m: rt.m, w: w, r: r, start: rt.startClock()}
 }
 
-// endpoint returns the key's scope_endpoint and the metrics label.
-func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
+// endpoint returns the key's scope_endpoint and the metrics label of rq.
+func (rt *route) endpoint(rq *request) (endpoint, label string) {
+	r := rq.r
 	name := rt.name
 	if name == "" && rt.m.cfg.RouteName != nil {
-		name = rt.m.cfg.RouteName(r)
+		name = rt.m.cfg.RouteName(rq.hookContext(true))
 	}
 	if name == "" {
 		name = r.Pattern
@@ -55,8 +58,21 @@ func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
 // them: a request passed through untouched never asks Config.RouteName.
 func (rq *request) name() {
 	if rq.label == "" {
-		rq.endpoint, rq.label = rq.rt.endpoint(rq.r)
+		rq.endpoint, rq.label = rq.rt.endpoint(rq)
 	}
+}
+
+// hookContext is the context a hook of Config gets: the request's, and
+// for a hook of the host's own (own), carrying the request
+// (RequestFromContext), built once per request and only when asked.
+func (rq *request) hookContext(own bool) context.Context {
+	if !own {
+		return rq.r.Context()
+	}
+	if rq.hctx == nil {
+		rq.hctx = context.WithValue(rq.r.Context(), requestCtxKey, rq.r)
+	}
+	return rq.hctx
 }
 
 // withKey returns the request with its key in the context, for a handler

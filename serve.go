@@ -33,7 +33,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // already dealt with the request: passed it through (kill-switch off, no
 // key on an optional route) or refused it (400, 413).
 func (rq *request) admit() bool {
-	if !rq.m.cfg.Enabled(rq.r) {
+	if !rq.m.cfg.Enabled(rq.hookContext(rq.m.ownSwitch)) {
 		rq.name()
 		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonDisabled).Inc()
 		rq.observeUnrun(OutcomeBypassed, reasonDisabled)
@@ -73,7 +73,7 @@ func (rq *request) admit() bool {
 // admitScope builds the claim of a keyed request whose body was read, or
 // refuses a scope or endpoint the store could not hold.
 func (rq *request) admitScope(key string, body []byte) bool {
-	scope := rq.m.cfg.Scope(rq.r)
+	scope := rq.m.cfg.Scope(rq.hookContext(rq.m.scoped))
 	if !storable(scope) || !storable(rq.endpoint) {
 		// A value the store cannot hold would fail every claim of this
 		// key alike: refuse it rather than treat it as an outage (which a

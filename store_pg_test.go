@@ -973,7 +973,7 @@ func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,10 +39,13 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
-		Observer:         obs,
-		Scope:            func(r *http.Request) string { return r.Header.Get("X-User") },
+		Observer: obs,
+		Scope: func(ctx context.Context) string {
+			r, _ := idempotency.RequestFromContext(ctx)
+			return r.Header.Get("X-User")
+		},
 		IdentifierSecret: []byte("0123456789abcdef"),
-		Enabled:          func(*http.Request) bool { return true },
+		Enabled:          func(context.Context) bool { return true },
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
