@@ -80,25 +80,23 @@ const (
 	ErrorProblem
 )
 
-// ErrorAnswer is one of the contract's error answers, as Config.ErrorWriter
-// receives it.
+// ErrorAnswer is one of the contract's error answers: what
+// Config.ErrorWriter receives, and the error (*ErrorAnswer) that Do and
+// Operation.Exec return instead of running the function.
 type ErrorAnswer struct {
-	// Status is the contract's status: 400, 409, 413, 422, 500 or 503.
-	Status int
+	Status int // the contract's status: 400, 409, 413, 422, 500 or 503
 	// Code is the "error" member of the default body: an idempotency_...
 	// code, or for a missing or malformed key the contract's sentence.
 	Code string
-	// Type is the problem type URI: Config.ProblemTypeBase followed by an
-	// idempotency_... code (idempotency_key_required and
-	// idempotency_key_invalid for the two key sentences).
-	Type string
-	// Title is a short human-readable summary.
-	Title string
-	// RetryAfterMS is 5000 on idempotency_in_flight, else 0.
-	RetryAfterMS int
-	// OriginalStatus is the recorded status on
-	// idempotency_response_not_stored, else 0.
-	OriginalStatus int
+	// Type is the problem type URI: Config.ProblemTypeBase and an
+	// idempotency_... code (idempotency_key_required or _invalid for the
+	// key sentences).
+	Type           string
+	Title          string // a short human-readable summary
+	RetryAfterMS   int    // 5000 on idempotency_in_flight, else 0
+	OriginalStatus int    // the recorded status on idempotency_response_not_stored, else 0
+
+	err error // what it stands for (Unwrap)
 }
 
 // JSON returns the default body of e: {"error":...} and its extra members.

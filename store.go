@@ -63,14 +63,11 @@ type ClaimRequest struct {
 	// that another open transaction holds; 0 means DefaultTxLockWait.
 	// Other claims never wait on a lock held by a handler.
 	LockWait time.Duration
-	// Owner is the claiming request's random token (uuid.New(), one per
-	// request, never derived from its key or body), stored in the row by
-	// Claim and Takeover; the zero value (uuid.Nil) stores none.
-	// It is not the fencing attempt: it lets the request that made a claim
-	// recognise the claim as its own when the claim's reply was lost. A
-	// Claim that finds the key's row in_flight, inside its lease and
-	// carrying this Owner reports it as won (the store's own retry after a
-	// lost connection does so), and OwnerReleaser frees such a row.
+	// Owner is the claiming call's random token (one per call), stored in
+	// the row by Claim and Takeover (uuid.Nil stores none), so the call
+	// knows the claim as its own when the claim's reply was lost: a Claim
+	// that finds the key's row in_flight, inside its lease and carrying
+	// this Owner reports it as won, and OwnerReleaser frees such a row.
 	Owner uuid.UUID
 }
 
