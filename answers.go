@@ -156,11 +156,12 @@ func (m *Middleware) render(e ErrorAnswer) []byte {
 	return e.JSON()
 }
 
-// answer sends a and counts it.
+// answer counts a and has the adapter deliver it.
 func (rq *request) answer(a answer) { rq.answerWith(a, 0) }
 
-// answerWith sends a, naming the original status of answerNotStored, and
-// counts it.
+// answerWith counts answer a, reports it, and has the adapter deliver it
+// (naming the original status of answerNotStored): the only way the
+// contract's answers reach a caller.
 func (rq *request) answerWith(a answer, original int) {
 	ans := &answers[a]
 	switch ans.counter {
@@ -172,31 +173,7 @@ func (rq *request) answerWith(a answer, original int) {
 		rq.m.metrics.tooLarge.WithLabelValues(rq.label).Inc()
 	}
 	rq.observeAnswer(a)
-	h := rq.w.Header()
-	if ans.close {
-		// The rest of the body stays unread: the connection cannot carry
-		// another request.
-		h.Set("Connection", "close")
-	}
-	if ans.retryAfter != "" {
-		h.Set("Retry-After", ans.retryAfter)
-	}
-	if rq.m.cfg.ErrorWriter != nil {
-		rq.m.cfg.ErrorWriter(rq.w, rq.r, rq.m.errorAnswer(a, original))
-		return
-	}
-	body := rq.m.bodies[a]
-	if original != 0 {
-		body = rq.m.render(rq.m.errorAnswer(a, original))
-	}
-	contentType := "application/json"
-	if rq.m.cfg.ErrorFormat == ErrorProblem {
-		contentType = "application/problem+json"
-	}
-	h.Set("Content-Type", contentType)
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	rq.w.WriteHeader(ans.status)
-	_, _ = rq.w.Write(body)
+	rq.t.deliver(a, original)
 }
 
 // answerDuplicate answers a request whose key belongs to a live record.
@@ -213,7 +190,7 @@ func (rq *request) answerDuplicate(rec Record) {
 	case !rec.LeaseOver:
 		rq.answer(answerInFlight)
 	default:
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: stale in-flight key, outcome unknown",
+		rq.m.log.WarnContext(rq.ctx, "idempotency: stale in-flight key, outcome unknown",
 			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "locked_at", rec.LockedAt)
 		rq.answer(answerOutcomeUnknown)
 	}

@@ -36,11 +36,6 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 	return k, ok
 }
 
-// withKey returns r with its idempotency key in the context.
-func withKey(r *http.Request, key string) *http.Request {
-	return r.WithContext(context.WithValue(r.Context(), keyCtxKey, key))
-}
-
 // TxFromContext returns the transaction a transactional route began for its
 // handler. Write through it: the writes commit together with the key's
 // completed record, or not at all. The middleware owns it: its Commit and

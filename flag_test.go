@@ -16,11 +16,11 @@ func TestFlagEnabled(t *testing.T) {
 
 func TestEnabledFromEnv(t *testing.T) {
 	t.Setenv(FlagEnv, "off")
-	if EnabledFromEnv(nil) {
+	if EnabledFromEnv(t.Context()) {
 		t.Fatal("off did not disable")
 	}
 	t.Setenv(FlagEnv, "1")
-	if !EnabledFromEnv(nil) {
+	if !EnabledFromEnv(t.Context()) {
 		t.Fatal("1 did not enable")
 	}
 }

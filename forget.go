@@ -38,13 +38,13 @@ func (rq *request) forgetClaim(err error) {
 	select {
 	case rq.m.forgetting <- struct{}{}:
 	default:
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: too many claims of unknown outcome to free; this key may stay in flight",
+		rq.m.log.WarnContext(rq.ctx, "idempotency: too many claims of unknown outcome to free; this key may stay in flight",
 			"endpoint", rq.label)
 		return
 	}
 	until := rq.claimStart.Add(rq.claim.Lease)
 	failedAt := time.Now()
-	m, req, ctx := rq.m, rq.claim, context.WithoutCancel(rq.r.Context())
+	m, req, ctx := rq.m, rq.claim, context.WithoutCancel(rq.ctx)
 	go func() {
 		defer func() { <-m.forgetting }()
 		m.forget(ctx, rel, req, failedAt, until)

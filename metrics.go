@@ -1,9 +1,7 @@
 package idempotency
 
 import (
-	"context"
 	"errors"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -109,35 +107,4 @@ func newStoreOps(met *metrics) storeOps {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops
-}
-
-// storeCall runs one store operation of a request under its own deadline,
-// detached from the client's connection, and records its duration (in the
-// metrics and the request's store time) and any error.
-func storeCall[T any](rq *request, op string, fn func(context.Context) (T, error)) (T, error) {
-	v, took, err := timeCall(rq.m, context.WithoutCancel(rq.r.Context()), op, fn)
-	rq.storeTime += took
-	return v, err
-}
-
-// timedCall runs one store operation under ctx and the store timeout, and
-// records its duration and any error. Cleanup and Erase use it directly:
-// their caller's cancellation and deadline apply too.
-func timedCall[T any](m *Middleware, ctx context.Context, op string, fn func(context.Context) (T, error)) (T, error) {
-	v, _, err := timeCall(m, ctx, op, fn)
-	return v, err
-}
-
-// timeCall is timedCall, also returning how long the operation took.
-func timeCall[T any](m *Middleware, ctx context.Context, op string, fn func(context.Context) (T, error)) (T, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	start := time.Now()
-	v, err := fn(ctx)
-	cancel()
-	took := time.Since(start)
-	m.ops[op].Observe(took.Seconds())
-	if err != nil && !errors.Is(err, ErrNotOwner) {
-		m.metrics.storeErrors.WithLabelValues(op, storeReason(err)).Inc()
-	}
-	return v, took, err
 }

@@ -63,7 +63,7 @@ func (rq *request) observe(o Outcome, reason string, status int) {
 		return
 	}
 	rq.observed = true
-	rq.m.cfg.Observer(rq.r.Context(), Observation{
+	rq.m.cfg.Observer(rq.ctx, Observation{
 		Outcome: o, Reason: reason, Endpoint: rq.label, Scope: rq.m.identifier(rq.claim.Scope), Status: status,
 		Duration: time.Since(rq.start), StoreDuration: rq.storeTime, RecordFailed: rq.recordFailed,
 	})
@@ -91,15 +91,6 @@ func settledReason(o outcome) string {
 		return "released"
 	}
 	return "completed"
-}
-
-// startClock notes a request's arrival, when an Observer will want its
-// duration.
-func (rt *route) startClock() time.Time {
-	if rt.m.cfg.Observer == nil {
-		return time.Time{}
-	}
-	return time.Now()
 }
 
 // observeUnrun reports a request whose handler runs without a claim.

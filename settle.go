@@ -1,0 +1,91 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// ordinary is the settlement of a route without a transaction: the
+// handler's outcome is written to its key by a fenced store call after the
+// handler returned, before the result is delivered.
+type ordinary struct{}
+
+// free releases the key. Nothing ran, so the release may be retried
+// (fenced) for a while: a key left in flight would answer outcome_unknown
+// for its whole TTL. Bounded, so the caller still gets its 503 soon.
+func (ordinary) free(x *execution) {
+	x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
+}
+
+// panicked settles a handler that panicked as failed.
+func (ordinary) panicked(x *execution) {
+	if x.owned {
+		x.settle(x.fence, x.failed(), Response{}, x.leaseEnd)
+		x.observe(OutcomeExecuted, settledReason(x.failed()), 0)
+	}
+}
+
+// conclude settles the outcome of a handler that returned, then delivers
+// its result.
+func (ordinary) conclude(x *execution) {
+	o := x.classify(x.t.status(), TxOpen)
+	if x.owned {
+		resp := Response{}
+		if o == outcomeComplete {
+			resp = x.t.result()
+		}
+		x.settle(x.fence, o, resp, x.leaseEnd)
+	}
+	x.t.send()
+	if x.owned {
+		x.observe(OutcomeExecuted, settledReason(o), x.t.status())
+	}
+}
+
+// settle writes a handler's outcome to its key, retrying until deadline. An
+// outcome that cannot be settled leaves the key in flight: it is never
+// executed again, and later answers idempotency_outcome_unknown.
+func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time) {
+	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, resp) }
+	switch o {
+	case outcomeFail:
+		op, call = "fail", func(c context.Context) error { return rq.m.store.Fail(c, f) }
+	case outcomeRelease:
+		op, call = "release", func(c context.Context) error { return rq.m.store.Release(c, f) }
+	}
+	backoff := 25 * time.Millisecond
+	for try := 1; ; try++ {
+		_, err := storeCall(rq, op, func(c context.Context) (struct{}, error) { return struct{}{}, call(c) })
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ErrNotOwner) && try > 1:
+			// The earlier attempt may have landed with its reply lost.
+			rq.logSettle(slog.LevelWarn, "idempotency: outcome already settled or key taken over; an earlier attempt's reply was lost", op)
+			return
+		case errors.Is(err, ErrNotOwner):
+			rq.logSettle(slog.LevelError, "idempotency: key was taken over while its handler ran; outcome not settled", op)
+			rq.rm.settleFailures.Inc()
+			rq.recordFailed = true
+			return
+		case storeReason(err) == ReasonData, time.Now().Add(backoff + rq.m.cfg.StoreTimeout).After(deadline):
+			// A refused value fails every retry alike: do not keep the
+			// client waiting for the lease.
+			rq.logSettle(slog.LevelError, "idempotency: could not settle the outcome; the key stays in flight", op,
+				"reason", storeReason(err), "error", err)
+			rq.rm.settleFailures.Inc()
+			rq.recordFailed = true
+			return
+		}
+		time.Sleep(backoff) // back off before retrying a failing store
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// logSettle logs an event of settling op for the request's key.
+func (rq *request) logSettle(level slog.Level, msg, op string, args ...any) {
+	args = append([]any{"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "operation", op}, args...)
+	rq.m.log.Log(rq.ctx, level, msg, args...)
+}
