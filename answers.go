@@ -35,10 +35,11 @@ const (
 	countTooLarge                 // idempotency_response_too_large_total{endpoint}
 )
 
-// answers is the contract's table of answers (README "How it works"). code
-// is the body's "error" member; problem is the last segment of its
-// problem+json type URI, an idempotency_... code either way, so a client
-// finds the code in both forms.
+// answers is the contract's table of answers (README "How it works"), which
+// each adapter maps to its transport: code is the HTTP body's "error"
+// member; problem is the last segment of its problem+json type URI, an
+// idempotency_... code either way, so a client finds the code in both
+// forms; err is Do's error.
 var answers = [numAnswers]struct {
 	status       int
 	code         string
@@ -49,20 +50,21 @@ var answers = [numAnswers]struct {
 	close        bool   // Connection: close: the request body was not read whole
 	counter      counted
 	reason       string
+	err          error // what the answer stands for, as Do and Exec return it (ErrorAnswer.Unwrap)
 }{
-	answerMissingKey:       {400, "Idempotency-Key header is required", "idempotency_key_required", "Idempotency-Key header is required", "", 0, false, countRejection, reasonMissingKey},
-	answerInvalidKey:       {400, "Idempotency-Key must be a UUID string", "idempotency_key_invalid", "Idempotency-Key must be a UUID string", "", 0, false, countRejection, reasonInvalidKey},
-	answerInvalidOpaqueKey: {400, "Idempotency-Key must be 1-255 characters", "idempotency_key_invalid", "Idempotency-Key must be 1-255 characters", "", 0, false, countRejection, reasonInvalidKey},
-	answerInvalidScope:     {400, "idempotency_scope_invalid", "idempotency_scope_invalid", "The request's scope or endpoint cannot be stored", "", 0, false, countRejection, reasonInvalidScope},
-	answerBodyTooLarge:     {413, "idempotency_body_too_large", "idempotency_body_too_large", "Request body over the route's limit", "", 0, true, countRejection, reasonBodyTooLarge},
-	answerBodyUnreadable:   {400, "idempotency_body_unreadable", "idempotency_body_unreadable", "Request body could not be read whole", "", 0, true, countRejection, reasonBodyUnreadable},
-	answerUnavailable:      {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonStoreUnavailable},
-	answerInFlight:         {409, "idempotency_in_flight", "idempotency_in_flight", "A request with this key is in flight; retry the same key", "5", 5000, false, countConflict, reasonInFlight},
-	answerMismatch:         {422, "idempotency_key_body_mismatch", "idempotency_key_body_mismatch", "Idempotency-Key was used for another request", "", 0, false, countConflict, reasonBodyMismatch},
-	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed},
-	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown},
-	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored},
-	answerResponseTooLarge: {500, "idempotency_response_too_large", "idempotency_response_too_large", "Response over the transactional route's buffer; rolled back", "", 0, false, countTooLarge, ""},
+	answerMissingKey:       {400, "Idempotency-Key header is required", "idempotency_key_required", "Idempotency-Key header is required", "", 0, false, countRejection, reasonMissingKey, ErrInvalidKey},
+	answerInvalidKey:       {400, "Idempotency-Key must be a UUID string", "idempotency_key_invalid", "Idempotency-Key must be a UUID string", "", 0, false, countRejection, reasonInvalidKey, ErrInvalidKey},
+	answerInvalidOpaqueKey: {400, "Idempotency-Key must be 1-255 characters", "idempotency_key_invalid", "Idempotency-Key must be 1-255 characters", "", 0, false, countRejection, reasonInvalidKey, ErrInvalidKey},
+	answerInvalidScope:     {400, "idempotency_scope_invalid", "idempotency_scope_invalid", "The request's scope or endpoint cannot be stored", "", 0, false, countRejection, reasonInvalidScope, ErrInvalidScope},
+	answerBodyTooLarge:     {413, "idempotency_body_too_large", "idempotency_body_too_large", "Request body over the route's limit", "", 0, true, countRejection, reasonBodyTooLarge, nil},
+	answerBodyUnreadable:   {400, "idempotency_body_unreadable", "idempotency_body_unreadable", "Request body could not be read whole", "", 0, true, countRejection, reasonBodyUnreadable, nil},
+	answerUnavailable:      {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonStoreUnavailable, ErrStoreUnavailable},
+	answerInFlight:         {409, "idempotency_in_flight", "idempotency_in_flight", "A request with this key is in flight; retry the same key", "5", 5000, false, countConflict, reasonInFlight, ErrInFlight},
+	answerMismatch:         {422, "idempotency_key_body_mismatch", "idempotency_key_body_mismatch", "Idempotency-Key was used for another request", "", 0, false, countConflict, reasonBodyMismatch, ErrMismatch},
+	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed, ErrPreviousFailed},
+	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown, ErrOutcomeUnknown},
+	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored, ErrResponseNotStored},
+	answerResponseTooLarge: {500, "idempotency_response_too_large", "idempotency_response_too_large", "Response over the transactional route's buffer; rolled back", "", 0, false, countTooLarge, "", nil},
 }
 
 // ErrorFormat is the body form of the contract's error answers.

@@ -32,6 +32,8 @@ type request struct {
 	rm    *routeMetrics // the label's counters
 	// Set by claimKey:
 	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
+	// cause is why the store was unavailable, for the answer that says so.
+	cause error
 	// For Config.Observer:
 	start        time.Time     // when the call reached the engine (only with an Observer)
 	storeTime    time.Duration // time spent in store calls

@@ -163,6 +163,7 @@ func (x *execution) commit(s *Settlement) bool {
 	} else {
 		x.m.log.ErrorContext(x.ctx, "idempotency: commit failed", "endpoint", x.label, "error", err)
 	}
+	x.cause = err
 	x.answer(answerUnavailable)
 	return false
 }

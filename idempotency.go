@@ -138,6 +138,9 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	if rc.Codec != nil {
 		return nil, errors.New("idempotency: RouteConfig.Codec applies to Operations only")
 	}
+	if reservedName(rc.Name) {
+		return nil, errors.New("idempotency: RouteConfig.Name may not look like an Operation's endpoint (do:<name>, or scheme:/path)")
+	}
 	if err := rc.validateKeys(m.scoped); err != nil {
 		return nil, err
 	}

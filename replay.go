@@ -24,6 +24,7 @@ func (rq *request) replay(rec Record) {
 		if !rq.rt.failOpen {
 			rq.m.log.ErrorContext(rq.ctx, "idempotency: replay hook failed; replay refused",
 				"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
+			rq.cause = err
 			rq.answer(answerUnavailable)
 			return
 		}

@@ -50,6 +50,7 @@ func (rq *request) claimFailed(err error) {
 	default:
 		rq.m.log.WarnContext(rq.ctx, "idempotency: store unavailable, rejecting",
 			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
+		rq.cause = err
 		rq.answer(answerUnavailable)
 		rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
 	}
