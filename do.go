@@ -27,17 +27,13 @@ type Operation struct {
 
 // Call is one call of an Operation.
 type Call struct {
-	// Key is the call's idempotency key, such as a message's id or a
-	// webhook's event id: 1 to 255 visible ASCII characters or spaces,
-	// compared exactly (the opaque-key rules); anything else is
-	// ErrInvalidKey.
+	// Key is the call's idempotency key (a message's id, a webhook's event
+	// id): 1 to 255 visible ASCII characters or spaces, compared exactly.
 	Key string
 	// Scope is the user the call is about ("" asks Config.Scope): keys of
 	// different scopes never meet, and erasure finds a user's rows by it.
-	Scope string
-	// Request is the call's request, hashed as an HTTP body is (JSON
-	// canonicalised): the key sent again with other bytes is ErrMismatch.
-	Request []byte
+	Scope   string
+	Request []byte // hashed as an HTTP body is: the key sent with other bytes is ErrMismatch
 }
 
 // CallInfo tells how Do answered a call.

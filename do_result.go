@@ -15,15 +15,13 @@ import (
 // Do runs fn at most once per (c.Key, scope, op): the first call with a
 // key runs it, detached from ctx's cancellation with the lease less the
 // store timeout to finish, and records its outcome; every other call gets
-// that outcome back without running fn (info.Replayed). fn's error decides
-// the outcome as a status does over HTTP: nil completes, and the value is
-// returned decoded from its stored encoding (RouteConfig.Codec), on the
-// first run too; a *PermanentError completes and is returned as itself on
-// every call; a Retryable error releases the key; any other error, or a
-// panic (re-raised), fails it. A call that does not run fn gets an
-// *ErrorAnswer (errors.Is: ErrInFlight, ErrPreviousFailed and the rest).
-// On a Transactional op, fn writes through the transaction in its context
-// (TxFromContext), which commits together with the record.
+// it back (info.Replayed). fn's error decides the outcome: nil completes,
+// and the value is returned decoded from its stored encoding (Codec), on
+// the first run too; a *PermanentError completes and is returned as
+// itself; a Retryable error releases the key; any other error, or a panic
+// (re-raised), fails it. A call that does not run fn gets an *ErrorAnswer
+// (errors.Is: ErrInFlight and the rest). On a Transactional op, fn writes
+// through TxFromContext(ctx), committed together with the record.
 func Do[T any](ctx context.Context, op *Operation, c Call, fn func(context.Context) (T, error)) (T, CallInfo, error) {
 	var (
 		ran   bool  // fn ran in this call

@@ -33,22 +33,17 @@ const (
 
 // Observation describes one decided request, for Config.Observer.
 type Observation struct {
-	Outcome Outcome // how the request was decided
-	Reason  string  // the outcome's reason; "" for pass_through and replayed
-	// Endpoint is the metrics label: the route's name or pattern, or
-	// "unnamed"; never a raw path.
-	Endpoint string
-	// Scope is the user scope, or with Config.IdentifierSecret its
-	// HMAC-SHA256 in hex; "" with Config.OmitIdentifiers, and before the
-	// scope is known (pass_through, bypassed "disabled", a refused key or
-	// body).
+	Outcome  Outcome // how the request was decided
+	Reason   string  // the outcome's reason; "" for pass_through and replayed
+	Endpoint string  // the metrics label: a route's name or pattern, "unnamed", or do:<name>
+	// Scope is the user scope (its HMAC under Config.IdentifierSecret; ""
+	// under Config.OmitIdentifiers and before the scope is known).
 	Scope string
-	// Status is the status sent: the contract's answer, the replayed or the
-	// handler's status; 0 when the handler runs after the decision
-	// (pass_through, bypassed) or panicked.
+	// Status is the status sent: the contract's, the replayed or the
+	// handler's; 0 when the handler runs after the decision or panicked.
 	Status int
-	// Duration runs from the request's arrival at the route to the
-	// decision; for executed requests, to the end of the response.
+	// Duration runs from the call's arrival to the decision; for executed
+	// calls, to the end of the response.
 	Duration time.Duration
 	// StoreDuration is the time spent in store calls within Duration.
 	StoreDuration time.Duration

@@ -58,10 +58,9 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL         time.Duration // how long the row lives: expires_at = now + TTL
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
-	// LockWait bounds, for a claim inside a transaction (TxStore), how
-	// long the claim, a takeover and a re-read wait on a row of the key
-	// that another open transaction holds; 0 means DefaultTxLockWait.
-	// Other claims never wait on a lock held by a handler.
+	// LockWait bounds how long a claim inside a transaction (TxStore), its
+	// takeover and re-read wait on a row of the key another open
+	// transaction holds (0: DefaultTxLockWait); other claims never wait.
 	LockWait time.Duration
 	// Owner is the claiming call's random token (one per call), stored in
 	// the row by Claim and Takeover (uuid.Nil stores none), so the call
