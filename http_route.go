@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -15,11 +16,33 @@ import (
 // the key, the body, the scope), then serve it: claim its key, execute the
 // handler if the claim was won, or answer as the key's record calls for.
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if rt.plain && len(r.Header[HeaderKey]) == 0 {
+		rt.passKeyless(w, r)
+		return
+	}
 	rq := rt.newRequest(w, r)
 	if !rq.admit() {
 		return
 	}
 	rq.serve()
+}
+
+// passKeyless passes a request without a key through a plain route (no
+// transaction, no Observer, the key optional) without building the
+// engine's call: what admit would do, at the cost of a bare handler. A
+// kill-switch that is off is counted as admit counts it.
+func (rt *route) passKeyless(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	if rt.m.ownSwitch {
+		ctx = context.WithValue(ctx, requestCtxKey, r)
+	}
+	if rt.m.cfg.Enabled(ctx) {
+		rt.next.ServeHTTP(w, r)
+		return
+	}
+	rq := rt.newRequest(w, r)
+	rq.name()
+	rq.switchedOff()
 }
 
 // admit decides whether a request is claimed. It reports false when it has

@@ -123,6 +123,7 @@ type route struct {
 	parseKey      keyParser
 	invalidKey    answer // the 400 of a refused key, worded for the route's format
 	marker        bool   // add "idempotency_replayed": true to replayed JSON objects
+	plain         bool   // no transaction, no Observer, the key optional: a keyless request just passes (passKeyless)
 }
 
 func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
@@ -155,6 +156,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		parseKey:      parse,
 		invalidKey:    invalid,
 		marker:        !rc.NoReplayMarker,
+		plain:         p.txStore == nil && !rc.RequireKey && m.cfg.Observer == nil,
 	}, nil
 }
 
