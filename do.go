@@ -212,7 +212,7 @@ func (oc *opCall) result() Response {
 	return r
 }
 
-func (oc *opCall) send()                         { oc.out = oc.res }
+func (oc *opCall) send()                         { oc.out, oc.out.Status = oc.res, oc.status() }
 func (oc *opCall) replay(resp Response)          { oc.out, oc.info.Replayed = resp, true }
 func (oc *opCall) auditContext() context.Context { return oc.ctx }
 
