@@ -54,10 +54,10 @@ const doScheme = "do"
 
 // Operation returns the entry point name under policy rc, for Do. Its keys
 // are stored under the endpoint do:<name>; a name of the form scheme:/path,
-// as an adapter such as contrib/grpc gives, is stored as it is. rc's
-// HTTP-only fields (Name, KeyFormat, ParseKey, RequireKey, MaxBodyBytes,
-// ReplayHeaders, NoReplayMarker) must be left unset. It fails when name or
-// rc is invalid.
+// as an adapter such as contrib/grpc gives, is stored as it is. Keys follow
+// the opaque-key rules whatever rc.KeyFormat says; rc's HTTP-only fields
+// (Name, ParseKey, RequireKey, MaxBodyBytes, ReplayHeaders, NoReplayMarker)
+// must be left unset. It fails when name or rc is invalid.
 func (m *Middleware) Operation(name string, rc RouteConfig) (*Operation, error) {
 	endpoint, adapter := doScheme+":"+name, doScheme
 	if scheme, _, ok := strings.Cut(name, ":/"); ok && isScheme(scheme) {
@@ -65,12 +65,12 @@ func (m *Middleware) Operation(name string, rc RouteConfig) (*Operation, error) 
 	}
 	switch {
 	case name == "" || !storable(endpoint):
-		return nil, errors.New("idempotency: an Operation's name must be 1 to 1020 bytes of UTF-8 without NUL bytes")
+		return nil, errors.New("idempotency: an Operation's name must be UTF-8 without NUL bytes, its endpoint (do:<name>) 1 to 1024 bytes")
 	case adapter == "http" || adapter == "https":
 		return nil, errors.New("idempotency: an Operation's name may not name the http adapter")
 	case rc.Name != "" || rc.KeyFormat != KeyUUID && rc.KeyFormat != KeyOpaque || rc.ParseKey != nil || rc.RequireKey ||
 		rc.MaxBodyBytes != 0 || rc.ReplayHeaders != nil || rc.NoReplayMarker:
-		return nil, errors.New("idempotency: an Operation takes no RouteConfig.Name, KeyFormat, ParseKey, RequireKey, MaxBodyBytes, ReplayHeaders or NoReplayMarker")
+		return nil, errors.New("idempotency: an Operation takes no RouteConfig.Name, ParseKey, RequireKey, MaxBodyBytes, ReplayHeaders or NoReplayMarker, and a valid KeyFormat")
 	case rc.MinKeyLength < 0 || rc.MinKeyLength > MaxKeyLength:
 		return nil, errors.New("idempotency: RouteConfig.MinKeyLength must be between 0 and 255")
 	}
