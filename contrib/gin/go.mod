@@ -6,7 +6,7 @@ replace github.com/idemkit/idempotency => ../..
 
 require (
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idempotency v0.1.0
 )
 
 require (
