@@ -17,9 +17,9 @@ import (
 
 // TestEchoTransactional: on a transactional route a handler that writes and
 // then returns an error, or answers c.NoContent(502), must roll its writes
-// back. With the adapter echo's
-// 500 is rendered inside the middleware, so it does; with plain
-// echo.WrapMiddleware the writes commit under a recorded 200.
+// back. With the adapter echo's 500 is rendered inside the middleware, so
+// it does; with plain echo.WrapMiddleware the writes commit under a
+// recorded 200.
 func TestEchoTransactional(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
