@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -134,7 +135,7 @@ func promCounts(t *testing.T, reg prometheus.Gatherer) []string {
 	var out []string
 	for _, f := range families {
 		name := strings.TrimSuffix(strings.TrimPrefix(f.GetName(), "idempotency_"), "_total")
-		if !isMirrored(name) {
+		if !slices.Contains(mirrored, name) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
@@ -163,14 +164,14 @@ func otelCounts(t *testing.T, reader *sdkmetric.ManualReader) []string {
 		for _, m := range sm.Metrics {
 			sum, ok := m.Data.(metricdata.Sum[int64])
 			name := strings.TrimPrefix(m.Name, "idempotency.")
-			if !ok || !isMirrored(name) {
+			if !ok || !slices.Contains(mirrored, name) {
 				continue
 			}
 			for _, p := range sum.DataPoints {
 				if p.Value > 0 {
 					var labels []string
 					for _, kv := range p.Attributes.ToSlice() {
-						labels = append(labels, string(kv.Key)+"="+kv.Value.Emit())
+						labels = append(labels, string(kv.Key)+"="+kv.Value.String())
 					}
 					out = append(out, series(name, labels, p.Value))
 				}
@@ -179,15 +180,6 @@ func otelCounts(t *testing.T, reader *sdkmetric.ManualReader) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func isMirrored(name string) bool {
-	for _, m := range mirrored {
-		if m == name {
-			return true
-		}
-	}
-	return false
 }
 
 func series(name string, labels []string, v int64) string {
