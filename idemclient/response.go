@@ -12,11 +12,13 @@ import (
 // so that a body cut before its end fails the attempt (and is retried like
 // a lost answer) instead of the caller's read. A body declared or found
 // longer than limit, an event stream (read as it comes, and it may never
-// end), a protocol switch's connection and a negative limit are left to
-// stream. On an error it has closed resp's body.
+// end), a connection (a protocol switch, CONNECT: its body is writable)
+// and a negative limit are left to stream. On an error it has closed
+// resp's body.
 func readWhole(resp *http.Response, limit int64) (*http.Response, error) {
-	if limit < 0 || resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength > limit ||
-		resp.StatusCode == http.StatusSwitchingProtocols || isEventStream(resp.Header.Get("Content-Type")) {
+	_, conn := resp.Body.(io.Writer)
+	if limit < 0 || resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength > limit || conn ||
+		isEventStream(resp.Header.Get("Content-Type")) {
 		return resp, nil
 	}
 	buf, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))

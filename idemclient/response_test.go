@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idempotency/internal/lossyproxy"
 )
@@ -149,5 +150,40 @@ func TestChunkedCutRetried(t *testing.T) {
 	}
 	if got := readAll(t, resp); got != order || len(s.seen()) != 2 {
 		t.Fatalf("read %d bytes after %d requests, want %d after 2", len(got), len(s.seen()), len(order))
+	}
+}
+
+// TestProtocolSwitchNotBuffered: a 101's body is the connection itself:
+// it is returned at once, never read until it ends.
+func TestProtocolSwitchNotBuffered(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	s := newScript(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "Upgrade")
+		w.Header().Set("Upgrade", "test")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		select {
+		case <-release:
+		case <-time.After(waitLimit):
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	req := post(t, ctx, s.srv.URL, strings.NewReader(`{}`))
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "test")
+	resp, err := testTransport(t).RoundTrip(req)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, ok := resp.Body.(io.Writer); resp.StatusCode != http.StatusSwitchingProtocols || !ok {
+		t.Fatalf("answer %d with body %T, want 101 and the connection", resp.StatusCode, resp.Body)
 	}
 }
