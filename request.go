@@ -29,6 +29,7 @@ type request struct {
 	start        time.Time     // when the request reached the route (only with an Observer)
 	storeTime    time.Duration // time spent in store calls
 	recordFailed bool          // an outcome could not be settled
+	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
 	observed     bool          // the decision was reported
 }
 

@@ -99,17 +99,22 @@ func (ins *instruments) record(ctx context.Context, o idempotency.Observation) {
 	ep := attribute.String("endpoint", o.Endpoint)
 	byEndpoint := metric.WithAttributeSet(attribute.NewSet(ep))
 	byReason := metric.WithAttributeSet(attribute.NewSet(ep, attribute.String("reason", o.Reason)))
+	// Hit and Miss say how the claim counted: the outcome alone cannot (a
+	// 503 may follow a won claim, a live row or no claim at all).
+	if o.Miss {
+		ins.miss.Add(ctx, 1, byEndpoint)
+	}
+	if o.Hit {
+		ins.hit.Add(ctx, 1, byEndpoint)
+	}
 	switch o.Outcome {
 	case idempotency.OutcomeExecuted:
-		ins.miss.Add(ctx, 1, byEndpoint)
 		if o.Reason == "response_too_large" {
 			ins.tooLarge.Add(ctx, 1, byEndpoint)
 		}
 	case idempotency.OutcomeReplayed:
-		ins.hit.Add(ctx, 1, byEndpoint)
 		ins.replay.Add(ctx, 1, byEndpoint)
 	case idempotency.OutcomeConflict:
-		ins.hit.Add(ctx, 1, byEndpoint)
 		ins.conflicts.Add(ctx, 1, byReason)
 	case idempotency.OutcomeRejected:
 		ins.rejections.Add(ctx, 1, byReason)
