@@ -55,6 +55,7 @@ type Observation struct {
 	// RecordFailed reports that the outcome could not be settled in the
 	// store (idempotency_record_failures_total).
 	RecordFailed bool
+	StoreReason  string // the Reason of the store error that failed the claim of a rejected or bypassed request
 }
 
 // observe reports the request's decision to Config.Observer, once.
@@ -66,6 +67,7 @@ func (rq *request) observe(o Outcome, reason string, status int) {
 	rq.m.cfg.Observer(rq.r.Context(), Observation{
 		Outcome: o, Reason: reason, Endpoint: rq.label, Scope: rq.m.identifier(rq.claim.Scope), Status: status,
 		Duration: time.Since(rq.start), StoreDuration: rq.storeTime, RecordFailed: rq.recordFailed,
+		StoreReason: rq.storeReason,
 	})
 }
 
