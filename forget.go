@@ -39,7 +39,7 @@ func (rq *request) forgetClaim(err error) {
 	case rq.m.forgetting <- struct{}{}:
 	default:
 		rq.m.log.WarnContext(rq.r.Context(), "idempotency: too many claims of unknown outcome to free; this key may stay in flight",
-			"endpoint", rq.label)
+			"endpoint", rq.label, "scope", rq.claim.Scope, "key", rq.claim.Key)
 		return
 	}
 	until := rq.claimStart.Add(rq.claim.Lease)
