@@ -179,10 +179,9 @@ type OwnerReleaser interface {
 	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint)
 	// only if it is in_flight and carries the owner token req.Owner, and
 	// reports whether it deleted one. Other fields of req are ignored. A
-	// row finished or taken over since (any other token, or
-	// none) is left alone, and so is every row when req.Owner is zero.
-	// Like every store call it honours ctx's deadline; its errors are
-	// *StoreErrors with Op "release".
+	// row finished or taken over since (any other token, or none) is left
+	// alone, and so is every row when req.Owner is zero. Like every store
+	// call it honours ctx's deadline; its errors are *StoreErrors (Op "release").
 	ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error)
 }
 
