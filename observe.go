@@ -55,6 +55,7 @@ type Observation struct {
 	// counted in idempotency_hit_total (its claim found a live row,
 	// whatever was answered) or idempotency_miss_total (it won its claim).
 	RecordFailed, Hit, Miss bool
+	StoreReason             string // the Reason of the store error that failed the claim of a rejected or bypassed request
 }
 
 // observe reports the request's decision to Config.Observer, once.
@@ -67,6 +68,7 @@ func (rq *request) observe(o Outcome, reason string, status int) {
 		Outcome: o, Reason: reason, Endpoint: rq.label, Scope: rq.m.identifier(rq.claim.Scope), Status: status,
 		Duration: time.Since(rq.start), StoreDuration: rq.storeTime, RecordFailed: rq.recordFailed,
 		Hit: rq.hit, Miss: rq.miss,
+		StoreReason: rq.storeReason,
 	})
 }
 
