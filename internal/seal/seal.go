@@ -99,7 +99,7 @@ func (s *Sealer) Seal(ctx context.Context, row Row, p Plain) (id string, sealed 
 	if err != nil {
 		return "", nil, err
 	}
-	pt := appendEnvelope(make([]byte, 0, envelopeSize(p)), p)
+	pt := appendEnvelope(nil, p)
 	out := make([]byte, 1, len(pt)+overhead)
 	out[0] = Version
 	return id, aead.Seal(out, nil, pt, additionalData(Version, id, row)), nil
@@ -118,7 +118,10 @@ func (s *Sealer) Open(ctx context.Context, row Row, id string, sealed []byte) (P
 	if err != nil {
 		return Plain{}, err
 	}
-	pt, err := aead.Open(nil, nil, sealed[1:], additionalData(sealed[0], id, row))
+	// One allocation for the additional data and the opened envelope after
+	// it (the envelope's body is then a slice of it).
+	ad := appendAdditionalData(make([]byte, 0, additionalSize(id, row)+len(sealed)), sealed[0], id, row)
+	pt, err := aead.Open(ad[len(ad):], nil, sealed[1:], ad)
 	if err != nil {
 		return Plain{}, ErrOpen
 	}
@@ -159,7 +162,16 @@ func (s *Sealer) aead(id string, key []byte) (cipher.AEAD, error) {
 // additionalData binds a value to its format, its key id and its row:
 // every field prefixed with its length, so no two rows share one.
 func additionalData(version byte, id string, r Row) []byte {
-	b := make([]byte, 0, 9*4+1+len(id)+8+4+len(r.Scope)+len(r.Endpoint)+len(r.Key)+len(r.RequestHash)+8)
+	return appendAdditionalData(make([]byte, 0, additionalSize(id, r)), version, id, r)
+}
+
+// additionalSize is the size of additionalData's result.
+func additionalSize(id string, r Row) int {
+	return 9*4 + 1 + len(id) + 8 + 4 + len(r.Scope) + len(r.Endpoint) + len(r.Key) + len(r.RequestHash) + 8
+}
+
+// appendAdditionalData appends additionalData's bytes to b.
+func appendAdditionalData(b []byte, version byte, id string, r Row) []byte {
 	b = append(binary.BigEndian.AppendUint32(b, 1), version)
 	b = field(b, id)
 	b = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(b, 8), uint64(r.ID))

@@ -258,3 +258,26 @@ func TestEnvelopeMalformed(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkSeal(b *testing.B) {
+	s := New(ring(&testing.T{}, "k1"))
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := s.Seal(ctx, testRow, testPlain); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkOpen(b *testing.B) {
+	s := New(ring(&testing.T{}, "k1"))
+	ctx := context.Background()
+	_, sealed, _ := s.Seal(ctx, testRow, testPlain)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Open(ctx, testRow, "k1", sealed); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
