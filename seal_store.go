@@ -39,8 +39,12 @@ func sealRow(f Fence, rec *Record, status int) seal.Row {
 		Key: rec.Key, RequestHash: rec.RequestHash, Status: status}
 }
 
-// seal returns resp sealed for the row f owns.
+// seal returns resp sealed for the row f owns; a response sealed already
+// is stored as it is (sealing it again would lose its key id).
 func (w *sealingStore) seal(ctx context.Context, op string, f Fence, owner *Record, resp Response) (Response, error) {
+	if resp.SealKeyID != "" {
+		return resp, nil
+	}
 	id, sealed, err := w.sealer.Seal(ctx, sealRow(f, owner, resp.Status),
 		seal.Plain{Kind: uint8(resp.BodyKind), Header: resp.Header, Body: resp.Body})
 	if err != nil {

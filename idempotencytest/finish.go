@@ -90,6 +90,8 @@ func runFinish(t *testing.T, setup setupFunc) {
 		t.Run("StoresAndReturnsCopies", func(t *testing.T) { completeStoresAndReturnsCopies(t, setup) })
 
 		t.Run("SecondCompleteIsNotOwner", func(t *testing.T) { completeSecondCompleteIsNotOwner(t, setup) })
+
+		t.Run("KeepsSealedResponse", func(t *testing.T) { completeKeepsSealedResponse(t, setup) })
 	})
 
 	t.Run("Fail", func(t *testing.T) {
@@ -111,6 +113,32 @@ func runFinish(t *testing.T, setup setupFunc) {
 
 		t.Run("GoneRowIsNotOwner", func(t *testing.T) { fenceGoneRowIsNotOwner(t, setup) })
 	})
+}
+
+// completeKeepsSealedResponse is the subtest Complete/KeepsSealedResponse:
+// a sealed response (Response.SealKeyID set) reads back exactly as stored,
+// its key id with it, or is refused with reason unseal (a sealing store
+// without that key); never as a plain response, whose bytes would then
+// be replayed.
+func completeKeepsSealedResponse(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	sealed := idempotency.Response{Status: 201, Body: []byte{1, 0xde, 0xad, 0, 0xbe, 0xef}, BodyKind: idempotency.BodyRaw,
+		SealKeyID: "idempotencytest-key"}
+	if err := s.Complete(ctx, rec.Fence(), rec, sealed); err != nil {
+		t.Fatalf("Complete of a sealed response: %v", err)
+	}
+	res, err := s.Claim(ctx, req)
+	if err != nil {
+		if r := StoreReason(t, "Claim of a sealed row", err); r != idempotency.ReasonUnseal {
+			t.Fatalf("Claim of a sealed row: reason %q, want the row or reason unseal", r)
+		}
+		return
+	}
+	want := rec
+	want.Status, want.Response = idempotency.StatusCompleted, sealed
+	sameRecord(t, "sealed row", res.Record, want)
 }
 
 // completeStoresAndReturnsCopies is the subtest Complete/StoresAndReturnsCopies.

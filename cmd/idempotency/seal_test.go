@@ -295,3 +295,16 @@ func TestSealedExportAndInspect(t *testing.T) {
 		}
 	}
 }
+
+// TestNonceBudgetWarning: stats warns of a key id sealing 2^31 stored
+// values or more (one key may seal at most 2^32 with random nonces), and
+// of no other.
+func TestNonceBudgetWarning(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	c := &cli{stderr: &stderr}
+	c.warnNonceBudget(map[string]int64{"k1": 1 << 31, "k2": 1<<31 - 1, "": 1 << 32})
+	if got := stderr.String(); strings.Count(got, "warning:") != 1 || !strings.Contains(got, "seal key id k1 seals 2147483648 stored values") {
+		t.Fatalf("warnings:\n%s", got)
+	}
+}
