@@ -151,7 +151,10 @@ func timeCall[T any](m *Middleware, ctx context.Context, op string, fn func(cont
 	}
 	reason := storeReason(err)
 	m.metrics.storeErrors.WithLabelValues(op, reason).Inc()
-	if reason != ReasonConflict && reason != ReasonData { // the store answered those
+	switch reason {
+	case ReasonConflict, ReasonData, ReasonUnseal: // the store answered those
+	case ReasonSeal: // the key source failed, before the store was asked
+	default:
 		m.metrics.health.failed()
 	}
 	return v, took, err

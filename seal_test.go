@@ -113,6 +113,10 @@ func TestSealedRowWithoutItsKey(t *testing.T) {
 			if strings.Contains(rg.logs.String(), base64Key("k1")) || strings.Contains(rg.logs.String(), base64Key("k2")) {
 				t.Fatalf("%s: a key in the log", name)
 			}
+			// The store answered all along: a new key is no "recovery".
+			if w := sealSend(rg.closed, uuid.NewString(), "s"); w.Code != http.StatusCreated || strings.Contains(rg.logs.String(), "the store recovered") {
+				t.Fatalf("%s: a new key answered %d; log:\n%s", name, w.Code, rg.logs)
+			}
 		}
 	})
 }
