@@ -82,8 +82,7 @@ type Response struct {
 	Body     []byte      // the body; nil with BodyNone
 	BodyKind BodyKind    // how Body is stored and replayed
 	// SealKeyID, when set, names the key that sealed the response
-	// (NewSealingStore): Body holds the sealed value, which only a sealing
-	// store with that key opens; the middleware never replays it.
+	// (NewSealingStore): Body is then the sealed value, never replayed.
 	SealKeyID string
 
 	plaintext bool // read by a sealing store from a row recorded before sealing

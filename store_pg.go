@@ -113,8 +113,7 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 // cannot hold (a \u0000 escape, which JSONB refuses) is stored byte for byte
 // in the raw column, with the jsonStoredRaw marker in the JSONB column, and
 // reads back as the same BodyJSON bytes. A BodyRaw body, empty included, is
-// stored byte for byte; BodyNone stores no body. A sealed response goes to
-// the raw column, its key id to seal_key_id.
+// stored byte for byte (a sealed one too); BodyNone stores no body.
 func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
 	jsonBody, rawBody, headers, err := completeArgs(resp, false)
 	if err != nil {
