@@ -112,7 +112,7 @@ func TestDoOutcomeUnknown(t *testing.T) {
 // completeFails is a memory store that cannot record a completion.
 type completeFails struct{ *idempotency.MemoryStore }
 
-func (completeFails) Complete(context.Context, idempotency.Fence, idempotency.Response) error {
+func (completeFails) Complete(context.Context, idempotency.Fence, idempotency.Record, idempotency.Response) error {
 	return &idempotency.StoreError{Op: "complete", Reason: idempotency.ReasonConnection, Err: errors.New("connection reset")}
 }
 

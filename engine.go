@@ -38,6 +38,8 @@ type request struct {
 	start        time.Time     // when the call reached the engine (only with an Observer)
 	storeTime    time.Duration // time spent in store calls
 	recordFailed bool          // an outcome could not be settled
+	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
+	storeReason  string        // the reason of the store error the claim failed with
 	observed     bool          // the decision was reported
 	// run is the call's execution, if it runs one: kept here, where the
 	// adapter already allocated the call, rather than allocated apart.

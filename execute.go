@@ -14,6 +14,8 @@ type execution struct {
 	*request
 	owned    bool
 	fence    Fence      // owned: the claim's fence
+	own      Record     // owned: the claimed row, which the record is bound to
+	claimed  time.Time  // owned: when the claim was made
 	leaseEnd time.Time  // owned: the end of the claim's lease
 	tx       RouteTx    // transactional routes: the handler's transaction
 	closeTx  func()     // transactional routes: ends the handler's loan of tx
@@ -48,7 +50,7 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 	x := &rq.run0
 	*x = execution{request: rq, tx: tx, how: ordinary{}}
 	if own != nil {
-		x.owned, x.fence, x.leaseEnd = true, own.Fence(), claimedAt.Add(rq.m.cfg.Lease)
+		x.owned, x.fence, x.own, x.claimed, x.leaseEnd = true, own.Fence(), *own, claimedAt, claimedAt.Add(rq.m.cfg.Lease)
 	}
 	if rq.rt.txStore != nil {
 		x.how = transactional{}
@@ -127,7 +129,7 @@ func (x *execution) tooLate() bool {
 // to retry.
 func (x *execution) giveBack() {
 	x.how.free(x)
-	x.m.log.WarnContext(x.ctx, "idempotency: the store was too slow to leave the handler any time; key released",
+	x.m.log.WarnContext(x.ctx, "idempotency: the store was too slow to leave the handler any time; key given back",
 		"endpoint", x.claim.Endpoint, "key", x.claim.Key)
 	x.answer(answerUnavailable)
 }

@@ -47,9 +47,12 @@ type Observation struct {
 	Duration time.Duration
 	// StoreDuration is the time spent in store calls within Duration.
 	StoreDuration time.Duration
-	// RecordFailed reports that the outcome could not be settled in the
-	// store (idempotency_record_failures_total).
-	RecordFailed bool
+	// RecordFailed: the outcome could not be settled in the store
+	// (idempotency_record_failures_total). Hit and Miss: the request
+	// counted in idempotency_hit_total (its claim found a live row,
+	// whatever was answered) or idempotency_miss_total (it won its claim).
+	RecordFailed, Hit, Miss bool
+	StoreReason             string // the Reason of the store error that failed the claim of a rejected or bypassed request
 }
 
 // observe reports the request's decision to Config.Observer, once.
@@ -61,6 +64,8 @@ func (rq *request) observe(o Outcome, reason string, status int) {
 	rq.m.cfg.Observer(rq.ctx, Observation{
 		Outcome: o, Reason: reason, Endpoint: rq.label, Scope: rq.m.identifier(rq.claim.Scope), Status: status,
 		Duration: time.Since(rq.start), StoreDuration: rq.storeTime, RecordFailed: rq.recordFailed,
+		Hit: rq.hit, Miss: rq.miss,
+		StoreReason: rq.storeReason,
 	})
 }
 

@@ -13,16 +13,14 @@ import (
 type ordinary struct{}
 
 // free releases the key. Nothing ran, so the release may be retried
-// (fenced) for a while: a key left in flight would answer outcome_unknown
-// for its whole TTL. Bounded, so the caller still gets its 503 soon.
-func (ordinary) free(x *execution) {
-	x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
-}
+// (fenced) for as long as it takes, in the background once the caller had
+// its 503.
+func (ordinary) free(x *execution) { x.releaseUnrun(x.claimed) }
 
 // panicked settles a handler that panicked as failed.
 func (ordinary) panicked(x *execution) {
 	if x.owned {
-		x.settle(x.fence, x.failed(), Response{}, x.leaseEnd)
+		x.settle(x.own, x.failed(), Response{}, x.leaseEnd)
 		x.observe(OutcomeExecuted, settledReason(x.failed()), 0)
 	}
 }
@@ -36,7 +34,7 @@ func (ordinary) conclude(x *execution) {
 		if o == outcomeComplete {
 			resp = x.t.result()
 		}
-		x.settle(x.fence, o, resp, x.leaseEnd)
+		x.settle(x.own, o, resp, x.leaseEnd)
 	}
 	x.t.send()
 	if x.owned {
@@ -47,8 +45,9 @@ func (ordinary) conclude(x *execution) {
 // settle writes a handler's outcome to its key, retrying until deadline. An
 // outcome that cannot be settled leaves the key in flight: it is never
 // executed again, and later answers idempotency_outcome_unknown.
-func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time) {
-	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, resp) }
+func (rq *request) settle(own Record, o outcome, resp Response, deadline time.Time) {
+	f := own.Fence()
+	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, own, resp) }
 	switch o {
 	case outcomeFail:
 		op, call = "fail", func(c context.Context) error { return rq.m.store.Fail(c, f) }

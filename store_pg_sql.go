@@ -10,14 +10,14 @@ const pgRetries = 5
 // order scanRecord reads them. The last two are computed against the
 // database's clock.
 const pgColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at,
 	expires_at < now() AS expired, locked_until < now() AS lease_over`
 
 // pgClaimColumns are pgColumns without the key, scope and endpoint, which
 // a claim already knows: the hot path decodes three strings fewer.
 const pgClaimColumns = `id, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at,
 	expires_at < now() AS expired, locked_until < now() AS lease_over`
 
@@ -71,6 +71,7 @@ const pgTakeoverSQL = `UPDATE idempotency_keys SET
 	response_body = NULL,
 	response_body_raw = NULL,
 	response_headers = NULL,
+	seal_key_id = NULL,
 	created_at = now(),
 	locked_at = now(),
 	locked_until = now() + $6::interval,
@@ -83,13 +84,14 @@ RETURNING ` + pgColumns
 // pgCompleteSQL records the response, fenced on the owner's attempt.
 //
 // $1 id, $2 attempt, $3 scope, $4 status code, $5 JSON body, $6 raw body,
-// $7 headers.
+// $7 headers, $8 seal key id (NULL for a plaintext response).
 const pgCompleteSQL = `UPDATE idempotency_keys SET
 	status = 'completed',
 	response_code = $4,
 	response_body = $5,
 	response_body_raw = $6,
-	response_headers = $7
+	response_headers = $7,
+	seal_key_id = $8
 WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
 
 // pgFailSQL marks the row failed, fenced on the owner's attempt.

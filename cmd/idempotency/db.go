@@ -26,9 +26,15 @@ const table = "idempotency_keys"
 // (internal/operator: the CLI's own access to the table beyond the Store
 // interface).
 func operatorOf(pool *pgxpool.Pool) operator.Store[idempotency.Record, idempotency.Fence] {
-	ops, ok := operator.For[idempotency.Record, idempotency.Fence](idempotency.NewPostgresStore(pool))
+	return operatorFor(idempotency.NewPostgresStore(pool))
+}
+
+// operatorFor returns the operator methods of store: the Postgres store,
+// or a sealing store around it (readStore), whose lookup opens what it can.
+func operatorFor(store idempotency.Store) operator.Store[idempotency.Record, idempotency.Fence] {
+	ops, ok := operator.For[idempotency.Record, idempotency.Fence](store)
 	if !ok {
-		panic("idempotency: the Postgres store registered no operator methods")
+		panic(fmt.Sprintf("idempotency: %T registered no operator methods", store))
 	}
 	return ops
 }

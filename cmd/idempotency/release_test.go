@@ -106,7 +106,7 @@ func TestReleaseFenced(t *testing.T) {
 		t.Fatalf("Lookup: %+v, %v", recs, err)
 	}
 	// The owner completes late, after the operator read the row.
-	if err := db.store.Complete(ctx, rec.Fence(), rawResp()); err != nil {
+	if err := db.store.Complete(ctx, rec.Fence(), rec, rawResp()); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := ops.ReleaseKey(ctx, recs[0].Fence()); err != nil || ok {

@@ -69,8 +69,9 @@ func Register(resolve func(store any) (any, bool)) {
 // resolver knows the store (or knows it under other types).
 func For[R, F any](store any) (Store[R, F], bool) {
 	mu.RLock()
-	defer mu.RUnlock()
-	for _, resolve := range resolvers {
+	rs := resolvers // appended only: a wrapper's resolver may call For itself
+	mu.RUnlock()
+	for _, resolve := range rs {
 		if m, ok := resolve(store); ok {
 			s, ok := m.(Store[R, F])
 			return s, ok
