@@ -77,9 +77,10 @@ func TestCheck(t *testing.T) {
 			"fmt.Println(\"x\")\nvar b strings.Builder\nb.WriteString(\"x\")\nf, err := os.Open(\"x\")\nif err != nil {\n\treturn\n}\ndefer f.Close()"),
 		"declarations": md("<!-- snippet: declarations -->", "go",
 			"func teapot(w http.ResponseWriter, r *http.Request) {\n\thttp.Error(w, \"no\", http.StatusTeapot)\n}"),
-		"a whole file":     md("", "go", "package main\n\nimport \"os\"\n\nfunc main() { os.Exit(0) }"),
-		"not go":           md("", "sh", "go run ./... && {"),
-		"an error re-read": md("", "go", "err := os.Remove(\"a\")\nerr = errors.Join(err, os.Remove(\"b\"))\nif err != nil {\n\tpanic(err)\n}"),
+		"an import goimports must find": md("<!-- snippet: func(n int) string -->", "go", "return strconv.Itoa(n) + url.PathEscape(\"a b\")"),
+		"a whole file":                  md("", "go", "package main\n\nimport \"os\"\n\nfunc main() { os.Exit(0) }"),
+		"not go":                        md("", "sh", "go run ./... && {"),
+		"an error re-read":              md("", "go", "err := os.Remove(\"a\")\nerr = errors.Join(err, os.Remove(\"b\"))\nif err != nil {\n\tpanic(err)\n}"),
 	}
 	// want: the problem's position and text, after "FILE:".
 	bad := []struct{ name, page, want string }{

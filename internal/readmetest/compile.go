@@ -89,15 +89,45 @@ func wrap(s Snippet) (string, error) {
 	return at(s.Line-1) + "func snippet" + strings.TrimPrefix(s.Signature, "func") + " {\n" + at(s.Line) + s.Code + rest + "}\n", nil
 }
 
-// ownPackages are this repository's packages whose name is not their
-// directory's, which goimports does not find by name. They are offered to
-// it, and it drops those a snippet does not use.
-const ownPackages = `import (
+// known are import bindings offered to goimports with every snippet: it
+// drops those a snippet does not use, and searches the module graph (about
+// a second per snippet) only for a name none of them binds. They bind this
+// repository's packages whose name is not their directory's, which it does
+// not find by name, and the usual ones. A name two packages share (chi's
+// and echo's middleware) is left to its search, which looks at what the
+// snippet uses of it.
+const known = `import (
+	bytes "bytes"
+	context "context"
+	errors "errors"
+	fmt "fmt"
+	io "io"
+	log "log"
+	slog "log/slog"
+	http "net/http"
+	os "os"
+	strings "strings"
+	time "time"
+
+	chi "github.com/go-chi/chi/v5"
+	gin "github.com/gin-gonic/gin"
+	handlers "github.com/gorilla/handlers"
+	mux "github.com/gorilla/mux"
+	pgx "github.com/jackc/pgx/v5"
+	pgxpool "github.com/jackc/pgx/v5/pgxpool"
+	echo "github.com/labstack/echo/v4"
+	prometheus "github.com/prometheus/client_golang/prometheus"
+	otelhttp "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	metric "go.opentelemetry.io/otel/metric"
+
+	idempotency "github.com/idemkit/idempotency"
 	idemchi "github.com/idemkit/idempotency/contrib/chi"
 	idemecho "github.com/idemkit/idempotency/contrib/echo"
 	idemgin "github.com/idemkit/idempotency/contrib/gin"
 	idemgorilla "github.com/idemkit/idempotency/contrib/gorilla"
 	idemotel "github.com/idemkit/idempotency/contrib/otel"
+	idemclient "github.com/idemkit/idempotency/idemclient"
+	migrations "github.com/idemkit/idempotency/migrations"
 )
 
 `
@@ -106,7 +136,7 @@ const ownPackages = `import (
 // without imports), resolved in the module at dir.
 func importsOf(dir, src string) (string, error) {
 	head, rest, _ := strings.Cut(src, "\n\n")
-	out, err := imports.Process(filepath.Join(dir, "snippet.go"), []byte(head+"\n\n"+ownPackages+rest), nil)
+	out, err := imports.Process(filepath.Join(dir, "snippet.go"), []byte(head+"\n\n"+known+rest), nil)
 	if err != nil {
 		return "", err
 	}
@@ -139,8 +169,9 @@ func syntaxProblems(s Snippet, err error) []string {
 }
 
 // load type-loads (from export data) every package the units import, and
-// returns them by path with their dependencies, and the import paths that
-// could not be loaded, with why.
+// returns them by path, and the import paths that could not be loaded, with
+// why. The packages share their dependencies' types (go/packages loads them
+// in one view), so an http.Handler is one type across snippets.
 func load(dir string, units []unit) (map[string]*types.Package, map[string]string, error) {
 	paths := map[string]bool{}
 	for _, u := range units {
@@ -158,21 +189,19 @@ func load(dir string, units []unit) (map[string]*types.Package, map[string]strin
 	if len(list) == 0 {
 		return pkgs, missing, nil
 	}
-	cfg := &packages.Config{Mode: packages.NeedName | packages.NeedTypes | packages.NeedImports | packages.NeedDeps, Dir: dir}
+	cfg := &packages.Config{Mode: packages.NeedName | packages.NeedTypes, Dir: dir}
 	roots, err := packages.Load(cfg, list...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("go list in %s: %w", dir, err)
 	}
 	for _, r := range roots {
-		if len(r.Errors) > 0 {
+		switch {
+		case len(r.Errors) > 0:
 			missing[r.PkgPath] = r.Errors[0].Msg
+		case r.Types != nil:
+			pkgs[r.PkgPath] = r.Types
 		}
 	}
-	packages.Visit(roots, nil, func(p *packages.Package) {
-		if p.Types != nil && len(p.Errors) == 0 {
-			pkgs[p.PkgPath] = p.Types
-		}
-	})
 	return pkgs, missing, nil
 }
 
