@@ -66,8 +66,8 @@ const (
 	colCode     = 4
 	colBody     = 5
 	colHeaders  = 7
-	colWon      = 14
-	claimFields = 15
+	colWon      = 15 // after seal_key_id (8), which the floor never sets
+	claimFields = 16
 )
 
 // newFloorHandler migrates and checks the schema as newHandler does, and
@@ -137,7 +137,7 @@ func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The handler's answer, recorded before it is sent, as the
 		// middleware does.
 		tag, err := f.pool.Exec(ctx, f.sql.complete, c.id, c.attempt, scope, http.StatusCreated,
-			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes))
+			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes), nil)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("complete: not the owner")
 		}

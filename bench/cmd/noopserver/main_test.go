@@ -121,8 +121,11 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	if owner, ok := claim[6].(string); !ok || uuid.Validate(owner) != nil {
 		t.Errorf("claim's owner token %#v, want a UUID's text (pgbench's :owner)", claim[6])
 	}
-	if len(complete) != 7 {
-		t.Fatalf("complete arguments %v, want 7", complete)
+	if len(complete) != 8 {
+		t.Fatalf("complete arguments %v, want 8", complete)
+	}
+	if complete[7] != nil {
+		t.Errorf("complete's seal key id %#v, want NULL (no sealing; pgbench's literal NULL)", complete[7])
 	}
 	if complete[2] != vars["scope"] || complete[3] != 201 || vars["code"] != "201" {
 		t.Errorf("complete's scope and status %v, %v: want %q, 201", complete[2], complete[3], vars["scope"])
