@@ -18,10 +18,14 @@ import (
 // Every time it stores or compares comes from the database's now(), so the
 // clocks of the application servers never matter.
 //
-// A PostgresStore is safe for concurrent use. It finds the table through the
-// pool connections' search_path.
+// A PostgresStore is safe for concurrent use. It sends every statement with
+// the table schema-qualified: the idempotency_keys table the pool's
+// search_path found when Check ran, or, when Check was never called, at the
+// store's first statement. A connection whose search_path changes later (a
+// handler's plain SET search_path, which outlives its transaction) cannot
+// send a claim to another schema's table.
 type PostgresStore struct {
-	pool *pgxpool.Pool
+	pool *pgPool // qualifies the table in what it sends (store_pg_table.go)
 }
 
 var (
@@ -35,7 +39,7 @@ var (
 // routes' concurrency; a call that cannot get a connection before its
 // deadline fails as a timeout.
 func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
-	return &PostgresStore{pool: pool}
+	return &PostgresStore{pool: &pgPool{Pool: pool}}
 }
 
 // errClaimVanished is the cause of a claim that kept reading no row.

@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// pgCheckSQL reads, for the idempotency_keys table the connection's
-// search_path finds, its columns and whether the unique constraint the
-// claim's ON CONFLICT needs exists on exactly the key's three columns. No
-// row: there is no such table.
+// pgCheckSQL reads, for the table $1 names (idempotency_keys as the
+// connection's search_path finds it, or the store's resolved table), its
+// columns, whether the unique constraint the claim's ON CONFLICT needs
+// exists on exactly the key's three columns, and its schema-qualified name.
+// No row: there is no such table.
 const pgCheckSQL = `SELECT
 	ARRAY(SELECT attname::text FROM pg_attribute
 		WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped),
@@ -21,9 +22,10 @@ const pgCheckSQL = `SELECT
 		WHERE k.conrelid = c.oid AND k.contype IN ('u', 'p')
 			AND ARRAY(SELECT a.attname::text FROM pg_attribute a
 				WHERE a.attrelid = c.oid AND a.attnum = ANY(k.conkey) ORDER BY a.attname)
-				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id'])
+				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id']),
+	format('%s.%I', c.relnamespace::regnamespace, c.relname)
 FROM pg_class c
-WHERE c.oid = to_regclass('idempotency_keys')`
+WHERE c.oid = to_regclass($1)`
 
 // pgNeededColumns are the columns the store reads or writes.
 var pgNeededColumns = []string{
@@ -38,7 +40,10 @@ var pgNeededColumns = []string{
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
 
 // Check verifies that the idempotency_keys table the pool's search_path
-// finds has every column and the unique constraint the store needs: no
+// finds has every column and the unique constraint the store needs, and
+// makes it the table the store sends every statement to, schema-qualified
+// (once resolved, by Check or by a first statement, a store keeps its
+// table, and a later Check verifies that one): no
 // table is a *StoreError of Reason ReasonSchema, a table that lacks
 // something is ErrSchemaOutdated, wrapped. Call
 // it at start-up: a table made by an older version of the (unreleased,
@@ -51,9 +56,10 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	var (
 		cols   []string
 		unique bool
+		table  string
 	)
 	err := retryConnLoss(ctx, func() error {
-		return s.pool.QueryRow(ctx, pgCheckSQL).Scan(&cols, &unique)
+		return s.pool.Pool.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &table)
 	})
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -62,6 +68,7 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 		}
 		return pgStoreError("check", err)
 	}
+	s.pool.resolve(table)
 	var missing []string
 	for _, c := range pgNeededColumns {
 		if !slices.Contains(cols, c) {

@@ -15,37 +15,6 @@ import (
 	"testing"
 )
 
-// pgStatements is every SQL statement the Postgres store sends, by the
-// name of its constant. TestPostgresStatementsListed keeps it complete.
-var pgStatements = map[string]string{
-	"pgClaimSQL":               pgClaimSQL,
-	"pgTakeoverSQL":            pgTakeoverSQL,
-	"pgCompleteSQL":            pgCompleteSQL,
-	"pgFailSQL":                pgFailSQL,
-	"pgReleaseSQL":             pgReleaseSQL,
-	"pgReleaseOwnerSQL":        pgReleaseOwnerSQL,
-	"pgExpiredBatchSQL":        pgExpiredBatchSQL,
-	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
-	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
-	"pgExportScopeSQL":         pgExportScopeSQL,
-	"pgTxWaitSQL":              pgTxWaitSQL,
-	"pgTxRestoreSQL":           pgTxRestoreSQL,
-	"pgSavepointSQL":           pgSavepointSQL,
-	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
-	"pgImmediateSQL":           pgImmediateSQL,
-	"pgTxCompleteSQL":          pgTxCompleteSQL,
-	"pgTxFailSQL":              pgTxFailSQL,
-	"pgCommitSQL":              pgCommitSQL,
-	"pgCheckSQL":               pgCheckSQL,
-	"pgTxClaimSQL":             pgTxClaimSQL,
-	"pgTxReadSQL":              pgTxReadSQL,
-	"pgLookupSQL":              pgLookupSQL,
-	"pgNowSQL":                 pgNowSQL,
-	"pgStatsSQL":               pgStatsSQL,
-	"pgCountCleanupSQL":        pgCountCleanupSQL,
-	"pgReleaseKeySQL":          pgReleaseKeySQL,
-}
-
 // TestPostgresStatementsListed: every constant named pg...SQL in the
 // package's source is in pgStatements, so a new statement cannot escape
 // the Citus rules below.
@@ -130,10 +99,10 @@ func citusProblems(sql string) []citusProblem {
 	toks := sqlTokens(sql)
 	var out []citusProblem
 	add := func(rule, detail string) { out = append(out, citusProblem{rule, detail}) }
-	onTable := slices.ContainsFunc(toks, func(t sqlTok) bool { return t.is("idempotency_keys") })
+	onTable := slices.ContainsFunc(toks, func(t sqlTok) bool { return t.is(pgTable) })
 	for i, tk := range toks {
 		switch {
-		case at(toks, i, "update", "idempotency_keys") || at(toks, i, "delete", "from", "idempotency_keys"):
+		case at(toks, i, "update", pgTable) || at(toks, i, "delete", "from", pgTable):
 			if !writeScoped(toks, i) {
 				add(ruleScope, "an UPDATE or DELETE without scope_user_id = $n: it would reach every shard")
 			}
@@ -295,5 +264,28 @@ func TestClaimArgsFitTheSQL(t *testing.T) {
 	}
 	if got := len(claimArgs(ClaimRequest{})); got != top {
 		t.Errorf("claimArgs gives %d parameters, pgClaimSQL numbers %d", got, top)
+	}
+}
+
+// TestStatementsQualify: every statement names the table only as an
+// identifier, never inside a literal or a quoted name, so qualifying it
+// (store_pg_table.go) rewrites each of those names and nothing else.
+func TestStatementsQualify(t *testing.T) {
+	const table = `"a b".idempotency_keys`
+	q := newPgQualified(table)
+	for name, sql := range pgStatements {
+		names := 0
+		for _, tk := range sqlTokens(sql) {
+			switch {
+			case tk.is(pgTable):
+				names++
+			case (tk.kind == tokString || tk.kind == tokIdent) && strings.Contains(tk.text, pgTable):
+				t.Errorf("%s names the table inside %q: pass the name as a parameter", name, tk.text)
+			}
+		}
+		got := q.of(sql)
+		if n := strings.Count(got, table); n != names || strings.Count(got, pgTable) != names {
+			t.Errorf("%s: %d qualified names of %d:\n%s", name, n, names, got)
+		}
 	}
 }

@@ -1,0 +1,240 @@
+package idempotency
+
+// How PostgresStore names its table. Every statement is written once,
+// naming idempotency_keys; the store sends it with the table
+// schema-qualified, in the schema where the pool's search_path found the
+// table when the store resolved it. A connection whose search_path changed
+// later (a handler's plain SET search_path outlives its transaction on the
+// pooled connection) can then never send a claim to another schema's table
+// of that name, a second copy of every key.
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgTable is the table's name as the statements are written.
+const pgTable = "idempotency_keys"
+
+// pgTableSQL resolves $1, a table name, as a statement naming it would
+// (through the connection's search_path), to its schema-qualified name,
+// quoted where needed. No row: no such table.
+const pgTableSQL = `SELECT format('%s.%I', relnamespace::regnamespace, relname) FROM pg_class WHERE oid = to_regclass($1)`
+
+// pgTableName matches the table's name where a statement names it.
+var pgTableName = regexp.MustCompile(`\b` + pgTable + `\b`)
+
+// pgStatements is every SQL statement the Postgres store sends, by the
+// name of its constant: the ones sent with the table qualified, and the
+// ones the Citus rules check (store_pg_sql_test.go).
+// TestPostgresStatementsListed keeps it complete.
+var pgStatements = map[string]string{
+	"pgClaimSQL":               pgClaimSQL,
+	"pgTakeoverSQL":            pgTakeoverSQL,
+	"pgCompleteSQL":            pgCompleteSQL,
+	"pgFailSQL":                pgFailSQL,
+	"pgReleaseSQL":             pgReleaseSQL,
+	"pgReleaseOwnerSQL":        pgReleaseOwnerSQL,
+	"pgExpiredBatchSQL":        pgExpiredBatchSQL,
+	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
+	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
+	"pgExportScopeSQL":         pgExportScopeSQL,
+	"pgTxWaitSQL":              pgTxWaitSQL,
+	"pgTxRestoreSQL":           pgTxRestoreSQL,
+	"pgSavepointSQL":           pgSavepointSQL,
+	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
+	"pgImmediateSQL":           pgImmediateSQL,
+	"pgTxCompleteSQL":          pgTxCompleteSQL,
+	"pgTxFailSQL":              pgTxFailSQL,
+	"pgCommitSQL":              pgCommitSQL,
+	"pgCheckSQL":               pgCheckSQL,
+	"pgTableSQL":               pgTableSQL,
+	"pgTxClaimSQL":             pgTxClaimSQL,
+	"pgTxReadSQL":              pgTxReadSQL,
+	"pgLookupSQL":              pgLookupSQL,
+	"pgNowSQL":                 pgNowSQL,
+	"pgStatsSQL":               pgStatsSQL,
+	"pgCountCleanupSQL":        pgCountCleanupSQL,
+	"pgReleaseKeySQL":          pgReleaseKeySQL,
+}
+
+// pgQualified is pgStatements with the table's name qualified.
+type pgQualified struct {
+	table string            // the qualified name, such as app.idempotency_keys
+	sql   map[string]string // a statement as written -> as sent
+}
+
+func newPgQualified(table string) *pgQualified {
+	q := &pgQualified{table: table, sql: make(map[string]string, len(pgStatements))}
+	for _, s := range pgStatements {
+		if pgTableName.MatchString(s) {
+			q.sql[s] = pgTableName.ReplaceAllLiteralString(s, table)
+		}
+	}
+	return q
+}
+
+// of returns sql as sent: qualified when it is one of pgStatements (and q
+// is not nil), else unchanged.
+func (q *pgQualified) of(sql string) string {
+	if q != nil {
+		if s, ok := q.sql[sql]; ok {
+			return s
+		}
+	}
+	return sql
+}
+
+// batch qualifies b's statements in place.
+func (q *pgQualified) batch(b *pgx.Batch) {
+	for _, qq := range b.QueuedQueries {
+		qq.SQL = q.of(qq.SQL)
+	}
+}
+
+// pgPool is the store's pool: pgxpool's, whose Query, QueryRow, Exec,
+// SendBatch and BeginTx (and the transaction BeginTx returns) send each of
+// pgStatements with the table qualified. Other SQL passes unchanged, and a
+// connection taken with Acquire is pgx's own: what is sent on it must be
+// qualified with resolved.
+//
+// The table is resolved once per store: by Check (the schema it checked),
+// or, when Check was never called, by the store's first statement, one
+// round trip more under that call's deadline. Until a table is found the
+// statements go unqualified, and the server answers for the missing table.
+type pgPool struct {
+	*pgxpool.Pool
+	qualified atomic.Pointer[pgQualified]
+}
+
+// resolved returns the qualified statements, resolving the table first
+// when no statement has yet: nil (statements sent as written) while there
+// is no table.
+func (p *pgPool) resolved(ctx context.Context) (*pgQualified, error) {
+	if q := p.qualified.Load(); q != nil {
+		return q, nil
+	}
+	var table string
+	err := p.Pool.QueryRow(ctx, pgTableSQL, pgTable).Scan(&table)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return p.resolve(table), nil
+}
+
+// resolve records table as the store's table unless one is recorded
+// already, and returns the statements for the one recorded.
+func (p *pgPool) resolve(table string) *pgQualified {
+	p.qualified.CompareAndSwap(nil, newPgQualified(table))
+	return p.qualified.Load()
+}
+
+// table is the name Check looks up: the resolved table, else the name as
+// the search_path finds it.
+func (p *pgPool) table() string {
+	if q := p.qualified.Load(); q != nil {
+		return q.table
+	}
+	return pgTable
+}
+
+func (p *pgPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	q, err := p.resolved(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return p.Pool.Query(ctx, q.of(sql), args...)
+}
+
+func (p *pgPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	q, err := p.resolved(ctx)
+	if err != nil {
+		return errRow{err}
+	}
+	return p.Pool.QueryRow(ctx, q.of(sql), args...)
+}
+
+func (p *pgPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q, err := p.resolved(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return p.Pool.Exec(ctx, q.of(sql), args...)
+}
+
+func (p *pgPool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	q, err := p.resolved(ctx)
+	if err != nil {
+		return errBatch{err}
+	}
+	q.batch(b)
+	return p.Pool.SendBatch(ctx, b)
+}
+
+func (p *pgPool) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	q, err := p.resolved(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := p.Pool.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pgQualifiedTx{tx, q}, nil
+}
+
+// pgQualifiedTx is a transaction of pgPool's: it qualifies what its Query,
+// QueryRow, Exec and SendBatch send, as pgPool does, and so do its
+// savepoints (Begin).
+type pgQualifiedTx struct {
+	pgx.Tx
+	q *pgQualified
+}
+
+func (t pgQualifiedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.Tx.Query(ctx, t.q.of(sql), args...)
+}
+
+func (t pgQualifiedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.Tx.QueryRow(ctx, t.q.of(sql), args...)
+}
+
+func (t pgQualifiedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.Tx.Exec(ctx, t.q.of(sql), args...)
+}
+
+func (t pgQualifiedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.q.batch(b)
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t pgQualifiedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgQualifiedTx{tx, t.q}, nil
+}
+
+// errRow is a row whose Scan returns err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is a batch that was never sent: every result is err.
+type errBatch struct{ err error }
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return nil }
