@@ -18,12 +18,8 @@ import (
 // Every time it stores or compares comes from the database's now(), so the
 // clocks of the application servers never matter.
 //
-// A PostgresStore is safe for concurrent use. It sends every statement with
-// the table schema-qualified: the idempotency_keys table the pool's
-// search_path found when Check ran, or, when Check was never called, at the
-// store's first statement. A connection whose search_path changes later (a
-// handler's plain SET search_path, which outlives its transaction) cannot
-// send a claim to another schema's table.
+// A PostgresStore is safe for concurrent use. It qualifies its table by the
+// schema Check (else its first statement) found.
 type PostgresStore struct {
 	pool *pgPool // qualifies the table in what it sends (store_pg_table.go)
 }

@@ -40,10 +40,7 @@ var pgNeededColumns = []string{
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
 
 // Check verifies that the idempotency_keys table the pool's search_path
-// finds has every column and the unique constraint the store needs, and
-// makes it the table the store sends every statement to, schema-qualified
-// (once resolved, by Check or by a first statement, a store keeps its
-// table, and a later Check verifies that one): no
+// finds has every column and the unique constraint the store needs: no
 // table is a *StoreError of Reason ReasonSchema, a table that lacks
 // something is ErrSchemaOutdated, wrapped. Call
 // it at start-up: a table made by an older version of the (unreleased,
@@ -68,7 +65,7 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 		}
 		return pgStoreError("check", err)
 	}
-	s.pool.resolve(table)
+	s.pool.resolve(table) // the store's table from now on (store_pg_table.go)
 	var missing []string
 	for _, c := range pgNeededColumns {
 		if !slices.Contains(cols, c) {
