@@ -23,7 +23,7 @@ test/short: ## Fast tests only, without the race detector
 	$(GO) test -short -count=1 ./...
 
 .PHONY: test/pg
-test/pg: ## make test against the local Postgres ($(TEST_DATABASE_URL)), failing instead of skipping without it
+test/pg: ## make test against the local Postgres (TEST_DATABASE_URL, default 127.0.0.1:5432), failing instead of skipping without it
 	IDEMPOTENCY_TEST_DATABASE_URL='$(TEST_DATABASE_URL)' IDEMPOTENCY_REQUIRE_DB=1 $(MAKE) test
 
 .PHONY: test/failover
@@ -52,6 +52,10 @@ lint: ## gofmt, go vet and staticcheck
 	done
 	$(GO) vet -tags failover ./internal/failover && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags failover ./internal/failover
 
+.PHONY: release/check
+release/check: ## Build every module's zip as the proxy would serve it at HEAD; fail on an executable or a zip over 2 MiB
+	cd bench && $(GO) run ./cmd/releasecheck ..
+
 .PHONY: tidy
 tidy: ## go mod tidy in every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
@@ -65,5 +69,5 @@ fuzz: ## Fuzz the request-hash canonicaliser for a minute
 	$(GO) test -run '^$$' -fuzz FuzzCanonical -fuzztime 60s ./internal/jcs
 
 .PHONY: db/reset/test
-db/reset/test: ## Drop the test schemas a crashed test run may have left in $(TEST_DATABASE_URL)
+db/reset/test: ## Drop the test schemas a crashed test run may have left in the database at TEST_DATABASE_URL
 	psql '$(TEST_DATABASE_URL)' -Atc "SELECT 'DROP SCHEMA ' || quote_ident(nspname) || ' CASCADE;' FROM pg_namespace WHERE nspname LIKE 'idem_test_%'" | psql '$(TEST_DATABASE_URL)' -q

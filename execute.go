@@ -49,7 +49,7 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 		x.before = x.w.Header().Clone()
 	}
 	if x.owned && x.tooLate() {
-		x.giveBack()
+		x.giveBack(claimedAt)
 		return
 	}
 	ctx, cancel := x.handlerContext()
@@ -118,16 +118,15 @@ func (x *execution) tooLate() bool {
 
 // giveBack releases a won key whose handler never ran and asks the client
 // to retry.
-func (x *execution) giveBack() {
+func (x *execution) giveBack(claimedAt time.Time) {
 	if x.tx != nil {
 		x.abort() // the claim rolls back with the transaction
 	} else {
-		// Nothing ran, so the release may be retried (fenced) for a
-		// while: a key left in flight would answer outcome_unknown for its
-		// whole TTL. Bounded, so the client still gets its 503 soon.
-		x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
+		// Nothing ran, so the release may be retried (fenced) for as long
+		// as it takes, in the background once the client had its 503.
+		x.releaseUnrun(claimedAt)
 	}
-	x.m.log.WarnContext(x.r.Context(), "idempotency: the store was too slow to leave the handler any time; key released",
+	x.m.log.WarnContext(x.r.Context(), "idempotency: the store was too slow to leave the handler any time; key given back",
 		"endpoint", x.claim.Endpoint, "key", x.claim.Key)
 	x.answer(answerUnavailable)
 }

@@ -21,7 +21,7 @@ import (
 // written by hand and never rewritten.
 var updateHashVectors = flag.Bool("update-hash-vectors", false, "rewrite the hashes in "+hashVectorsFile)
 
-const hashVectorsFile = "internal/jcs/testdata/hash_vectors.json"
+const hashVectorsFile = "testdata/hash_vectors.json"
 
 // TestHashVectors checks every golden vector's hash, so a change that would
 // make stored keys answer 422 to their own retries fails here (the

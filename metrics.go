@@ -3,6 +3,9 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +25,7 @@ type metrics struct {
 	storeErrors    *prometheus.CounterVec
 	tooLarge       *prometheus.CounterVec
 	cleanupDeleted prometheus.Counter
+	health         storeHealth // the store's failures since it last answered, for the recovery log
 }
 
 // Label values. Endpoint labels are route names or ServeMux patterns, never
@@ -136,8 +140,49 @@ func timeCall[T any](m *Middleware, ctx context.Context, op string, fn func(cont
 	cancel()
 	took := time.Since(start)
 	m.ops[op].Observe(took.Seconds())
-	if err != nil && !errors.Is(err, ErrNotOwner) {
-		m.metrics.storeErrors.WithLabelValues(op, storeReason(err)).Inc()
+	if err == nil || errors.Is(err, ErrNotOwner) {
+		m.metrics.health.answered(ctx, m.log)
+		return v, took, err
+	}
+	reason := storeReason(err)
+	m.metrics.storeErrors.WithLabelValues(op, reason).Inc()
+	if reason != ReasonConflict && reason != ReasonData { // the store answered those
+		m.metrics.health.failed()
 	}
 	return v, took, err
+}
+
+// storeHealth counts the store's failing calls since it last answered, so
+// that the first answer after them logs one INFO line saying how many
+// there were and for how long.
+type storeHealth struct {
+	failing  atomic.Bool // read by every answered call: the cheap path
+	mu       sync.Mutex
+	failures int64
+	since    time.Time // the first failure's time
+}
+
+func (h *storeHealth) failed() {
+	h.mu.Lock()
+	if h.failures == 0 {
+		h.since = time.Now()
+	}
+	h.failures++
+	h.failing.Store(true)
+	h.mu.Unlock()
+}
+
+// answered ends a run of failures, logging it once.
+func (h *storeHealth) answered(ctx context.Context, log *slog.Logger) {
+	if !h.failing.Load() {
+		return
+	}
+	h.mu.Lock()
+	n, since := h.failures, h.since
+	h.failures = 0
+	h.failing.Store(false)
+	h.mu.Unlock()
+	if n > 0 {
+		log.InfoContext(ctx, "idempotency: the store recovered", "failures", n, "failed_for", time.Since(since).Round(time.Millisecond).String())
+	}
 }

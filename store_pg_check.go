@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // pgCheckSQL reads, for the table $1 names (idempotency_keys as the
@@ -34,21 +36,18 @@ var pgNeededColumns = []string{
 	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token",
 }
 
-// ErrSchemaOutdated is returned (wrapped, naming what is missing) by
-// PostgresStore.Check for a table that lacks a column or constraint the
-// store needs.
+// ErrSchemaOutdated is returned, wrapped, by PostgresStore.Check for a
+// table that lacks a column or constraint the store needs.
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
 
-// Check verifies that the idempotency_keys table the pool's search_path
-// finds has every column and the unique constraint the store needs: no
-// table is a *StoreError of Reason ReasonSchema, a table that lacks
-// something is ErrSchemaOutdated, wrapped. Call
-// it at start-up: a table made by an older version of the (unreleased,
-// since edited) migration keeps version 1 in the migration history, so
-// migrating does not fix it, and every claim against it would fail as a
-// schema error, which a fail-open route answers by running the handler
-// without deduplication. The error names what is missing; README
-// ("Upgrading an old version-1 database") says how to reset the table.
+// Check verifies at start-up what every claim needs, so that a bad
+// deployment fails to start rather than fail every claim: the
+// idempotency_keys table the pool's search_path finds (none: a *StoreError
+// of Reason ReasonSchema), its columns and unique constraint
+// (ErrSchemaOutdated, wrapped, naming what is missing: README "Upgrading an
+// old version-1 database"), and the role's SELECT, INSERT, UPDATE and DELETE
+// on it and USAGE on its id sequence, which a rolled-back probe transaction
+// uses (a *StoreError of Reason ReasonPermission naming the privilege).
 func (s *PostgresStore) Check(ctx context.Context) error {
 	var (
 		cols   []string
@@ -56,7 +55,9 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 		table  string
 	)
 	err := retryConnLoss(ctx, func() error {
-		return s.pool.Pool.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &table)
+		return s.withConn(ctx, func(c pgConn) error {
+			return c.poolConn.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &table)
+		})
 	})
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -78,6 +79,62 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: the idempotency_keys table lacks %s: it was made by an older, unreleased version of migration 000001; "+
 			"reset it as README \"Upgrading an old version-1 database\" says", ErrSchemaOutdated, strings.Join(missing, ", "))
+	}
+	return s.checkPrivileges(ctx)
+}
+
+// pgProbe is Check's privilege probe, in the order a claim and its record
+// need them: each statement needs one privilege more than the ones before
+// it. The row it writes is rolled back; the sequence value it takes is not
+// (ids have gaps anyway).
+//
+// $1 key, $2 endpoint, after the first.
+var pgProbe = []struct{ privilege, sql string }{
+	{"USAGE on sequence idempotency_keys_id_seq", `SELECT nextval(pg_get_serial_sequence('idempotency_keys', 'id'))`},
+	{"INSERT on table idempotency_keys", `INSERT INTO idempotency_keys
+	(idem_key, scope_endpoint, request_hash, locked_until, expires_at) VALUES ($1, $2, '', now(), now())`},
+	{"SELECT on table idempotency_keys", `SELECT id FROM idempotency_keys
+	WHERE idem_key = $1 AND scope_user_id = '' AND scope_endpoint = $2`},
+	{"UPDATE on table idempotency_keys", `UPDATE idempotency_keys SET attempt = attempt + 1
+	WHERE idem_key = $1 AND scope_user_id = '' AND scope_endpoint = $2`},
+	{"DELETE on table idempotency_keys", `DELETE FROM idempotency_keys
+	WHERE idem_key = $1 AND scope_user_id = '' AND scope_endpoint = $2`},
+}
+
+// checkPrivileges runs pgProbe, pipelined, in a transaction it rolls back.
+func (s *PostgresStore) checkPrivileges(ctx context.Context) error {
+	var failed int // the probe statement that failed
+	err := retryConnLoss(ctx, func() error {
+		return s.withConn(ctx, func(c pgConn) error {
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			b := &pgx.Batch{}
+			key := "idempotency-check-" + uuid.NewString()
+			b.Queue(pgProbe[0].sql)
+			for _, p := range pgProbe[1:] {
+				b.Queue(p.sql, key, "idempotency Check probe")
+			}
+			br := tx.SendBatch(ctx, b)
+			for failed = range pgProbe {
+				if _, err := br.Exec(); err != nil {
+					_ = br.Close()
+					return err
+				}
+			}
+			return br.Close()
+		})
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return &StoreError{Op: "check", Reason: ReasonPermission, Err: fmt.Errorf(
+			"the pool's role (user %q) lacks %s, which the store needs: GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys "+
+				"and USAGE ON SEQUENCE idempotency_keys_id_seq to it: %w", s.pool.Config().ConnConfig.User, pgProbe[failed].privilege, err)}
+	}
+	if err != nil {
+		return pgStoreError("check", err)
 	}
 	return nil
 }

@@ -85,9 +85,10 @@ func TestCitusProblemsCheck(t *testing.T) {
 		}
 	}
 	allowed := map[string]string{
-		"scoped row lock": `SELECT id FROM idempotency_keys WHERE scope_user_id = $2 AND idem_key = $1 FOR UPDATE`,
-		"oldest first":    `SELECT id FROM idempotency_keys WHERE scope_user_id = $1 ORDER BY created_at, id`,
-		"scoped delete":   `DELETE FROM idempotency_keys WHERE scope_user_id = $1 AND id = ANY($2::bigint[])`,
+		"scoped row lock":    `SELECT id FROM idempotency_keys WHERE scope_user_id = $2 AND idem_key = $1 FOR UPDATE`,
+		"oldest first":       `SELECT id FROM idempotency_keys WHERE scope_user_id = $1 ORDER BY created_at, id`,
+		"scoped delete":      `DELETE FROM idempotency_keys WHERE scope_user_id = $1 AND id = ANY($2::bigint[])`,
+		"the unscoped shard": `UPDATE idempotency_keys SET attempt = attempt + 1 WHERE idem_key = $1 AND scope_user_id = ''`,
 		"scope in parentheses": `UPDATE idempotency_keys SET attempt = (SELECT 2) WHERE (k.scope_user_id = $3 AND id = $1)
 	RETURNING id`,
 		"flags over the CTE": `WITH ins AS (INSERT INTO idempotency_keys (idem_key) VALUES ($1) ON CONFLICT DO NOTHING

@@ -65,7 +65,7 @@ func TestPostgresStatementsListed(t *testing.T) {
 // table distributed by scope_user_id (Citus) needs (README, "Scale-out
 // (Citus)"), on every statement the store and the CLI send.
 func TestPostgresStatementsCitusRules(t *testing.T) {
-	all := maps.Clone(pgStatements)
+	all := storeStatements()
 	maps.Copy(all, cmdStatements(t))
 	for _, name := range slices.Sorted(maps.Keys(all)) {
 		t.Run(name, func(t *testing.T) {
@@ -78,6 +78,15 @@ func TestPostgresStatementsCitusRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+// storeStatements is pgStatements and Check's privilege probe (pgProbe).
+func storeStatements() map[string]string {
+	all := maps.Clone(pgStatements)
+	for i, p := range pgProbe {
+		all["pgProbe["+strconv.Itoa(i)+"]"] = p.sql
+	}
+	return all
 }
 
 // The rules, by the name citusProblems reports.
@@ -160,15 +169,17 @@ func writeScoped(toks []sqlTok, i int) bool {
 	return where >= 0 && namesScope(toks, where, end)
 }
 
-// namesScope reports whether toks[from:to] hold scope_user_id = $n (the
-// column qualified or not) outside parenthesised subqueries.
+// namesScope reports whether toks[from:to] hold scope_user_id = $n or
+// scope_user_id = 'literal' (the column qualified or not; either routes to
+// one shard) outside parenthesised subqueries.
 func namesScope(toks []sqlTok, from, to int) bool {
 	for i := from; i < to; i++ {
 		if subquery(toks, i) {
 			i = skipGroup(toks, i)
 			continue
 		}
-		if toks[i].is("scope_user_id") && at(toks, i+1, "=") && i+2 < len(toks) && toks[i+2].kind == tokParam {
+		if toks[i].is("scope_user_id") && at(toks, i+1, "=") && i+2 < len(toks) &&
+			(toks[i+2].kind == tokParam || toks[i+2].kind == tokString) {
 			return true
 		}
 	}
@@ -267,17 +278,19 @@ func TestClaimArgsFitTheSQL(t *testing.T) {
 	}
 }
 
-// TestStatementsQualify: every statement names the table only as an
-// identifier, never inside a literal or a quoted name, so qualifying it
-// (store_pg_table.go) rewrites each of those names and nothing else.
+// TestStatementsQualify: every statement names the table as an
+// identifier, or as a literal of its own (pg_get_serial_sequence's
+// argument), never as part of another literal or a quoted name, so
+// qualifying it (store_pg_table.go) rewrites each of those names and
+// nothing else; a literal doubles the quotes of the name it holds.
 func TestStatementsQualify(t *testing.T) {
 	const table = `"a b".idempotency_keys`
 	q := newPgQualified(table)
-	for name, sql := range pgStatements {
+	for name, sql := range storeStatements() {
 		names := 0
 		for _, tk := range sqlTokens(sql) {
 			switch {
-			case tk.is(pgTable):
+			case tk.is(pgTable) || tk.kind == tokString && tk.text == pgTable:
 				names++
 			case (tk.kind == tokString || tk.kind == tokIdent) && strings.Contains(tk.text, pgTable):
 				t.Errorf("%s names the table inside %q: pass the name as a parameter", name, tk.text)
@@ -287,5 +300,9 @@ func TestStatementsQualify(t *testing.T) {
 		if n := strings.Count(got, table); n != names || strings.Count(got, pgTable) != names {
 			t.Errorf("%s: %d qualified names of %d:\n%s", name, n, names, got)
 		}
+	}
+	if got, want := qualify(`SELECT 'idempotency_keys', x FROM idempotency_keys`, `"a'b".idempotency_keys`),
+		`SELECT '"a''b".idempotency_keys', x FROM "a'b".idempotency_keys`; got != want {
+		t.Errorf("qualify: %s, want %s", got, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -27,13 +28,24 @@ const pgTable = "idempotency_keys"
 // quoted where needed. No row: no such table.
 const pgTableSQL = `SELECT format('%s.%I', relnamespace::regnamespace, relname) FROM pg_class WHERE oid = to_regclass($1)`
 
-// pgTableName matches the table's name where a statement names it.
-var pgTableName = regexp.MustCompile(`\b` + pgTable + `\b`)
+// pgTableName matches the table's name where a statement names it: as an
+// identifier, or as a literal (pg_get_serial_sequence's argument).
+var pgTableName = regexp.MustCompile(`'` + pgTable + `'|\b` + pgTable + `\b`)
+
+// qualify returns sql naming table wherever it names pgTable.
+func qualify(sql, table string) string {
+	return pgTableName.ReplaceAllStringFunc(sql, func(m string) string {
+		if m[0] == '\'' {
+			return "'" + strings.ReplaceAll(table, "'", "''") + "'"
+		}
+		return table
+	})
+}
 
 // pgStatements is every SQL statement the Postgres store sends, by the
-// name of its constant: the ones sent with the table qualified, and the
-// ones the Citus rules check (store_pg_sql_test.go).
-// TestPostgresStatementsListed keeps it complete.
+// name of its constant, but for Check's privilege probe (pgProbe): the
+// ones sent with the table qualified, and the ones the Citus rules check
+// (store_pg_sql_test.go). TestPostgresStatementsListed keeps it complete.
 var pgStatements = map[string]string{
 	"pgClaimSQL":               pgClaimSQL,
 	"pgTakeoverSQL":            pgTakeoverSQL,
@@ -71,11 +83,12 @@ type pgQualified struct {
 }
 
 func newPgQualified(table string) *pgQualified {
-	q := &pgQualified{table: table, sql: make(map[string]string, len(pgStatements))}
+	q := &pgQualified{table: table, sql: make(map[string]string, len(pgStatements)+len(pgProbe))}
 	for _, s := range pgStatements {
-		if pgTableName.MatchString(s) {
-			q.sql[s] = pgTableName.ReplaceAllLiteralString(s, table)
-		}
+		q.sql[s] = qualify(s, table)
+	}
+	for _, p := range pgProbe {
+		q.sql[p.sql] = qualify(p.sql, table)
 	}
 	return q
 }
@@ -100,28 +113,34 @@ func (q *pgQualified) batch(b *pgx.Batch) {
 
 // pgPool is the store's pool: pgxpool's, whose Query, QueryRow, Exec,
 // SendBatch and BeginTx (and the transaction BeginTx returns) send each of
-// pgStatements with the table qualified. Other SQL passes unchanged, and a
-// connection taken with Acquire is pgx's own: what is sent on it must be
-// qualified with resolved.
+// pgStatements with the table qualified, as do the connections the store
+// acquires (PostgresStore.conn). Other SQL passes unchanged, and what is
+// sent on a connection of pgxpool's own (Acquire) is sent as it is.
 //
 // The table is resolved once per store: by Check (the schema it checked),
 // or, when Check was never called, by the store's first statement, one
-// round trip more under that call's deadline. Until a table is found the
-// statements go unqualified, and the server answers for the missing table.
+// statement more on its connection, under that call's deadline. Until a
+// table is found the statements go unqualified, and the server answers
+// for the missing table.
 type pgPool struct {
 	*pgxpool.Pool
 	qualified atomic.Pointer[pgQualified]
 }
 
-// resolved returns the qualified statements, resolving the table first
-// when no statement has yet: nil (statements sent as written) while there
-// is no table.
-func (p *pgPool) resolved(ctx context.Context) (*pgQualified, error) {
+// rowQuerier runs a statement returning one row.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// resolved returns the qualified statements, resolving the table on db
+// first when no statement has yet: nil (statements sent as written) while
+// there is no table.
+func (p *pgPool) resolved(ctx context.Context, db rowQuerier) (*pgQualified, error) {
 	if q := p.qualified.Load(); q != nil {
 		return q, nil
 	}
 	var table string
-	err := p.Pool.QueryRow(ctx, pgTableSQL, pgTable).Scan(&table)
+	err := db.QueryRow(ctx, pgTableSQL, pgTable).Scan(&table)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
@@ -148,7 +167,7 @@ func (p *pgPool) table() string {
 }
 
 func (p *pgPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	q, err := p.resolved(ctx)
+	q, err := p.resolved(ctx, p.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +175,7 @@ func (p *pgPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 func (p *pgPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	q, err := p.resolved(ctx)
+	q, err := p.resolved(ctx, p.Pool)
 	if err != nil {
 		return errRow{err}
 	}
@@ -164,7 +183,7 @@ func (p *pgPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 func (p *pgPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	q, err := p.resolved(ctx)
+	q, err := p.resolved(ctx, p.Pool)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -172,7 +191,7 @@ func (p *pgPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 func (p *pgPool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	q, err := p.resolved(ctx)
+	q, err := p.resolved(ctx, p.Pool)
 	if err != nil {
 		return errBatch{err}
 	}
@@ -181,11 +200,92 @@ func (p *pgPool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 }
 
 func (p *pgPool) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
-	q, err := p.resolved(ctx)
+	q, err := p.resolved(ctx, p.Pool)
 	if err != nil {
 		return nil, err
 	}
 	tx, err := p.Pool.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pgQualifiedTx{tx, q}, nil
+}
+
+// poolConn names pgxpool's connection for embedding: embedded under its
+// own name, its field would hide its Conn method.
+type poolConn = pgxpool.Conn
+
+// pgConn is a connection the store acquired (conn): pgxpool's, whose
+// Query, QueryRow, Exec, SendBatch and Begin qualify what they send as
+// pgPool's do.
+type pgConn struct {
+	*poolConn
+	p *pgPool
+}
+
+// conn acquires a connection as acquire does, qualifying what is sent on it.
+func (s *PostgresStore) conn(ctx context.Context) (pgConn, error) {
+	c, err := s.acquire(ctx)
+	if err != nil {
+		return pgConn{}, err
+	}
+	return pgConn{c, s.pool}, nil
+}
+
+// release gives the connection back (release).
+func (c pgConn) release() { release(c.poolConn) }
+
+func (c pgConn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	q, err := c.p.resolved(ctx, c.poolConn)
+	if err != nil {
+		return nil, err
+	}
+	return c.poolConn.Query(ctx, q.of(sql), args...)
+}
+
+func (c pgConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	q, err := c.p.resolved(ctx, c.poolConn)
+	if err != nil {
+		return errRow{err}
+	}
+	return c.poolConn.QueryRow(ctx, q.of(sql), args...)
+}
+
+func (c pgConn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q, err := c.p.resolved(ctx, c.poolConn)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return c.poolConn.Exec(ctx, q.of(sql), args...)
+}
+
+func (c pgConn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	q, err := c.p.resolved(ctx, c.poolConn)
+	if err != nil {
+		return errBatch{err}
+	}
+	q.batch(b)
+	return c.poolConn.SendBatch(ctx, b)
+}
+
+func (c pgConn) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	q, err := c.p.resolved(ctx, c.poolConn)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := c.poolConn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pgQualifiedTx{tx, q}, nil
+}
+
+func (c pgConn) Begin(ctx context.Context) (pgx.Tx, error) {
+	q, err := c.p.resolved(ctx, c.poolConn)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := c.poolConn.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}

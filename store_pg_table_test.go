@@ -74,8 +74,8 @@ func TestPostgresStoreResolvesWithoutCheck(t *testing.T) {
 // reach the resolved table too, whatever the connections' search_path.
 func TestPostgresTxQualifiedTable(t *testing.T) {
 	t.Parallel()
-	t.Skip("pending the merge with r-tx: BeginClaim sends on its own connection (store_pg_tx.go begin), " +
-		"which must send through pgPool (store_pg_table.go) to be qualified; remove this skip then")
+	t.Skip("pending the merge with r-tx: BeginClaim's batch and transaction (store_pg_tx.go begin) must be qualified " +
+		"with pgPool.resolved, q.batch and pgQualifiedTx (store_pg_table.go); remove this skip then")
 	decoyPool := testdb.New(t, testdb.MaxConns(1))
 	sent := &sqlLog{}
 	pool := testdb.New(t, testdb.MaxConns(2), testdb.Tracer(sent))

@@ -81,7 +81,7 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 // error comes with the pgRouteTx to end. A claim that lost reads the
 // existing row (claimLost).
 func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, lease string) (*pgRouteTx, ClaimResult, error) {
-	c, err := s.pool.Acquire(ctx)
+	c, err := s.acquire(ctx)
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}

@@ -21,8 +21,12 @@ const probeEndpoint = "POST /api/trading/orders"
 func TestInspectProbeFailureIsNotNothingHeld(t *testing.T) {
 	t.Parallel()
 	db := newTestDB(t)
+	// Only the probe's insert: Check's privilege probe inserts too.
 	if _, err := db.pool.Exec(t.Context(), `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
-		$$BEGIN RAISE EXCEPTION 'probe refused by a trigger'; END$$;
+		$$BEGIN
+			IF NEW.scope_endpoint = '`+probeEndpoint+`' THEN RAISE EXCEPTION 'probe refused by a trigger'; END IF;
+			RETURN NEW;
+		END$$;
 		CREATE TRIGGER refuse BEFORE INSERT ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
 		t.Fatal(err)
 	}
