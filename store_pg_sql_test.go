@@ -277,32 +277,3 @@ func TestClaimArgsFitTheSQL(t *testing.T) {
 		t.Errorf("claimArgs gives %d parameters, pgClaimSQL numbers %d", got, top)
 	}
 }
-
-// TestStatementsQualify: every statement names the table as an
-// identifier, or as a literal of its own (pg_get_serial_sequence's
-// argument), never as part of another literal or a quoted name, so
-// qualifying it (store_pg_table.go) rewrites each of those names and
-// nothing else; a literal doubles the quotes of the name it holds.
-func TestStatementsQualify(t *testing.T) {
-	const table = `"a b".idempotency_keys`
-	q := newPgQualified(table)
-	for name, sql := range storeStatements() {
-		names := 0
-		for _, tk := range sqlTokens(sql) {
-			switch {
-			case tk.is(pgTable) || tk.kind == tokString && tk.text == pgTable:
-				names++
-			case (tk.kind == tokString || tk.kind == tokIdent) && strings.Contains(tk.text, pgTable):
-				t.Errorf("%s names the table inside %q: pass the name as a parameter", name, tk.text)
-			}
-		}
-		got := q.of(sql)
-		if n := strings.Count(got, table); n != names || strings.Count(got, pgTable) != names {
-			t.Errorf("%s: %d qualified names of %d:\n%s", name, n, names, got)
-		}
-	}
-	if got, want := qualify(`SELECT 'idempotency_keys', x FROM idempotency_keys`, `"a'b".idempotency_keys`),
-		`SELECT '"a''b".idempotency_keys', x FROM "a'b".idempotency_keys`; got != want {
-		t.Errorf("qualify: %s, want %s", got, want)
-	}
-}
