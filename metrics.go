@@ -21,11 +21,14 @@ type metrics struct {
 	rejections     *prometheus.CounterVec
 	bypasses       *prometheus.CounterVec
 	settleFailures *prometheus.CounterVec
-	storeDuration  *prometheus.HistogramVec
-	storeErrors    *prometheus.CounterVec
-	tooLarge       *prometheus.CounterVec
-	cleanupDeleted prometheus.Counter
-	health         storeHealth // the store's failures since it last answered, for the recovery log
+	// plaintextReplays counts replays, through a sealing store, of rows
+	// recorded before sealing was turned on.
+	plaintextReplays *prometheus.CounterVec
+	storeDuration    *prometheus.HistogramVec
+	storeErrors      *prometheus.CounterVec
+	tooLarge         *prometheus.CounterVec
+	cleanupDeleted   prometheus.Counter
+	health           storeHealth // the store's failures since it last answered, for the recovery log
 }
 
 // Label values. Endpoint labels are route names or ServeMux patterns, never
@@ -60,6 +63,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		rejections:     counter("idempotency_rejections_total", "4xx and 503 answers before any claim.", "endpoint", "reason"),
 		bypasses:       counter("idempotency_bypasses_total", "Requests whose handler ran without deduplication.", "endpoint", "reason"),
 		settleFailures: counter("idempotency_record_failures_total", "Responses that could not be recorded.", "endpoint"),
+		plaintextReplays: counter("idempotency_plaintext_replays_total",
+			"Replays through a sealing store of responses recorded before sealing (plaintext rows).", "endpoint"),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idempotency_store_duration_seconds",
 			Help:    "Duration of store calls by operation.",
@@ -77,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.miss, m.hit, m.replay, m.conflicts, m.rejections,
-		m.bypasses, m.settleFailures, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
+		m.bypasses, m.settleFailures, m.plaintextReplays, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("idempotency: Config.Registerer: cannot register metrics"), err)
 		}
@@ -146,7 +151,10 @@ func timeCall[T any](m *Middleware, ctx context.Context, op string, fn func(cont
 	}
 	reason := storeReason(err)
 	m.metrics.storeErrors.WithLabelValues(op, reason).Inc()
-	if reason != ReasonConflict && reason != ReasonData { // the store answered those
+	switch reason {
+	case ReasonConflict, ReasonData, ReasonUnseal: // the store answered those
+	case ReasonSeal: // the key source failed, before the store was asked
+	default:
 		m.metrics.health.failed()
 	}
 	return v, took, err

@@ -120,6 +120,11 @@ func (rq *request) claimFailed(err error) {
 		rq.logClaimFailure(slog.LevelWarn, "idempotency: the store refused the request's scope or endpoint", reason, err)
 		rq.answer(answerInvalidScope)
 		return
+	case ReasonUnseal:
+		// The key's row holds a response that does not open: 503 on every
+		// policy (never an outage), logged with the row and its key id.
+		rq.refuseUnsealed(err)
+		return
 	}
 	f := failureOf(reason)
 	if f.outage && rq.rt.failOpen {

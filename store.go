@@ -81,6 +81,11 @@ type Response struct {
 	Header   http.Header // replayable headers only
 	Body     []byte      // the body; nil with BodyNone
 	BodyKind BodyKind    // how Body is stored and replayed
+	// SealKeyID, when set, names the key that sealed the response
+	// (NewSealingStore): Body is then the sealed value, never replayed.
+	SealKeyID string
+
+	plaintext bool // read by a sealing store from a row recorded before sealing
 }
 
 // Record is one stored key as the store read it. Expired and LeaseOver are
@@ -144,8 +149,9 @@ type Store interface {
 	// Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Complete records resp and marks the row completed, only if f still
-	// owns it in_flight; otherwise it returns ErrNotOwner.
-	Complete(ctx context.Context, f Fence, resp Response) error
+	// owns it in_flight; otherwise it returns ErrNotOwner. owner is the
+	// claim's record, which a sealing store binds resp to.
+	Complete(ctx context.Context, f Fence, owner Record, resp Response) error
 	// Fail marks the row failed, only if f still owns it in_flight;
 	// otherwise it returns ErrNotOwner.
 	Fail(ctx context.Context, f Fence) error
@@ -240,6 +246,7 @@ type RouteTx interface {
 // outcome to record.
 type Settlement struct {
 	Fence    Fence    // the claim that owns the record
+	Owner    Record   // the claim's record, as Store.Complete's owner
 	Failed   bool     // record failed instead of completed
 	Undo     bool     // roll back to the savepoint first: the handler's writes vanish
 	Response Response // what duplicates are answered with (completed only)
@@ -290,6 +297,8 @@ const (
 	ReasonConflict           = "conflict"             // serialization failures persisted past the retries
 	ReasonData               = "data"                 // the store refused the values themselves (e.g. a scope Postgres cannot hold): retrying cannot help
 	ReasonFull               = "full"                 // a MemoryStore holds its MemoryMaxRows: a new key is refused on both policies, never bypassed
+	ReasonSeal               = "seal"                 // a response could not be sealed: a record failure
+	ReasonUnseal             = "unseal"               // a sealed response does not open: 503 on both policies
 	ReasonOther              = "other"                // anything else
 )
 

@@ -112,8 +112,8 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 // cannot hold (a \u0000 escape, which JSONB refuses) is stored byte for byte
 // in the raw column, with the jsonStoredRaw marker in the JSONB column, and
 // reads back as the same BodyJSON bytes. A BodyRaw body, empty included, is
-// stored byte for byte; BodyNone stores no body.
-func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) error {
+// stored byte for byte (a sealed one too); BodyNone stores no body.
+func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
 	jsonBody, rawBody, headers, err := completeArgs(resp, false)
 	if err != nil {
 		return err
@@ -123,7 +123,7 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) er
 		return pgStoreError("complete", err)
 	}
 	defer c.release()
-	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers)}
+	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers), sealKeyArg(resp.SealKeyID)}
 	err = execFenced(ctx, c, pgCompleteSQL, args)
 	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
 		// Postgres refused a value (ReasonData): the body is JSON it will
@@ -192,6 +192,14 @@ func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (boo
 		return false, pgStoreError("release", err)
 	}
 	return n > 0, nil
+}
+
+// sealKeyArg passes a seal key id, or NULL for a plaintext response.
+func sealKeyArg(id string) any {
+	if id == "" {
+		return nil
+	}
+	return id
 }
 
 // ownerArg passes an owner token as its text form, or NULL for none. The

@@ -33,7 +33,7 @@ WHERE c.oid = to_regclass($1)`
 var pgNeededColumns = []string{
 	"id", "idem_key", "scope_user_id", "scope_endpoint", "request_hash",
 	"response_code", "response_body", "response_body_raw", "response_headers",
-	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token",
+	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
 }
 
 // ErrSchemaOutdated is returned, wrapped, by PostgresStore.Check for a

@@ -22,6 +22,7 @@ func TestPostgresCheck(t *testing.T) {
 	}{
 		{"migrated", "", ""},
 		{"no owner_token", `ALTER TABLE idempotency_keys DROP COLUMN owner_token`, "lacks column owner_token"},
+		{"no seal_key_id", `ALTER TABLE idempotency_keys DROP COLUMN seal_key_id`, "lacks column seal_key_id"},
 		{"no unique constraint", `ALTER TABLE idempotency_keys DROP CONSTRAINT uq_idem_key_user_endpoint`, "lacks constraint uq_idem_key_user_endpoint"},
 		{"no table", `DROP TABLE idempotency_keys`, "no idempotency_keys table"},
 	} {

@@ -35,7 +35,7 @@ func TestPostgresErrors(t *testing.T) {
 		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonSchema {
 			t.Errorf("Claim without the table: reason %q (%v), want schema", r, err)
 		}
-		err = s.Complete(t.Context(), rec.Fence(), idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
+		err = s.Complete(t.Context(), rec.Fence(), rec, idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
 		if r := idempotencytest.StoreReason(t, "Complete", err); r != idempotency.ReasonSchema {
 			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
 		}

@@ -9,7 +9,7 @@ const pgRetries = 5
 // pgStoredColumns are a row's columns as stored, in the order scanRecord
 // reads them.
 const pgStoredColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at`
 
 // pgFlags are the two flags scanRecord reads after the stored columns,
@@ -28,7 +28,7 @@ const pgColumns = pgStoredColumns + `,
 // endpoint, which a claim already knows: the hot path decodes three
 // strings fewer.
 const pgClaimStoredColumns = `id, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at`
 
 // pgClaimColumns are pgClaimStoredColumns and pgFlags.
@@ -89,6 +89,7 @@ const pgTakeoverSQL = `WITH taken AS (
 		response_body = NULL,
 		response_body_raw = NULL,
 		response_headers = NULL,
+		seal_key_id = NULL,
 		created_at = now(),
 		locked_at = now(),
 		locked_until = now() + $6::interval,
@@ -103,13 +104,14 @@ SELECT ` + pgColumns + ` FROM taken`
 // pgCompleteSQL records the response, fenced on the owner's attempt.
 //
 // $1 id, $2 attempt, $3 scope, $4 status code, $5 JSON body, $6 raw body,
-// $7 headers.
+// $7 headers, $8 seal key id (NULL for a plaintext response).
 const pgCompleteSQL = `UPDATE idempotency_keys SET
 	status = 'completed',
 	response_code = $4,
 	response_body = $5,
 	response_body_raw = $6,
-	response_headers = $7
+	response_headers = $7,
+	seal_key_id = $8
 WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
 
 // pgFailSQL marks the row failed, fenced on the owner's attempt.

@@ -56,7 +56,7 @@ func TestPostgresStoreResolvesWithoutCheck(t *testing.T) {
 		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
 	}
 	ctx := t.Context()
-	if err := s.Complete(ctx, first.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+	if err := s.Complete(ctx, first.Fence(), first, idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatalf("Complete after the search_path changed: %v", err)
 	}
 	mustBeEmpty(t, decoyPool)

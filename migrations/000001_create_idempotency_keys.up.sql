@@ -5,6 +5,9 @@
 --   so unscoped keys conflict too and any user id type fits;
 --   response_body_raw and response_headers hold non-JSON bodies and replayable headers;
 --   attempt is the fencing token; locked_until is the owner's lease end;
+--   seal_key_id is the key id a sealed response was sealed with (NULL: a plaintext response); a
+--   sealed row keeps response_code, holds its envelope in response_body_raw and NULL in
+--   response_body and response_headers (README, "Sealing stored responses");
 --   owner_token is the claiming request's random token (NULL when the writer gave none), so a
 --   request whose claim reply was lost recognises, or frees, its own in_flight row;
 --   the primary key is (scope_user_id, id), not id alone: Citus distributes the table by
@@ -21,6 +24,7 @@ CREATE TABLE idempotency_keys (
     response_body      JSONB,
     response_body_raw  BYTEA,
     response_headers   JSONB,
+    seal_key_id        TEXT,
     status             TEXT           NOT NULL DEFAULT 'in_flight'
                                       CHECK (status IN ('in_flight','completed','failed')),
     attempt            INTEGER        NOT NULL DEFAULT 1,

@@ -23,7 +23,9 @@ unscoped '' scope), one per endpoint unless --endpoint picks one: status,
 attempt, recorded response code, times, and whether the row is stale (in
 flight past its lease: a retry answers outcome_unknown) or expired (a retry
 would be a new request), both judged by the database's clock. The response
-body and headers are shown only with --show-body. No row is not an error.
+body and headers are shown only with --show-body, a sealed one opened with
+the keys of IDEMPOTENCY_SEAL_KEYS or --seal-keys-file (without the key it
+is shown as sealed, with its key id). No row is not an error.
 
 A transactional route's key is in flight inside its handler's open
 transaction, which no other session can see. With --endpoint, when no row
@@ -49,8 +51,11 @@ Example:
 type inspectRow struct {
 	recordJSON
 	ResponseBodyBytes int64 `json:"response_body_bytes"`
-	Stale             bool  `json:"stale"`   // in_flight with its lease over
-	Expired           bool  `json:"expired"` // expires_at has passed: a retry is a new request
+	// SealKeyID names the key of a sealed response the CLI could not open
+	// (response_body_kind "sealed").
+	SealKeyID string `json:"seal_key_id,omitempty"`
+	Stale     bool   `json:"stale"`   // in_flight with its lease over
+	Expired   bool   `json:"expired"` // expires_at has passed: a retry is a new request
 }
 
 func runInspect(ctx context.Context, c *cli, args []string) error {
@@ -90,12 +95,16 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
+	store, err := c.readStore(sctx, pool)
+	if err != nil {
+		return err
+	}
 	var (
 		out []inspectRow
 		now time.Time
 	)
 	for _, k := range keys { // a UUID's two stored forms
-		found, err := idempotency.NewPostgresStore(pool).Lookup(sctx, k, user.v, endpoint.v)
+		found, err := store.(idempotency.KeyReleaser).Lookup(sctx, k, user.v, endpoint.v)
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
@@ -172,10 +181,14 @@ func newInspectRow(rec idempotency.Record, showBody bool) inspectRow {
 		Stale:             rec.Status == idempotency.StatusInFlight && rec.LeaseOver,
 		Expired:           rec.Expired,
 	}
-	switch rec.Response.BodyKind {
-	case idempotency.BodyJSON:
+	switch {
+	case rec.Response.SealKeyID != "":
+		// Not opened: its bytes are ciphertext, never shown as the body.
+		r.ResponseBodyKind, r.SealKeyID = "sealed", rec.Response.SealKeyID
+		r.ResponseHeaders, r.ResponseBody, r.ResponseBodyBase64 = nil, nil, nil
+	case rec.Response.BodyKind == idempotency.BodyJSON:
 		r.ResponseBodyKind = "json"
-	case idempotency.BodyRaw:
+	case rec.Response.BodyKind == idempotency.BodyRaw:
 		r.ResponseBodyKind = "raw"
 	}
 	if !showBody {
@@ -201,6 +214,8 @@ func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {
 	switch {
 	case r.ResponseCode == nil:
 		line("response", "none recorded")
+	case r.ResponseBodyKind == "sealed":
+		line("response", "%d, sealed with key id %s, not opened (give that key in %s or --seal-keys-file)", *r.ResponseCode, r.SealKeyID, envSealKeys)
 	case r.ResponseBodyKind == "none":
 		line("response", "%d, no body stored (too large: replays answer 409 idempotency_response_not_stored)", *r.ResponseCode)
 	default:
