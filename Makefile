@@ -13,10 +13,20 @@ MODULES := $(patsubst %/go.mod,%,$(shell find . -name go.mod -not -path '*/testd
 
 .PHONY: test
 test: ## go vet, then every test with the race detector, in every module (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker)
-	@set -e; for m in $(MODULES); do \
+	@skips=$$(mktemp); status=0; \
+	for m in $(MODULES); do \
 		echo "== $$m"; \
-		(cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...); \
-	done
+		(cd $$m && $(GO) vet ./... && IDEMPOTENCY_TEST_SKIP_LOG="$$skips" $(GO) test -race -count=1 -timeout 15m ./...) || { status=1; break; }; \
+	done; \
+	$(SKIP_SUMMARY) "$$skips" | sort; rm -f "$$skips"; exit $$status
+
+# go test prints a passing package's skips only with -v, so internal/testdb
+# notes each test skipped for want of a database in the file
+# IDEMPOTENCY_TEST_SKIP_LOG names, and make test sums them up: one line per
+# package and reason.
+SKIP_SUMMARY = awk -F '\t' -v root='$(CURDIR)' '{ n[$$0]++ } END { for (k in n) { split(k, f, "\t"); d = f[1]; \
+	if (index(d, root) == 1) d = "." substr(d, length(root) + 1); \
+	printf "SKIPPED %d test(s) in %s: %s\n", n[k], d, f[2] } }'
 
 .PHONY: test/short
 test/short: ## Fast tests only, without the race detector

@@ -6,6 +6,11 @@ import (
 	"time"
 )
 
+// opReleaseOwner is the store operation of the background deletion of a
+// lost claim's row by its owner token (OwnerReleaser): not "release", which
+// is a fenced release of a claim the request holds.
+const opReleaseOwner = "release_owner"
+
 // maxForgetting bounds how many keys are being freed in the background at
 // once (claims of unknown outcome, and won claims whose handler never
 // ran): during an outage every failed claim would otherwise start a loop
@@ -42,7 +47,7 @@ func (rq *request) forgetClaim(err error) {
 	// on the server too (two store timeouts after it failed): before
 	// that, its INSERT may still commit.
 	noneAfter := time.Now().Add(2 * rq.m.cfg.StoreTimeout)
-	rq.inBackground(func(ctx context.Context) (bool, error) { return rel.ReleaseOwner(ctx, req) },
+	rq.inBackground(opReleaseOwner, func(ctx context.Context) (bool, error) { return rel.ReleaseOwner(ctx, req) },
 		noneAfter, rq.claimStart.Add(req.Lease), "idempotency: freed the key of a claim whose reply was lost; its handler never ran", "")
 }
 
@@ -66,20 +71,20 @@ func (x *execution) releaseUnrun(claimedAt time.Time) {
 		defer func() { x.storeTime += time.Since(start) }()
 		return release(ctx)
 	}
-	if _, answered := x.m.forget(context.WithoutCancel(x.ctx), timed, time.Time{}, time.Now().Add(2*x.m.cfg.StoreTimeout)); answered {
+	if _, answered := x.m.forget(context.WithoutCancel(x.ctx), "release", timed, time.Time{}, time.Now().Add(2*x.m.cfg.StoreTimeout)); answered {
 		return
 	}
 	x.m.log.WarnContext(x.ctx, "idempotency: could not release a key whose handler never ran; retrying in the background",
 		"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
-	x.inBackground(release, time.Time{}, claimedAt.Add(x.claim.TTL),
+	x.inBackground("release", release, time.Time{}, claimedAt.Add(x.claim.TTL),
 		"idempotency: released in the background a key whose handler never ran",
 		"idempotency: gave up releasing a key whose handler never ran; it answers outcome_unknown until it expires")
 }
 
-// inBackground runs forget with free in a goroutine of its own, within
-// maxForgetting; it logs freedMsg when it freed the key, and gaveUpMsg
-// (unless "") when the store never answered.
-func (rq *request) inBackground(free func(context.Context) (bool, error), noneAfter, until time.Time, freedMsg, gaveUpMsg string) {
+// inBackground runs forget with free (store operation op) in a goroutine
+// of its own, within maxForgetting; it logs freedMsg when it freed the key,
+// and gaveUpMsg (unless "") when the store never answered.
+func (rq *request) inBackground(op string, free func(context.Context) (bool, error), noneAfter, until time.Time, freedMsg, gaveUpMsg string) {
 	select {
 	case rq.m.forgetting <- struct{}{}:
 	default:
@@ -90,7 +95,7 @@ func (rq *request) inBackground(free func(context.Context) (bool, error), noneAf
 	m, req, ctx := rq.m, rq.claim, context.WithoutCancel(rq.ctx)
 	go func() {
 		defer func() { <-m.forgetting }()
-		switch freed, answered := m.forget(ctx, free, noneAfter, until); {
+		switch freed, answered := m.forget(ctx, op, free, noneAfter, until); {
 		case freed:
 			m.log.WarnContext(ctx, freedMsg, "endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key)
 		case !answered && gaveUpMsg != "":
@@ -99,14 +104,15 @@ func (rq *request) inBackground(free func(context.Context) (bool, error), noneAf
 	}()
 }
 
-// forget calls free, backing off, until it says whether it freed the row
-// (an answer of "none" counts only after noneAfter), the store is closed,
-// or another call could not end by until. It reports whether the row was
-// freed, and whether the store answered at all.
-func (m *Middleware) forget(ctx context.Context, free func(context.Context) (bool, error), noneAfter, until time.Time) (freed, answered bool) {
+// forget calls free, timed and counted as store operation op, backing off,
+// until it says whether it freed the row (an answer of "none" counts only
+// after noneAfter), the store is closed, or another call could not end by
+// until. It reports whether the row was freed, and whether the store
+// answered at all.
+func (m *Middleware) forget(ctx context.Context, op string, free func(context.Context) (bool, error), noneAfter, until time.Time) (freed, answered bool) {
 	backoff := 50 * time.Millisecond
 	for {
-		freed, err := timedCall(m, ctx, "release", free)
+		freed, err := timedCall(m, ctx, op, free)
 		switch {
 		case err == nil && (freed || !time.Now().Before(noneAfter)):
 			return freed, true

@@ -108,7 +108,7 @@ type storeOps map[string]prometheus.Observer
 
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
-	for _, op := range []string{"claim", "takeover", "complete", "fail", "release",
+	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
 		"begin", "commit", "cleanup", "erase"} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -16,9 +15,9 @@ import (
 // one database share its keys, so at most one of them runs a handler per key.
 // Every time it stores or compares comes from the database's now(), so the
 // clocks of the application servers never matter. It is safe for concurrent
-// use, and finds the table through the pool connections' search_path.
+// use, and pins its table to the schema Check or its first statement found.
 type PostgresStore struct {
-	pool *pgxpool.Pool
+	pool *pgPool // qualifies the table in what it sends (store_pg_table.go)
 }
 
 var (
@@ -50,13 +49,13 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			rec Record
 			won bool
 		)
-		c, err := s.acquire(ctx)
+		c, err := s.conn(ctx)
 		if err == nil {
 			var rows pgx.Rows
 			if rows, err = c.Query(ctx, pgClaimSQL, claimArgs(req)...); err == nil {
 				err = scanClaimRows(rows, req, &rec, &won)
 			}
-			release(c)
+			c.release()
 		}
 		switch {
 		case err == nil:
@@ -93,7 +92,7 @@ func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest)
 func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args ...any) (ClaimResult, error) {
 	var rec Record
 	err := retryConnLoss(ctx, func() error {
-		return s.withConn(ctx, func(c *pgxpool.Conn) error {
+		return s.withConn(ctx, func(c pgConn) error {
 			return scanRecord(c.QueryRow(ctx, sql, args...), &rec)
 		})
 	})
@@ -119,11 +118,11 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	if err != nil {
 		return err
 	}
-	c, err := s.acquire(ctx)
+	c, err := s.conn(ctx)
 	if err != nil {
 		return pgStoreError("complete", err)
 	}
-	defer release(c)
+	defer c.release()
 	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers), sealKeyArg(resp.SealKeyID)}
 	err = execFenced(ctx, c, pgCompleteSQL, args)
 	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
@@ -147,27 +146,23 @@ func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
 	return pgOwnerError("release", s.fenced(ctx, pgReleaseSQL, f))
 }
 
-// execer runs a statement (a pooled connection).
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // fenced runs a statement whose first three parameters are f (id,
 // attempt, scope), returning ErrNotOwner when it changed no row.
 func (s *PostgresStore) fenced(ctx context.Context, sql string, f Fence) error {
-	c, err := s.acquire(ctx)
+	c, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	defer release(c)
+	defer c.release()
 	return execFenced(ctx, c, sql, []any{f.ID, f.Attempt, f.Scope})
 }
 
 // execFenced runs a fenced statement whose parameters, the fence first,
-// are args.
-func execFenced(ctx context.Context, q execer, sql string, args []any) error {
+// are args, on c (a concrete type: as an interface it would cost an
+// allocation).
+func execFenced(ctx context.Context, c pgConn, sql string, args []any) error {
 	return retrySerialization(ctx, func() error {
-		tag, err := q.Exec(ctx, sql, args...)
+		tag, err := c.Exec(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -187,7 +182,7 @@ func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (boo
 	}
 	var n int64
 	err := retryConnLoss(ctx, func() error {
-		return s.withConn(ctx, func(c *pgxpool.Conn) error {
+		return s.withConn(ctx, func(c pgConn) error {
 			tag, err := c.Exec(ctx, pgReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
 			n = tag.RowsAffected()
 			return err
@@ -228,7 +223,7 @@ func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult,
 	// neither. The retry takes a new snapshot.
 	err := retrySerialization(ctx, func() error {
 		res = ErasureResult{}
-		return s.withConn(ctx, func(c *pgxpool.Conn) error {
+		return s.withConn(ctx, func(c pgConn) error {
 			return pgx.BeginTxFunc(ctx, c, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
 				return eraseScope(ctx, tx, scope, &res)
 			})
@@ -270,11 +265,11 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 	var recs []Record
 	err := retryConnLoss(ctx, func() error {
 		recs = nil
-		c, err := s.acquire(ctx)
+		c, err := s.conn(ctx)
 		if err != nil {
 			return err
 		}
-		defer release(c)
+		defer c.release()
 		rows, err := c.Query(ctx, pgExportScopeSQL, scope)
 		if err != nil {
 			return err

@@ -10,13 +10,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// pgCheckSQL reads, for the idempotency_keys table the connection's
-// search_path finds, its columns and whether the unique constraint the
-// claim's ON CONFLICT needs exists on exactly the key's three columns. No
-// row: there is no such table.
+// pgCheckSQL reads, for the table $1 names (idempotency_keys as the
+// connection's search_path finds it, or the store's resolved table), its
+// columns, whether the unique constraint the claim's ON CONFLICT needs
+// exists on exactly the key's three columns, and its schema-qualified name.
+// No row: there is no such table.
 const pgCheckSQL = `SELECT
 	ARRAY(SELECT attname::text FROM pg_attribute
 		WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped),
@@ -24,9 +24,10 @@ const pgCheckSQL = `SELECT
 		WHERE k.conrelid = c.oid AND k.contype IN ('u', 'p')
 			AND ARRAY(SELECT a.attname::text FROM pg_attribute a
 				WHERE a.attrelid = c.oid AND a.attnum = ANY(k.conkey) ORDER BY a.attname)
-				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id'])
+				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id']),
+	format('%s.%I', c.relnamespace::regnamespace, c.relname)
 FROM pg_class c
-WHERE c.oid = to_regclass('idempotency_keys')`
+WHERE c.oid = to_regclass($1)`
 
 // pgNeededColumns are the columns the store reads or writes.
 var pgNeededColumns = []string{
@@ -51,10 +52,11 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	var (
 		cols   []string
 		unique bool
+		table  string
 	)
 	err := retryConnLoss(ctx, func() error {
-		return s.withConn(ctx, func(c *pgxpool.Conn) error {
-			return c.QueryRow(ctx, pgCheckSQL).Scan(&cols, &unique)
+		return s.withConn(ctx, func(c pgConn) error {
+			return c.poolConn.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &table)
 		})
 	})
 	if err != nil {
@@ -64,6 +66,7 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 		}
 		return pgStoreError("check", err)
 	}
+	s.pool.resolve(table) // the store's table from now on (store_pg_table.go)
 	var missing []string
 	for _, c := range pgNeededColumns {
 		if !slices.Contains(cols, c) {
@@ -102,7 +105,7 @@ var pgProbe = []struct{ privilege, sql string }{
 func (s *PostgresStore) checkPrivileges(ctx context.Context) error {
 	var failed int // the probe statement that failed
 	err := retryConnLoss(ctx, func() error {
-		return s.withConn(ctx, func(c *pgxpool.Conn) error {
+		return s.withConn(ctx, func(c pgConn) error {
 			tx, err := c.Begin(ctx)
 			if err != nil {
 				return err

@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Cleanup implements Store: it reads at most limit deletable rows,
@@ -23,7 +22,7 @@ func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	}
 	var n int64
 	err := retrySerialization(ctx, func() error {
-		return s.withConn(ctx, func(c *pgxpool.Conn) (err error) {
+		return s.withConn(ctx, func(c pgConn) (err error) {
 			n, err = cleanupBatch(ctx, c, limit)
 			return err
 		})
@@ -35,7 +34,7 @@ func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 }
 
 // cleanupBatch runs one batch of Cleanup on c.
-func cleanupBatch(ctx context.Context, c *pgxpool.Conn, limit int) (int64, error) {
+func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
 	rows, err := c.Query(ctx, pgExpiredBatchSQL, int64(limit))
 	if err != nil {
 		return 0, err

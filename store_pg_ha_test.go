@@ -89,7 +89,7 @@ func TestPostgresRetriesConnectionLossOnce(t *testing.T) {
 // flight until its lease or TTL ended).
 func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("INSERT INTO idempotency_keys")}
+	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
@@ -130,7 +130,7 @@ func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 // next request claims the key as new.
 func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("INSERT INTO idempotency_keys")}
+	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
@@ -164,7 +164,7 @@ func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 // takeover made, so the request still runs once, as the owner.
 func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("UPDATE idempotency_keys SET\n\tattempt = attempt + 1,\n\trequest_hash")}
+	rc := &replyCutter{marker: []byte("WITH taken AS (")} // pgTakeoverSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()

@@ -14,7 +14,7 @@ func newPostgresStore(pool *pgxpool.Pool, log *slog.Logger) *PostgresStore {
 		log.WarnContext(context.Background(), "idempotency: the PostgreSQL pool has no ConnectTimeout: a connect into a black-holed network "+
 			"hangs for two minutes and wedges the pool after the network heals; set connect_timeout (a few seconds) in the URL")
 	}
-	return &PostgresStore{pool: pool}
+	return &PostgresStore{pool: &pgPool{Pool: pool}}
 }
 
 // acquire takes a connection from the pool under ctx. The store acquires
@@ -49,12 +49,13 @@ func release(c *pgxpool.Conn) {
 	c.Release()
 }
 
-// withConn runs f on a connection acquired under ctx, then releases it.
-func (s *PostgresStore) withConn(ctx context.Context, f func(*pgxpool.Conn) error) error {
-	c, err := s.acquire(ctx)
+// withConn runs f on a connection acquired under ctx (conn), then
+// releases it.
+func (s *PostgresStore) withConn(ctx context.Context, f func(pgConn) error) error {
+	c, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	defer release(c)
+	defer c.release()
 	return f(c)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -29,9 +30,12 @@ is shown as sealed, with its key id). No row is not an error.
 A transactional route's key is in flight inside its handler's open
 transaction, which no other session can see. With --endpoint, when no row
 is found, inspect probes for it: it inserts the key in a transaction of its
-own that it always rolls back, waiting up to 1s, and shows the session that
-holds the key (pg_blocking_pids: pid, application, client, since when).
-Without the probe it changes nothing.
+own that it always rolls back, waiting up to 1s (3s on Citus), and shows
+the session that holds the key (pg_blocking_pids, or on Citus
+citus_lock_waits and citus_stat_activity: pid, application, client, since
+when), or that one it could not identify holds it. A probe that fails
+otherwise is an error: whether the key is held is then unknown. Without the
+probe it changes nothing.
 
 KEY is a UUID in its 36-character form, any case (matched as a UUID route
 stores it, lower case, and as an opaque route stores it, exactly), or an
@@ -115,9 +119,12 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 	slices.SortStableFunc(out, func(a, b inspectRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	// No committed row: a transactional route's handler may hold the key
 	// in flight inside its open transaction, which only a probe finds.
-	var owner *openOwner
+	var probe probeResult
 	if len(out) == 0 && ep != nil {
-		if owner, err = probeOpenTransaction(ctx, pool, keys[0], user.v, *ep); err != nil {
+		if probe, err = probeOpenTransaction(ctx, pool, keys[0], user.v, *ep); err != nil {
+			if ctx.Err() == nil && errors.Is(err, errProbe) {
+				return fmt.Errorf("probe for an open transaction failed: %s: %v", pgMessage(err), errProbe)
+			}
 			return c.dbError(ctx, "probe for an open transaction", err)
 		}
 	}
@@ -133,10 +140,13 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			// OpenTransaction: no committed row, but the key is in flight
 			// inside this session's open transaction (--endpoint only).
 			OpenTransaction *openOwner `json:"open_transaction,omitempty"`
-		}{keys[0], user.v, out, owner})
+			// HeldUnidentified: no committed row, and the probe's insert
+			// waited its whole bound on a transaction it could not name.
+			HeldUnidentified bool `json:"held_by_unidentified_transaction,omitempty"`
+		}{keys[0], user.v, out, probe.owner, probe.held && probe.owner == nil})
 	}
-	if owner != nil {
-		c.printOpenOwner(owner)
+	if probe.held {
+		c.printOpenOwner(probe)
 		return nil
 	}
 	if len(out) == 0 {

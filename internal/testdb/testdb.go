@@ -189,7 +189,7 @@ func serverURL(tb testing.TB) string {
 	if os.Getenv(EnvRequire) == "1" {
 		tb.Fatal(msg)
 	}
-	tb.Skip(msg)
+	skip(tb, "no PostgreSQL: set "+EnvURL+" or start Docker", msg)
 	return ""
 }
 
