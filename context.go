@@ -62,7 +62,17 @@ type handlerTx struct {
 	tx     pgx.Tx
 	closed *atomic.Bool
 	nested bool // a savepoint the handler began: Commit and Rollback are its own
+	hooks  *txHooks
 }
+
+// txHooks are test hooks (export_tx_test.go), taken from the handler's
+// context: call runs in a call of the handler's transaction once the call
+// passed the check that the handler still runs; closeWait runs when
+// closing must wait for calls under way.
+type txHooks struct{ call, closeWait func() }
+
+// txHooksKey is the context key of txHooks.
+type txHooksKey struct{}
 
 // closedTx is a transaction that refuses everything with pgx.ErrTxClosed:
 // what a handlerTx delegates to once closed.
@@ -76,13 +86,17 @@ var closedTx = func() pgx.Tx {
 // closes the handler's view of it.
 func withTx(ctx context.Context, tx pgx.Tx) (context.Context, func()) {
 	closed := new(atomic.Bool)
-	return context.WithValue(ctx, txCtxKey, pgx.Tx(&handlerTx{tx: tx, closed: closed})), func() { closed.Store(true) }
+	hooks, _ := ctx.Value(txHooksKey{}).(*txHooks)
+	return context.WithValue(ctx, txCtxKey, pgx.Tx(&handlerTx{tx: tx, closed: closed, hooks: hooks})), func() { closed.Store(true) }
 }
 
 // t is the transaction to delegate to: closedTx once closed.
 func (h *handlerTx) t() pgx.Tx {
 	if h.closed.Load() {
 		return closedTx
+	}
+	if h.hooks != nil && h.hooks.call != nil {
+		h.hooks.call()
 	}
 	return h.tx
 }
@@ -93,7 +107,7 @@ func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &handlerTx{tx: sp, closed: h.closed, nested: true}, nil
+	return &handlerTx{tx: sp, closed: h.closed, nested: true, hooks: h.hooks}, nil
 }
 
 // Commit refuses on the route's transaction: the middleware commits,
