@@ -138,22 +138,41 @@ func TestTxHandlerStateNeverLoops(t *testing.T) {
 			}
 		}, failed, 0},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(2))
-			c.setup(t, f)
-			key := uuid.NewString()
-			var got []string
-			for range 3 {
-				got = append(got, answerOf(do(h, key, `{}`)))
-			}
-			if strings.Join(got, ", ") != strings.Join(c.want, ", ") || f.calls.Load() != 1 || f.orders(t) != c.orders {
-				t.Fatalf("answers %q, executions %d, orders %d; want %q, 1 and %d", got, f.calls.Load(), f.orders(t), c.want, c.orders)
-			}
-			if n := gathered(t, f.reg, "idempotency_record_failures_total", "orders"); n != 0 {
-				t.Errorf("record failures = %v, want 0", n)
-			}
-		})
+		for _, warm := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/warm=%v", c.name, warm), func(t *testing.T) {
+				t.Parallel()
+				f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(1))
+				if warm {
+					warmUp(t, f, h)
+				}
+				c.setup(t, f)
+				key := uuid.NewString()
+				var got []string
+				for range 3 {
+					got = append(got, answerOf(do(h, key, `{}`)))
+				}
+				if strings.Join(got, ", ") != strings.Join(c.want, ", ") || f.calls.Load() != 1 || f.orders(t) != c.orders {
+					t.Fatalf("answers %q, executions %d, orders %d; want %q, 1 and %d", got, f.calls.Load(), f.orders(t), c.want, c.orders)
+				}
+				if n := gathered(t, f.reg, "idempotency_record_failures_total", "orders"); n != 0 {
+					t.Errorf("record failures = %v, want 0", n)
+				}
+			})
+		}
+	}
+}
+
+// warmUp runs one request through each of the fixture's connections (one
+// at a time: a pool of one), as every connection of a running server has
+// served requests: its statements are prepared. It forgets that run.
+func warmUp(t *testing.T, f *txFixture, h http.Handler) {
+	t.Helper()
+	if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "201" {
+		t.Fatalf("warm-up: %s", a)
+	}
+	f.calls.Store(0)
+	if _, err := f.pool.Exec(context.Background(), `DELETE FROM orders`); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -246,19 +265,29 @@ func settingsTrigger(t *testing.T, f *txFixture) func(key string) [6]string {
 // session's again.
 func TestTxRecordRunsWithClaimTimeState(t *testing.T) {
 	t.Parallel()
-	session := testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["lock_timeout"] = "7s" })
-	f, h := newTxFixture(t, idempotency.Config{Lease: 12 * time.Second}, idempotency.RouteConfig{}, session)
-	seen := settingsTrigger(t, f)
-	role := newRole(t, f.pool, `GRANT USAGE ON SCHEMA `+schemaOf(f.pool)+` TO %s`, `GRANT INSERT ON orders TO %s`)
-	handlerRuns(t, f, `SET LOCAL ROLE `+role, `SET LOCAL search_path TO public`, `SET LOCAL synchronous_commit = off`,
-		`SET LOCAL statement_timeout = 0`, `SET LOCAL lock_timeout = '1ms'`, `SET LOCAL idle_in_transaction_session_timeout = 0`)
-	key := uuid.NewString()
-	if got := answerOf(do(h, key, `{}`)); got != "201" {
-		t.Fatalf("answer %q", got)
-	}
-	if got, want := seen(key), [6]string{"none", schemaOf(f.pool), "on", "12s", "7s", "12s"}; got != want {
-		t.Fatalf("role, search_path, synchronous_commit, statement_timeout, lock_timeout, idle_in_transaction_session_timeout "+
-			"at the record: %q, want %q", got, want)
+	// Cold, a connection's first record: its statement is parsed before
+	// the batch runs. Warm, the record's statement is prepared.
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			t.Parallel()
+			session := testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["lock_timeout"] = "7s" })
+			f, h := newTxFixture(t, idempotency.Config{Lease: 12 * time.Second}, idempotency.RouteConfig{}, session, testdb.MaxConns(1))
+			seen := settingsTrigger(t, f)
+			if warm {
+				warmUp(t, f, h)
+			}
+			role := newRole(t, f.pool, `GRANT USAGE ON SCHEMA `+schemaOf(f.pool)+` TO %s`, `GRANT INSERT ON orders TO %s`)
+			handlerRuns(t, f, `SET LOCAL ROLE `+role, `SET LOCAL search_path TO public`, `SET LOCAL synchronous_commit = off`,
+				`SET LOCAL statement_timeout = 0`, `SET LOCAL lock_timeout = '1ms'`, `SET LOCAL idle_in_transaction_session_timeout = 0`)
+			key := uuid.NewString()
+			if got := answerOf(do(h, key, `{}`)); got != "201" {
+				t.Fatalf("answer %q", got)
+			}
+			if got, want := seen(key), [6]string{"none", schemaOf(f.pool), "on", "12s", "7s", "12s"}; got != want {
+				t.Fatalf("role, search_path, synchronous_commit, statement_timeout, lock_timeout, idle_in_transaction_session_timeout "+
+					"at the record: %q, want %q", got, want)
+			}
+		})
 	}
 }
 
@@ -319,14 +348,32 @@ func TestTxNothingOutlivesTheRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), `DROP SCHEMA `+other+` CASCADE`) })
-	want := sessionSettings(t, f.pool)
-	// Hold every connection at once, so each one serves a handler that
-	// changes its session.
+	want := sessionSettings(t, f.pool, conns)
+	// Every connection serves a handler at once: the first round leaves
+	// the record's statements prepared on each, the second changes each
+	// session.
+	holdAll(t, f, h, conns)
+	holdAll(t, f, h, conns, `SET search_path TO `+other, `SET ROLE `+role, `SET statement_timeout = '59min'`,
+		`SET lock_timeout = '58min'`, `SET synchronous_commit = off`, `SET idle_in_transaction_session_timeout = '57min'`)
+	f.behave = nil
+	if got := sessionSettings(t, f.pool, conns); got != want {
+		t.Fatalf("the pooled connections after the handlers: %v, want each as before, %v", got, want[0])
+	}
+	for range 2 * conns {
+		if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "201" {
+			t.Fatalf("a later claim: %q, want 201", a)
+		}
+	}
+}
+
+// holdAll runs conns requests whose handlers run stmts and wait for each
+// other, so each holds a connection of its own, and wants 201 from each.
+func holdAll(t *testing.T, f *txFixture, h http.Handler, conns int, stmts ...string) {
+	t.Helper()
 	in, release := make(chan struct{}, conns), make(chan struct{})
 	f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
 		tx, _ := idempotency.TxFromContext(r.Context())
-		for _, s := range []string{`SET search_path TO ` + other, `SET ROLE ` + role, `SET statement_timeout = '59min'`,
-			`SET lock_timeout = '58min'`, `SET synchronous_commit = off`, `SET idle_in_transaction_session_timeout = '57min'`} {
+		for _, s := range stmts {
 			if _, err := tx.Exec(r.Context(), s); err != nil {
 				t.Errorf("%s: %v", s, err)
 			}
@@ -345,33 +392,24 @@ func TestTxNothingOutlivesTheRequest(t *testing.T) {
 	close(release)
 	for range conns {
 		if a := <-answers; a != "201" {
-			t.Errorf("a handler that changed its session: %q, want 201", a)
-		}
-	}
-	f.behave = nil
-	if got := sessionSettings(t, f.pool); got != want {
-		t.Fatalf("the pooled connections after the handlers: %v, want each as before, %v", got, want[0])
-	}
-	for range 2 * conns {
-		if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "201" {
-			t.Fatalf("a later claim: %q, want 201", a)
+			t.Errorf("a handler that ran %q: %q, want 201", stmts, a)
 		}
 	}
 }
 
-// sessionSettings acquires every connection of pool at once and reads the
-// settings the store depends on from each.
-func sessionSettings(t *testing.T, pool *pgxpool.Pool) [3][6]string {
+// sessionSettings acquires n connections of pool at once (every one, for
+// n its MaxConns) and reads the settings the store depends on from each.
+func sessionSettings(t *testing.T, pool *pgxpool.Pool, n int) [3][6]string {
 	t.Helper()
 	ctx := context.Background()
 	var out [3][6]string
-	conns := make([]*pgxpool.Conn, 0, len(out))
+	conns := make([]*pgxpool.Conn, 0, n)
 	defer func() {
 		for _, c := range conns {
 			c.Release()
 		}
 	}()
-	for i := range out {
+	for i := range n {
 		c, err := pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -385,4 +423,40 @@ func sessionSettings(t *testing.T, pool *pgxpool.Pool) [3][6]string {
 		out[i] = [6]string(s)
 	}
 	return out
+}
+
+// TestTxSessionStateEveryQueryMode: in every pgx query mode, on a
+// connection's first record and after, a handler's SET LOCAL ROLE and
+// synchronous_commit and its plain SET search_path neither fail the
+// record nor reach the next request on the connection.
+func TestTxSessionStateEveryQueryMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(1),
+				testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
+			role := newRole(t, f.pool, `GRANT USAGE ON SCHEMA `+schemaOf(f.pool)+` TO %s`, `GRANT INSERT ON orders TO %s`)
+			other := schemaOf(f.pool) + "_other"
+			if _, err := f.pool.Exec(context.Background(), `CREATE SCHEMA `+other); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), `DROP SCHEMA `+other+` CASCADE`) })
+			want := sessionSettings(t, f.pool, 1)
+			handlerRuns(t, f, `SET search_path TO `+other, `SET LOCAL ROLE `+role, `SET LOCAL synchronous_commit = off`)
+			for i := range 3 {
+				key := uuid.NewString()
+				if a, b := answerOf(do(h, key, `{}`)), answerOf(do(h, key, `{}`)); a != "201" || b != "201 replayed" {
+					t.Fatalf("key %d: %q then %q, want 201 then its replay", i, a, b)
+				}
+				if got := sessionSettings(t, f.pool, 1); got != want {
+					t.Fatalf("key %d: the connection after the route: %v, want %v", i, got, want)
+				}
+			}
+			if f.calls.Load() != 3 || f.orders(t) != 3 {
+				t.Fatalf("executions %d, orders %d; want 3 and 3", f.calls.Load(), f.orders(t))
+			}
+		})
+	}
 }

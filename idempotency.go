@@ -99,7 +99,7 @@ type route struct {
 
 func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	rc = rc.withDefaults()
-	if err := rc.validate(m.cfg.Lease); err != nil {
+	if err := rc.validate(m.cfg.Lease, m.cfg.StoreTimeout); err != nil {
 		return nil, err
 	}
 	headers, err := replayAllowList(rc.ReplayHeaders)

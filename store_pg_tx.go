@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -15,11 +14,16 @@ import (
 var _ TxStore = (*PostgresStore)(nil)
 
 // BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
-// Batch.BeginTx), the claim with its bounds (pgTxClaimSQL) and the
-// savepoint; a loser then reads the existing row
+// Batch.BeginTx), the session's state read, the claim with its bounds
+// (claimSteps) and the savepoint; a loser then reads the existing row
 // (pgTxReadSQL). A serialization failure (REPEATABLE READ or SERIALIZABLE,
-// when the owner it waited for commits) or a lock wait that ran out on no
-// row rolls back and begins again, a bounded number of times.
+// when the owner it waited for commits), or a lock wait that ran out,
+// rolls back and begins again, a bounded number of times: a lock wait that
+// ran out on every try is contention when the claim itself waited (the
+// key's owner is mid-handler), an outage when the table's lock did (DDL,
+// a migration). A single wait proves neither: the claim also waits, for
+// microseconds, on the table's extension or another claim's speculative
+// insertion.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	if req == nil {
 		t, _, err := s.begin(ctx, nil, "", "")
@@ -35,7 +39,7 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		switch {
 		case t == nil:
 			// The batch failed before BEGIN took effect. A server error
-			// there is the claim's (its statement is prepared before the
+			// there is the claim's (its statements are prepared before the
 			// batch runs: a missing table, say); BEGIN itself fails only
 			// with the connection.
 			var pgErr *pgconn.PgError
@@ -47,19 +51,8 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 			return t, res, nil
 		case errors.Is(err, pgx.ErrNoRows):
 			last = errClaimVanished
-		case isRetryable(err):
+		case isRetryable(err), errors.As(err, new(claimLockWait)):
 			last = err
-		case isLockWait(err) && !isRowLockWait(err):
-			// No row named: a table-level lock (DDL, a migration), or a
-			// wait on another claim's speculative insertion of the same
-			// key, which names no row either but lasts microseconds.
-			// Begin again: a table lock outlasts every round.
-			last = err
-		case isRowLockWait(err):
-			// Contention, not a store error: another open transaction
-			// holds the key (its owner is mid-handler).
-			t.end(ctx)
-			return nil, ClaimResult{}, nil
 		default:
 			t.end(ctx)
 			return nil, ClaimResult{}, pgStoreError("claim", err)
@@ -69,42 +62,61 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
 	}
-	if isLockWait(last) {
-		return nil, ClaimResult{}, pgStoreError("claim", last) // a table-level lock: an outage
+	var lw claimLockWait
+	switch {
+	case errors.As(last, &lw) && !lw.table:
+		// Contention, not a store error: another open transaction holds
+		// the key (its owner is mid-handler).
+		return nil, ClaimResult{}, nil
+	case errors.As(last, &lw):
+		return nil, ClaimResult{}, pgStoreError("claim", last) // an outage like any other
 	}
 	return nil, ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
 }
 
-// begin takes a connection and sends BEGIN, pipelined with req's claim
-// (nil: BEGIN alone). When no transaction began (no connection, BEGIN
-// failed) it returns a nil pgRouteTx, the connection given back; any later
-// error comes with the pgRouteTx to end. A claim that lost reads the
-// existing row (claimLost).
+// begin takes a connection and sends BEGIN and the session's state read,
+// pipelined with req's claim (nil: no claim). When no transaction began
+// (no connection, BEGIN failed) it returns a nil pgRouteTx, the connection
+// given back; any later error comes with the pgRouteTx to end. A claim
+// that lost reads the existing row (claimLost).
 func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, lease string) (*pgRouteTx, ClaimResult, error) {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
+	// The session's lock_timeout, as last read on this connection, goes
+	// back after the claim; checked against what this batch reads.
+	restored, _ := c.Conn().PgConn().CustomData()[lockTimeoutKey].(string)
+	steps := []pgStep{{sql: pgTxSessionSQL}}
 	if req != nil {
-		queueClaim(b, *req, wait, lease)
+		steps = append(steps, pgStep{sql: pgTxBoundsSQL, args: []any{lease}})
+		steps = append(steps, claimSteps(*req, wait, restored, true)...)
 	}
-	br := c.Conn().SendBatch(ctx, b)
-	t := &pgRouteTx{c: c, tx: br.Tx()}
-	var res ClaimResult
-	_, err = br.Exec()
-	if err != nil {
-		_ = br.Close()
+	p := sendPipe(ctx, c.Conn(), true, steps...)
+	t := &pgRouteTx{c: c, tx: p.Tx()}
+	if _, err = p.Exec(); err != nil {
+		_ = p.Close()
 		t.end(ctx)
 		return nil, ClaimResult{}, err
 	}
-	if req != nil {
-		err = readClaim(br, *req, &res)
+	err = t.session.scan(p.QueryRow())
+	var res ClaimResult
+	if err == nil && req != nil {
+		if err = p.QueryRow().Scan(&t.bounds[0], &t.bounds[1]); err == nil {
+			res, err = readClaim(p, *req, true)
+		}
 	}
-	err = closeBatch(br, err)
-	if errors.Is(err, pgx.ErrNoRows) {
-		res, err = t.claimLost(ctx, *req, wait, lease)
+	err = closeBatch(p, err)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return t, res, err
+	}
+	c.Conn().PgConn().CustomData()[lockTimeoutKey] = t.session.lock
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		res, err = t.claimLost(ctx, *req, wait)
+	case req != nil && restored != t.session.lock:
+		// Put back what this connection's session really has.
+		_, err = t.tx.Exec(ctx, pgSetLocal("lock_timeout", t.session.lock))
 	}
 	return t, res, err
 }
@@ -113,7 +125,7 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 // the error closing it reports when err is nil or only pgx.ErrNoRows (a
 // claim that lost, a takeover that matched nothing: the batch's later
 // statements may still have failed).
-func closeBatch(br pgx.BatchResults, err error) error {
+func closeBatch(br interface{ Close() error }, err error) error {
 	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 		return cerr
 	}
@@ -128,47 +140,86 @@ func cmpWait(d time.Duration) time.Duration {
 	return d
 }
 
-// pgInterval is d as a setting's text value in milliseconds (at least 1:
-// 0 would mean no bound at all).
+// pgInterval is d as a setting's text value in milliseconds, rounded up
+// (at least 1: 0 would mean no bound at all).
 func pgInterval(d time.Duration) string {
-	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+	return strconv.FormatInt(max(pgMillis(d), 1), 10) + "ms"
 }
 
-// queueClaim queues a transactional claim's statements: the INSERT with
-// its bounds (pgTxClaimSQL) and the savepoint.
-func queueClaim(b *pgx.Batch, req ClaimRequest, wait, lease string) {
-	b.Queue(pgTxClaimSQL, append(claimArgs(req), wait, lease)...)
-	b.Queue(pgSavepointSQL)
+// pgMillis is d in whole milliseconds, rounded up: the bound PostgreSQL
+// applies for d.
+func pgMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// readClaim reads the results of queueClaim's statements into res; it
-// returns pgx.ErrNoRows when the claim lost (the key has a row).
-func readClaim(br pgx.BatchResults, req ClaimRequest, res *ClaimResult) error {
+// claimSteps are a transactional claim's statements: the lock wait, the
+// table's lock (first claim of the transaction only), the INSERT, the
+// savepoint, and the session's lock_timeout (restored, "" for the
+// default) back. A lock wait that runs out on the table lock is the
+// table's, one that runs out on the INSERT a row's (readClaim).
+func claimSteps(req ClaimRequest, wait, restored string, first bool) []pgStep {
+	steps := []pgStep{{sql: pgSetLocal("lock_timeout", wait), alone: true}}
+	if first {
+		steps = append(steps, pgStep{sql: pgTxLockSQL})
+	}
+	return append(steps,
+		pgStep{sql: pgTxClaimSQL, args: claimArgs(req)},
+		pgStep{sql: pgSavepointSQL},
+		pgStep{sql: pgSetLocal("lock_timeout", restored), alone: true})
+}
+
+// claimLockWait is a lock wait of a claim's batch that ran out: on the
+// table's lock (table), or on the claim.
+type claimLockWait struct {
+	error
+	table bool
+}
+
+func (e claimLockWait) Unwrap() error { return e.error }
+
+// readClaim reads the results of claimSteps into a ClaimResult; it
+// returns pgx.ErrNoRows when the claim lost (the key has a row), and a
+// claimLockWait when a lock wait ran out, telling which statement waited.
+func readClaim(p *pgPipe, req ClaimRequest, first bool) (ClaimResult, error) {
 	var (
 		rec Record
 		won bool
 	)
-	rows, err := br.Query()
-	if err == nil {
-		err = scanClaimRows(rows, req, &rec, &won)
-	}
-	if err == nil || errors.Is(err, pgx.ErrNoRows) {
-		lost := err != nil
-		if _, err = br.Exec(); err == nil && lost {
-			err = pgx.ErrNoRows
+	_, err := p.Exec()
+	if err == nil && first {
+		if _, err = p.Exec(); isLockWait(err) {
+			return ClaimResult{}, claimLockWait{err, true}
 		}
 	}
 	if err == nil {
-		*res = ClaimResult{Won: won, Record: rec}
+		var rows pgx.Rows
+		if rows, err = p.Query(); err == nil {
+			err = scanClaimRows(rows, req, &rec, &won)
+		}
+		if isLockWait(err) {
+			return ClaimResult{}, claimLockWait{err, false}
+		}
 	}
-	return err
+	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+		lost := err != nil
+		if _, err = p.Exec(); err == nil {
+			_, err = p.Exec()
+		}
+		if err == nil && lost {
+			err = pgx.ErrNoRows
+		}
+	}
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	return ClaimResult{Won: won, Record: rec}, nil
 }
 
 // claimLost reads the existing row of a claim that lost (pgTxReadSQL; a
 // plain read never waits on a lock). When that read finds no row (cleanup
 // or a release removed it meanwhile) it claims again in the same
 // transaction; it returns pgx.ErrNoRows when that kept happening.
-func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease string) (ClaimResult, error) {
+func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait string) (ClaimResult, error) {
 	for range pgRetries {
 		var (
 			rec Record
@@ -184,18 +235,9 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease
 		case !errors.Is(err, pgx.ErrNoRows):
 			return ClaimResult{}, err
 		}
-		// Claim again. The lost claim left its lock wait in place: put
-		// the session's lock_timeout back first, for the claim to save.
-		b := &pgx.Batch{}
-		b.Queue(pgTxRestoreSQL)
-		queueClaim(b, req, wait, lease)
-		br := t.tx.SendBatch(ctx, b)
-		var res ClaimResult
-		if _, err = br.Exec(); err == nil {
-			err = readClaim(br, req, &res)
-		}
-		err = closeBatch(br, err)
-		if !errors.Is(err, pgx.ErrNoRows) {
+		p := sendPipe(ctx, t.tx.Conn(), false, claimSteps(req, wait, t.session.lock, false)...)
+		res, err := readClaim(p, req, false)
+		if err = closeBatch(p, err); !errors.Is(err, pgx.ErrNoRows) {
 			return res, err
 		}
 	}
@@ -208,8 +250,12 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait, lease
 // still counts tx open afterwards: only the middleware, which never hands
 // tx out again once the handler returned (handlerTx), may hold it.
 type pgRouteTx struct {
-	c  *pgxpool.Conn // nil once given back
-	tx pgx.Tx
+	c       *pgxpool.Conn // nil once given back
+	tx      pgx.Tx
+	session pgSession // the session's state at BEGIN
+	// bounds are statement_timeout and idle_in_transaction_session_timeout
+	// as the claim bounded them (pgTxBoundsSQL); unclaimed, the session's.
+	bounds [2]string
 }
 
 // Tx implements RouteTx.
@@ -231,36 +277,35 @@ func (t *pgRouteTx) State() TxState {
 	return TxOpen
 }
 
-// Takeover implements RouteTx: the fenced UPDATE of pgTakeoverSQL inside
-// the transaction, between the lock wait and its restore, then the
-// savepoint, pipelined.
+// Takeover implements RouteTx: the fenced UPDATE of pgTxTakeoverSQL
+// inside the transaction, between the lock wait and the session's
+// lock_timeout, then the savepoint, pipelined. The transaction holds the
+// table's lock since its claim, so a lock wait that runs out here is the
+// row's: another open transaction is taking it over.
 func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	var rec Record
-	b := &pgx.Batch{}
-	b.Queue(pgTxWaitSQL, pgInterval(cmpWait(req.LockWait)))
-	b.Queue(pgTakeoverSQL, f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner))
-	b.Queue(pgTxRestoreSQL)
-	b.Queue(pgSavepointSQL)
-	br := t.tx.SendBatch(ctx, b)
-	_, err := br.Exec()
+	p := sendPipe(ctx, t.tx.Conn(), false,
+		pgStep{sql: pgSetLocal("lock_timeout", pgInterval(cmpWait(req.LockWait))), alone: true},
+		pgStep{sql: pgTxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}},
+		pgStep{sql: pgSavepointSQL},
+		pgStep{sql: pgSetLocal("lock_timeout", t.session.lock), alone: true})
+	_, err := p.Exec()
 	if err == nil {
-		err = scanRecord(br.QueryRow(), &rec)
+		err = scanRecord(p.QueryRow(), &rec)
 	}
-	if err == nil {
-		_, err = br.Exec()
+	for range 2 {
+		if err == nil {
+			_, err = p.Exec()
+		}
 	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	err = closeBatch(br, err)
+	err = closeBatch(p, err)
 	switch {
 	case err == nil:
 		return ClaimResult{Won: true, Record: rec}, nil
-	case errors.Is(err, pgx.ErrNoRows):
-		return ClaimResult{}, nil
-	case isRowLockWait(err):
-		// Another open transaction is taking the row over: lost. The
-		// transaction is aborted; the caller rolls it back.
+	case errors.Is(err, pgx.ErrNoRows), isLockWait(err):
+		// Lost: another owner took the row first, or is taking it over
+		// in an open transaction (then this one is aborted: the caller
+		// rolls it back).
 		return ClaimResult{}, nil
 	}
 	return ClaimResult{}, pgStoreError("takeover", err)
@@ -271,19 +316,3 @@ func isLockWait(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
-
-// isRowLockWait reports a lock wait that ran out on a row of the key
-// (lock_not_available, whose context names the tuple it waited for, by
-// its id such as "(0,5)"): another open transaction owns the key. One on a
-// table-level lock (DDL, a migration) names no tuple: that is an outage
-// like any other. (Neither does a wait on a concurrent claim's speculative
-// insertion, which BeginClaim tells apart by beginning again.) The tuple
-// id, not the word "tuple", is what is looked for: the context is
-// translated under a non-English lc_messages, the id is not.
-func isRowLockWait(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && tupleID.MatchString(pgErr.Where)
-}
-
-// tupleID matches a tuple id, (block,offset), as PostgreSQL prints it.
-var tupleID = regexp.MustCompile(`\(\d+,\d+\)`)

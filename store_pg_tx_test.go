@@ -1,47 +1,30 @@
 package idempotency
 
 import (
-	"fmt"
 	"regexp"
+	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// TestIsRowLockWait: a lock wait is the key's row when its context names
-// a tuple by its id, in any language PostgreSQL reports it in; a
-// table-level lock wait names none.
-func TestIsRowLockWait(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		code, where string
-		want        bool
-	}{
-		{"55P03", `while checking uniqueness of tuple (0,5) in relation "idempotency_keys"`, true},
-		{"55P03", `while locking tuple (12,3) in relation "idempotency_keys"`, true},
-		{"55P03", `beim Prüfen der Eindeutigkeit von Tupel (0,5) in Relation »idempotency_keys«`, true},
-		{"55P03", `0,5 튜플(해당 릴레이션: "idempotency_keys")의 고유성을 검사하는 중에 발생`, true}, // Korean: no parentheses
-		{"55P03", `SQL statement "INSERT INTO idempotency_keys ..."`, false}, // a table lock
-		{"55P03", ``, false},
-		{"40001", `while locking tuple (0,1) in relation "idempotency_keys"`, false},
-	} {
-		err := fmt.Errorf("claim: %w", &pgconn.PgError{Code: c.code, Where: c.where})
-		if got := isRowLockWait(err); got != c.want {
-			t.Errorf("%s %q: %v, want %v", c.code, c.where, got, c.want)
-		}
-	}
-}
 
 // txStatements are the statements a transactional route's transaction
 // runs, by name.
 var txStatements = map[string]string{
-	"pgTxClaimSQL":    pgTxClaimSQL,
-	"pgTxReadSQL":     pgTxReadSQL,
-	"pgTxTakeoverSQL": pgTakeoverSQL,
-	"pgTxCompleteSQL": pgTxCompleteSQL,
-	"pgTxFailSQL":     pgTxFailSQL,
-	"pgTxWaitSQL":     pgTxWaitSQL,
-	"pgTxRestoreSQL":  pgTxRestoreSQL,
+	"pgTxSessionSQL":           pgTxSessionSQL,
+	"pgTxBoundsSQL":            pgTxBoundsSQL,
+	"pgTxLockSQL":              pgTxLockSQL,
+	"pgTxClaimSQL":             pgTxClaimSQL,
+	"pgTxReadSQL":              pgTxReadSQL,
+	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
+	"pgSavepointSQL":           pgSavepointSQL,
+	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
+	"pgTxRestoreSQL":           pgTxRestoreSQL,
+	"pgImmediateSQL":           pgImmediateSQL,
+	"pgTxCompleteSQL":          pgTxCompleteSQL,
+	"pgTxFailSQL":              pgTxFailSQL,
+	"pgCommitSQL":              pgCommitSQL,
+	"pgSessionRestoreSQL":      pgSessionRestoreSQL,
+	"the lock wait":            pgSetLocal("lock_timeout", "10ms"),
+	"the lock wait's end":      pgSetLocal("lock_timeout", "0"),
 }
 
 var (
@@ -95,4 +78,37 @@ func returningLists(sql string) []string {
 		out = append(out, rest[:end])
 	}
 	return out
+}
+
+// TestTxTakeoverMatchesTakeover: the transactional takeover is the
+// ordinary one's fenced UPDATE, only its RETURNING list differs.
+func TestTxTakeoverMatchesTakeover(t *testing.T) {
+	update := func(sql string) string { return sql[:strings.LastIndex(sql, "RETURNING")] }
+	if update(pgTxTakeoverSQL) != update(pgTakeoverSQL) {
+		t.Fatalf("pgTxTakeoverSQL's UPDATE:\n%s\ndiffers from pgTakeoverSQL's:\n%s", update(pgTxTakeoverSQL), update(pgTakeoverSQL))
+	}
+}
+
+// TestPgSetLocal: a setting's value goes into SET LOCAL only as the
+// server shows a number with its unit or a word; anything else sets the
+// default, so no text becomes SQL.
+func TestPgSetLocal(t *testing.T) {
+	for value, want := range map[string]string{
+		"10ms":              `SET LOCAL lock_timeout = '10ms'`,
+		"0":                 `SET LOCAL lock_timeout = '0'`,
+		"1min":              `SET LOCAL lock_timeout = '1min'`,
+		"remote_apply":      `SET LOCAL lock_timeout = 'remote_apply'`,
+		"":                  `SET LOCAL lock_timeout TO DEFAULT`,
+		"1s'; DROP TABLE x": `SET LOCAL lock_timeout TO DEFAULT`,
+		"5 s":               `SET LOCAL lock_timeout TO DEFAULT`,
+	} {
+		if got := pgSetLocal("lock_timeout", value); got != want {
+			t.Errorf("%q: %s, want %s", value, got, want)
+		}
+	}
+	for role, want := range map[string]string{"none": `SET LOCAL ROLE NONE`, `app"x`: `SET LOCAL ROLE "app""x"`} {
+		if got := pgSetRole("SET LOCAL ", role); got != want {
+			t.Errorf("role %q: %s, want %s", role, got, want)
+		}
+	}
 }
