@@ -2,7 +2,10 @@ package idempotency_test
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,4 +129,81 @@ func storeErrors(t *testing.T, reg prometheus.Gatherer, op string) map[string]fl
 		}
 	}
 	return out
+}
+
+// setLocalAlone is a batch tracer that fails the test for a batch that
+// holds a SET LOCAL beside another statement.
+type setLocalAlone struct {
+	t       *testing.T
+	batches atomic.Int64
+}
+
+func (s *setLocalAlone) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (s *setLocalAlone) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *setLocalAlone) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	s.batches.Add(1)
+	for _, q := range d.Batch.QueuedQueries {
+		if strings.HasPrefix(q.SQL, "SET LOCAL") && d.Batch.Len() > 1 {
+			s.t.Errorf("a SET LOCAL shares its query with others: %q", sqlOf(d.Batch))
+		}
+	}
+	return ctx
+}
+func (s *setLocalAlone) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (s *setLocalAlone) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func sqlOf(b *pgx.Batch) []string {
+	var out []string
+	for _, q := range b.QueuedQueries {
+		out = append(out, q.SQL)
+	}
+	return out
+}
+
+// TestTxSimpleProtocolSetLocalAlone: under pgx's simple protocol, which
+// sends a batch as one multi-statement string (and Citus forwards such a
+// string whole), no SET LOCAL of a transactional route shares a query:
+// a claim, a duplicate mid-handler, a takeover, a failed key and a record
+// after a handler's SET LOCAL ROLE.
+func TestTxSimpleProtocolSetLocalAlone(t *testing.T) {
+	t.Parallel()
+	tracer := &setLocalAlone{t: t}
+	f, h := newTxFixture(t, idempotency.Config{StoreTimeout: 2 * time.Second, Lease: 10 * time.Second}, idempotency.RouteConfig{},
+		testdb.MaxConns(2), testdb.Configure(func(c *pgxpool.Config) {
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+			c.ConnConfig.Tracer = tracer
+		}))
+	role := newRole(t, f.pool, `GRANT USAGE ON SCHEMA `+schemaOf(f.pool)+` TO %s`, `GRANT INSERT ON orders TO %s`)
+	key := uuid.NewString()
+	in, release := blockedOwner(f, 0)
+	owner := make(chan string)
+	go func() { owner <- answerOf(do(h, key, `{}`)) }()
+	<-in
+	if a := answerOf(do(h, key, `{}`)); a != "409 idempotency_in_flight" {
+		t.Errorf("duplicate mid-handler: %q", a)
+	}
+	close(release)
+	if a := <-owner; a != "201" {
+		t.Fatalf("owner: %q", a)
+	}
+	if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+		t.Fatal(err)
+	}
+	handlerRuns(t, f, `SET LOCAL ROLE `+role)
+	if a := answerOf(do(h, key, `{}`)); a != "201" {
+		t.Errorf("takeover of the expired key, the handler's role set: %q, want 201", a)
+	}
+	f.behave = func(_ int64, w http.ResponseWriter, _ *http.Request) bool {
+		w.WriteHeader(http.StatusInternalServerError)
+		return true
+	}
+	failing := uuid.NewString()
+	if a, b := answerOf(do(h, failing, `{}`)), answerOf(do(h, failing, `{}`)); a != "500" || b != "409 idempotency_previous_failed" {
+		t.Errorf("a failing handler: %q then %q", a, b)
+	}
+	if tracer.batches.Load() == 0 {
+		t.Fatal("no batch traced")
+	}
 }

@@ -454,9 +454,42 @@ func TestTxSessionStateEveryQueryMode(t *testing.T) {
 					t.Fatalf("key %d: the connection after the route: %v, want %v", i, got, want)
 				}
 			}
-			if f.calls.Load() != 3 || f.orders(t) != 3 {
-				t.Fatalf("executions %d, orders %d; want 3 and 3", f.calls.Load(), f.orders(t))
+			// Without a key the handler still gets a transaction: the same
+			// holds for its COMMIT.
+			if a := answerOf(do(h, "", `{}`)); a != "201" {
+				t.Fatalf("without a key: %q, want 201", a)
+			}
+			if got := sessionSettings(t, f.pool, 1); got != want {
+				t.Fatalf("without a key: the connection after the route: %v, want %v", got, want)
+			}
+			if f.calls.Load() != 4 || f.orders(t) != 4 {
+				t.Fatalf("executions %d, orders %d; want 4 and 4", f.calls.Load(), f.orders(t))
 			}
 		})
+	}
+}
+
+// TestTxHandlerEndedTransactionLeavesNoSession: a handler that ends the
+// route's transaction itself (which it must never do) and then changes
+// its session does not pass that change to the next request either.
+func TestTxHandlerEndedTransactionLeavesNoSession(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(1))
+	other := schemaOf(f.pool) + "_other"
+	if _, err := f.pool.Exec(context.Background(), `CREATE SCHEMA `+other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), `DROP SCHEMA `+other+` CASCADE`) })
+	want := sessionSettings(t, f.pool, 1)
+	handlerRuns(t, f, `COMMIT`, `SET search_path TO `+other)
+	if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "201" {
+		t.Fatalf("answer %q, want 201 (recorded by an ordinary statement)", a)
+	}
+	if got := sessionSettings(t, f.pool, 1); got != want {
+		t.Fatalf("the connection after the route: %v, want %v", got, want)
+	}
+	f.behave = nil
+	if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "201" {
+		t.Fatalf("the next claim: %q, want 201", a)
 	}
 }

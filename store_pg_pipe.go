@@ -35,7 +35,7 @@ type pgPipe struct {
 // sendPipe sends steps on conn, the first batch beginning a transaction
 // when begin is set.
 func sendPipe(ctx context.Context, conn *pgx.Conn, begin bool, steps ...pgStep) *pgPipe {
-	simple := conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
+	simple := queryMode(conn) == pgx.QueryExecModeSimpleProtocol
 	p := &pgPipe{ctx: ctx, conn: conn}
 	b := &pgx.Batch{}
 	if begin {
@@ -126,4 +126,19 @@ func (p *pgPipe) Close() error {
 		return p.err
 	}
 	return err
+}
+
+// modeKey is where a connection's CustomData keeps its query mode: pgx's
+// Conn.Config copies the whole configuration.
+const modeKey = "idempotency.query_mode"
+
+// queryMode is conn's default query mode.
+func queryMode(conn *pgx.Conn) pgx.QueryExecMode {
+	data := conn.PgConn().CustomData()
+	if m, ok := data[modeKey].(pgx.QueryExecMode); ok {
+		return m
+	}
+	m := conn.Config().DefaultQueryExecMode
+	data[modeKey] = m
+	return m
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 var _ TxStore = (*PostgresStore)(nil)
@@ -62,20 +61,27 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
 	}
+	return nil, ClaimResult{}, exhausted(last)
+}
+
+// exhausted is the outcome of a claim whose every try failed with last:
+// nil for a lock wait on the claim (contention, not a store error: another
+// open transaction holds the key, its owner is mid-handler), the outage
+// of a lock wait on the table, else a conflict.
+func exhausted(last error) error {
 	var lw claimLockWait
 	switch {
 	case errors.As(last, &lw) && !lw.table:
-		// Contention, not a store error: another open transaction holds
-		// the key (its owner is mid-handler).
-		return nil, ClaimResult{}, nil
+		return nil
 	case errors.As(last, &lw):
-		return nil, ClaimResult{}, pgStoreError("claim", last) // an outage like any other
+		return pgStoreError("claim", last)
 	}
-	return nil, ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
+	return &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
 }
 
-// begin takes a connection and sends BEGIN and the session's state read,
-// pipelined with req's claim (nil: no claim). When no transaction began
+// begin takes a connection and sends BEGIN and the session's state read
+// (pgTxSessionSQL, or pgTxBoundsSQL with the claim's bounds), pipelined
+// with req's claim (nil: no claim). When no transaction began
 // (no connection, BEGIN failed) it returns a nil pgRouteTx, the connection
 // given back; any later error comes with the pgRouteTx to end. A claim
 // that lost reads the existing row (claimLost).
@@ -89,7 +95,7 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 	restored, _ := c.Conn().PgConn().CustomData()[lockTimeoutKey].(string)
 	steps := []pgStep{{sql: pgTxSessionSQL}}
 	if req != nil {
-		steps = append(steps, pgStep{sql: pgTxBoundsSQL, args: []any{lease}})
+		steps[0] = pgStep{sql: pgTxBoundsSQL, args: []any{lease}}
 		steps = append(steps, claimSteps(*req, wait, restored, true)...)
 	}
 	p := sendPipe(ctx, c.Conn(), true, steps...)
@@ -99,12 +105,11 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 		t.end(ctx)
 		return nil, ClaimResult{}, err
 	}
-	err = t.session.scan(p.QueryRow())
 	var res ClaimResult
-	if err == nil && req != nil {
-		if err = p.QueryRow().Scan(&t.bounds[0], &t.bounds[1]); err == nil {
-			res, err = readClaim(p, *req, true)
-		}
+	if req == nil {
+		err = t.session.scan(p.QueryRow())
+	} else if err = t.session.scan(p.QueryRow(), &t.bounds[0], &t.bounds[1]); err == nil {
+		res, err = readClaim(p, *req, true)
 	}
 	err = closeBatch(p, err)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -242,77 +247,4 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait string
 		}
 	}
 	return ClaimResult{}, pgx.ErrNoRows
-}
-
-// pgRouteTx is a PostgresStore's RouteTx: pgx's transaction on a
-// connection taken from the pool, given back when the transaction ends.
-// Its COMMIT goes pipelined with the record, not through tx.Commit, so pgx
-// still counts tx open afterwards: only the middleware, which never hands
-// tx out again once the handler returned (handlerTx), may hold it.
-type pgRouteTx struct {
-	c       *pgxpool.Conn // nil once given back
-	tx      pgx.Tx
-	session pgSession // the session's state at BEGIN
-	// bounds are statement_timeout and idle_in_transaction_session_timeout
-	// as the claim bounded them (pgTxBoundsSQL); unclaimed, the session's.
-	bounds [2]string
-}
-
-// Tx implements RouteTx.
-func (t *pgRouteTx) Tx() pgx.Tx { return t.tx }
-
-// State implements RouteTx from the connection and the transaction status
-// the server reports after each statement (pgconn's TxStatus).
-func (t *pgRouteTx) State() TxState {
-	pc := t.tx.Conn().PgConn()
-	if pc.IsClosed() {
-		return TxClosed
-	}
-	switch pc.TxStatus() {
-	case 'I': // no transaction open: the handler ended it with SQL
-		return TxEnded
-	case 'E': // a statement failed and the handler carried on
-		return TxAborted
-	}
-	return TxOpen
-}
-
-// Takeover implements RouteTx: the fenced UPDATE of pgTxTakeoverSQL
-// inside the transaction, between the lock wait and the session's
-// lock_timeout, then the savepoint, pipelined. The transaction holds the
-// table's lock since its claim, so a lock wait that runs out here is the
-// row's: another open transaction is taking it over.
-func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	var rec Record
-	p := sendPipe(ctx, t.tx.Conn(), false,
-		pgStep{sql: pgSetLocal("lock_timeout", pgInterval(cmpWait(req.LockWait))), alone: true},
-		pgStep{sql: pgTxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}},
-		pgStep{sql: pgSavepointSQL},
-		pgStep{sql: pgSetLocal("lock_timeout", t.session.lock), alone: true})
-	_, err := p.Exec()
-	if err == nil {
-		err = scanRecord(p.QueryRow(), &rec)
-	}
-	for range 2 {
-		if err == nil {
-			_, err = p.Exec()
-		}
-	}
-	err = closeBatch(p, err)
-	switch {
-	case err == nil:
-		return ClaimResult{Won: true, Record: rec}, nil
-	case errors.Is(err, pgx.ErrNoRows), isLockWait(err):
-		// Lost: another owner took the row first, or is taking it over
-		// in an open transaction (then this one is aborted: the caller
-		// rolls it back).
-		return ClaimResult{}, nil
-	}
-	return ClaimResult{}, pgStoreError("takeover", err)
-}
-
-// isLockWait reports a lock wait that ran out (lock_not_available).
-func isLockWait(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

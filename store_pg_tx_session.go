@@ -19,9 +19,10 @@ type pgSession struct {
 	role, searchPath, syncCommit, statement, lock, idle, user string
 }
 
-// scan reads pgTxSessionSQL's row into s.
-func (s *pgSession) scan(row pgx.Row) error {
-	return row.Scan(&s.role, &s.searchPath, &s.syncCommit, &s.statement, &s.lock, &s.idle, &s.user)
+// scan reads pgTxSessionSQL's row into s, and any columns after it into
+// more.
+func (s *pgSession) scan(row pgx.Row, more ...any) error {
+	return row.Scan(append([]any{&s.role, &s.searchPath, &s.syncCommit, &s.statement, &s.lock, &s.idle, &s.user}, more...)...)
 }
 
 // lockTimeoutKey is where a connection's CustomData keeps its session's
@@ -58,19 +59,22 @@ func pgSetRole(set, role string) string {
 }
 
 // restoreSteps are the steps that put back, before the record, the state
-// the claim found (its bounds in force): role, search_path,
-// synchronous_commit and the timeouts. With now (read just before, in
-// pgx's simple protocol, where each SET LOCAL costs a round trip) only
-// those that changed; with nil all of them, pipelined.
+// the claim found (its bounds in force): statement_timeout first (the
+// handler's own bounds only that first statement), with search_path and
+// idle_in_transaction_session_timeout, then the role, synchronous_commit
+// and lock_timeout, with SET LOCAL, which Citus passes to its workers.
+// With now (read just before, in pgx's simple protocol, where each SET
+// LOCAL costs a round trip) only those that changed; with nil all of
+// them, pipelined.
 func (t *pgRouteTx) restoreSteps(now *pgSession) []pgStep {
 	want := t.session
 	want.statement, want.idle = t.bounds[0], t.bounds[1]
 	var steps []pgStep
+	if now == nil || now.statement != want.statement || now.searchPath != want.searchPath || now.idle != want.idle {
+		steps = append(steps, pgStep{sql: pgTxRestoreSQL, args: []any{want.statement, want.searchPath, want.idle}})
+	}
 	if now == nil || now.role != want.role {
 		steps = append(steps, pgStep{sql: pgSetRole("SET LOCAL ", want.role), alone: true})
-	}
-	if now == nil || now.searchPath != want.searchPath || now.statement != want.statement || now.idle != want.idle {
-		steps = append(steps, pgStep{sql: pgTxRestoreSQL, args: []any{want.searchPath, want.statement, want.idle}})
 	}
 	if now == nil || now.syncCommit != want.syncCommit {
 		steps = append(steps, pgStep{sql: pgSetLocal("synchronous_commit", want.syncCommit), alone: true})
@@ -94,7 +98,7 @@ const parsedKey = "idempotency.parsed."
 // record is then parsed with the search_path the claim found.
 func (t *pgRouteTx) beforeRecord(ctx context.Context, op string) ([]pgStep, error) {
 	conn := t.tx.Conn()
-	switch mode := conn.Config().DefaultQueryExecMode; {
+	switch mode := queryMode(conn); {
 	case mode == pgx.QueryExecModeSimpleProtocol:
 		var now pgSession
 		if err := now.scan(t.tx.QueryRow(ctx, pgTxSessionSQL)); err != nil {
