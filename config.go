@@ -195,12 +195,9 @@ type RouteConfig struct {
 	Transactional bool
 	// TxLockWait, on a transactional route, bounds how long a claim waits
 	// for another open transaction that holds the same key (its owner is
-	// mid-handler) before answering 409 in flight. Only the claim, the
-	// takeover and the re-read wait; the handler's statements keep the
-	// session's lock_timeout. A claim may wait it out once per try (5
-	// tries), so five times it, rounded up to the millisecond, must be
-	// below Config.StoreTimeout: construction fails otherwise. Defaults to
-	// DefaultTxLockWait.
+	// mid-handler) before answering 409 in flight; five times it must stay
+	// below Config.StoreTimeout. Only the claim, the takeover and the re-read
+	// wait, not the handler's statements. Defaults to DefaultTxLockWait.
 	TxLockWait time.Duration
 	// ReleaseOnError, on a transactional route, releases the key when the
 	// handler fails (>= 500 or panic) instead of marking it failed: the

@@ -493,3 +493,33 @@ func TestTxHandlerEndedTransactionLeavesNoSession(t *testing.T) {
 		t.Fatalf("the next claim: %q, want 201", a)
 	}
 }
+
+// TestTxSearchPathAfterAFailedRecord: a record batch that failed drops
+// its statements from pgx's cache; the next record on that connection,
+// after a handler's SET LOCAL search_path, still finds the store's table.
+func TestTxSearchPathAfterAFailedRecord(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(1))
+	warmUp(t, f, h)
+	tenant := schemaOf(f.pool) + "_tenant"
+	if _, err := f.pool.Exec(context.Background(), `CREATE SCHEMA `+tenant); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), `DROP SCHEMA `+tenant+` CASCADE`) })
+	f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		key, _ := idempotency.KeyFromContext(r.Context())
+		if _, err := tx.Exec(r.Context(), `DELETE FROM idempotency_keys WHERE idem_key = $1`, key); err != nil {
+			t.Error(err)
+		}
+		return false
+	}
+	if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "409 idempotency_previous_failed" {
+		t.Fatalf("a handler that deleted its key's row: %q", a)
+	}
+	handlerRuns(t, f, `SET LOCAL search_path TO `+tenant)
+	key := uuid.NewString()
+	if a, b := answerOf(do(h, key, `{}`)), answerOf(do(h, key, `{}`)); a != "201" || b != "201 replayed" {
+		t.Fatalf("then a handler's SET LOCAL search_path: %q and %q, want 201 and its replay", a, b)
+	}
+}

@@ -13,16 +13,10 @@ import (
 var _ TxStore = (*PostgresStore)(nil)
 
 // BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
-// Batch.BeginTx), the session's state read, the claim with its bounds
-// (claimSteps) and the savepoint; a loser then reads the existing row
-// (pgTxReadSQL). A serialization failure (REPEATABLE READ or SERIALIZABLE,
-// when the owner it waited for commits), or a lock wait that ran out,
-// rolls back and begins again, a bounded number of times: a lock wait that
-// ran out on every try is contention when the claim itself waited (the
-// key's owner is mid-handler), an outage when the table's lock did (DDL,
-// a migration). A single wait proves neither: the claim also waits, for
-// microseconds, on the table's extension or another claim's speculative
-// insertion.
+// Batch.BeginTx), the session's state read with the claim's bounds, the
+// claim and the savepoint; a loser then reads the existing row
+// (pgTxReadSQL). A serialization failure or a lock wait that ran out rolls
+// back and begins again, a bounded number of times.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	if req == nil {
 		t, _, err := s.begin(ctx, nil, "", "")
@@ -31,6 +25,9 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		}
 		return t, ClaimResult{}, nil
 	}
+	// A serialization failure comes at REPEATABLE READ or SERIALIZABLE,
+	// when the owner the claim waited for commits; a lock wait, exhausted
+	// says.
 	wait, lease := pgInterval(cmpWait(req.LockWait)), pgInterval(req.Lease)
 	var last error
 	for range pgRetries {
@@ -67,7 +64,9 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 // exhausted is the outcome of a claim whose every try failed with last:
 // nil for a lock wait on the claim (contention, not a store error: another
 // open transaction holds the key, its owner is mid-handler), the outage
-// of a lock wait on the table, else a conflict.
+// of a lock wait on the table (DDL, a migration), else a conflict. A
+// single wait proves neither: the claim also waits, for microseconds, on
+// the table's extension or another claim's speculative insertion.
 func exhausted(last error) error {
 	var lw claimLockWait
 	switch {

@@ -67,8 +67,13 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 	// its row.
 	n := len(steps)
 	steps = append(steps, pgStep{sql: pgImmediateSQL}, pgStep{sql: sql, args: args})
+	// pgx drops a failed batch's statements from its cache: parsed again
+	// next time, they go after the restore in a round trip of their own.
+	data := t.tx.Conn().PgConn().CustomData()
 	if err = t.commit(ctx, op, steps, n); err == nil {
-		t.c.Conn().PgConn().CustomData()[parsedKey+op] = true
+		data[parsedKey+op] = true
+	} else {
+		delete(data, parsedKey+op)
 	}
 	return err
 }
