@@ -26,28 +26,27 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 		return t, ClaimResult{}, nil
 	}
 	// A serialization failure comes at REPEATABLE READ or SERIALIZABLE,
-	// when the owner the claim waited for commits; a lock wait, exhausted
-	// says.
+	// when the owner the claim waited for commits. A lock wait that ran
+	// out on no row is brief (another claim's insertion of the key in
+	// progress, the table's extension) or the table's (DDL, a migration),
+	// which outlasts every try: an outage.
 	wait, lease := pgInterval(cmpWait(req.LockWait)), pgInterval(req.Lease)
 	var last error
 	for range pgRetries {
 		t, res, err := s.begin(ctx, req, wait, lease)
 		switch {
 		case t == nil:
-			// The batch failed before BEGIN took effect. A server error
-			// there is the claim's (its statements are prepared before the
-			// batch runs: a missing table, say); BEGIN itself fails only
-			// with the connection.
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) {
-				return nil, ClaimResult{}, pgStoreError("claim", err)
-			}
-			return nil, ClaimResult{}, pgStoreError("begin", err)
+			return nil, ClaimResult{}, beginFailed(err)
 		case err == nil:
 			return t, res, nil
+		case errors.As(err, new(rowLockWait)):
+			// Contention, not a store error: another open transaction
+			// holds the key (its owner is mid-handler).
+			t.end(ctx)
+			return nil, ClaimResult{}, nil
 		case errors.Is(err, pgx.ErrNoRows):
 			last = errClaimVanished
-		case isRetryable(err), errors.As(err, new(claimLockWait)):
+		case isRetryable(err), isLockWait(err):
 			last = err
 		default:
 			t.end(ctx)
@@ -58,24 +57,22 @@ func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (Rout
 			return nil, ClaimResult{}, pgStoreError("claim", err)
 		}
 	}
-	return nil, ClaimResult{}, exhausted(last)
+	if isLockWait(last) {
+		return nil, ClaimResult{}, pgStoreError("claim", last)
+	}
+	return nil, ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
 }
 
-// exhausted is the outcome of a claim whose every try failed with last:
-// nil for a lock wait on the claim (contention, not a store error: another
-// open transaction holds the key, its owner is mid-handler), the outage
-// of a lock wait on the table (DDL, a migration), else a conflict. A
-// single wait proves neither: the claim also waits, for microseconds, on
-// the table's extension or another claim's speculative insertion.
-func exhausted(last error) error {
-	var lw claimLockWait
-	switch {
-	case errors.As(last, &lw) && !lw.table:
-		return nil
-	case errors.As(last, &lw):
-		return pgStoreError("claim", last)
+// beginFailed is the error of a claim's batch that failed before BEGIN
+// took effect. A server error there is the claim's (its statements are
+// prepared before the batch runs: a missing table, say); BEGIN itself
+// fails only with the connection.
+func beginFailed(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgStoreError("claim", err)
 	}
-	return &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
+	return pgStoreError("begin", err)
 }
 
 // begin takes a connection and sends BEGIN and the session's state read
@@ -159,8 +156,7 @@ func pgMillis(d time.Duration) int64 {
 // claimSteps are a transactional claim's statements: the lock wait, the
 // table's lock (first claim of the transaction only), the INSERT, the
 // savepoint, and the session's lock_timeout (restored, "" for the
-// default) back. A lock wait that runs out on the table lock is the
-// table's, one that runs out on the INSERT a row's (readClaim).
+// default) back.
 func claimSteps(req ClaimRequest, wait, restored string, first bool) []pgStep {
 	steps := []pgStep{{sql: pgSetLocal("lock_timeout", wait), alone: true}}
 	if first {
@@ -172,18 +168,29 @@ func claimSteps(req ClaimRequest, wait, restored string, first bool) []pgStep {
 		pgStep{sql: pgSetLocal("lock_timeout", restored), alone: true})
 }
 
-// claimLockWait is a lock wait of a claim's batch that ran out: on the
-// table's lock (table), or on the claim.
-type claimLockWait struct {
-	error
-	table bool
-}
+// rowLockWait is a claim's lock wait that ran out on a row of the key:
+// another open transaction owns the key (its owner is mid-handler).
+type rowLockWait struct{ error }
 
-func (e claimLockWait) Unwrap() error { return e.error }
+func (e rowLockWait) Unwrap() error { return e.error }
+
+// isRowLockWait reports a lock wait of the claim's INSERT that ran out on
+// a transaction holding a row of the key (its committed or uncommitted
+// insertion): PostgreSQL reports such a wait with an error context naming
+// the tuple, in whatever language lc_messages says, and every other wait
+// (another claim's speculative insertion, the table's extension, a lock
+// on the table, its indexes or its sequence) with none. Only whether
+// there is a context counts, never its text. The table's own lock is
+// taken by the statement before (pgTxLockSQL), so DDL on the table never
+// reaches the INSERT.
+func isRowLockWait(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && pgErr.Where != ""
+}
 
 // readClaim reads the results of claimSteps into a ClaimResult; it
 // returns pgx.ErrNoRows when the claim lost (the key has a row), and a
-// claimLockWait when a lock wait ran out, telling which statement waited.
+// rowLockWait when the claim's wait ran out on the key's row.
 func readClaim(p *pgPipe, req ClaimRequest, first bool) (ClaimResult, error) {
 	var (
 		rec Record
@@ -191,17 +198,15 @@ func readClaim(p *pgPipe, req ClaimRequest, first bool) (ClaimResult, error) {
 	)
 	_, err := p.Exec()
 	if err == nil && first {
-		if _, err = p.Exec(); isLockWait(err) {
-			return ClaimResult{}, claimLockWait{err, true}
-		}
+		_, err = p.Exec() // the table's lock: a wait there is never a row's
 	}
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = p.Query(); err == nil {
 			err = scanClaimRows(rows, req, &rec, &won)
 		}
-		if isLockWait(err) {
-			return ClaimResult{}, claimLockWait{err, false}
+		if isRowLockWait(err) {
+			return ClaimResult{}, rowLockWait{err}
 		}
 	}
 	if err == nil || errors.Is(err, pgx.ErrNoRows) {

@@ -162,6 +162,8 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	switch {
 	case pc.IsClosed():
 		return nil
+	case pc.TxStatus() == 'I' && t.session == (pgSession{}):
+		return nil // no transaction began
 	case pc.TxStatus() == 'I':
 		// The handler ended the transaction itself (or a COMMIT failed):
 		// what it committed may have changed the session.

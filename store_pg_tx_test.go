@@ -1,10 +1,37 @@
 package idempotency
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// TestIsRowLockWait: a claim's lock wait is the key's row when the error
+// has a context (PostgreSQL names the tuple it waited for), in any
+// language and with any punctuation; a wait without one (another claim's
+// speculative insertion, the table's extension) is not.
+func TestIsRowLockWait(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		code, where string
+		want        bool
+	}{
+		{"55P03", `while checking uniqueness of tuple (0,5) in relation "idempotency_keys"`, true},
+		{"55P03", `while locking tuple (12,3) in relation "idempotency_keys"`, true},
+		{"55P03", `beim Prüfen der Eindeutigkeit von Tupel (0,5) in Relation »idempotency_keys«`, true},
+		{"55P03", `0,5 튜플(해당 릴레이션: "idempotency_keys")의 고유성을 검사하는 중에 발생`, true}, // Korean: no parentheses
+		{"55P03", ``, false},
+		{"40001", `while locking tuple (0,1) in relation "idempotency_keys"`, false},
+	} {
+		err := fmt.Errorf("claim: %w", &pgconn.PgError{Code: c.code, Where: c.where})
+		if got := isRowLockWait(err); got != c.want {
+			t.Errorf("%s %q: %v, want %v", c.code, c.where, got, c.want)
+		}
+	}
+}
 
 // txStatements are the statements a transactional route's transaction
 // runs, by name.
