@@ -12,8 +12,8 @@ import (
 )
 
 // BenchmarkPostgresTxClaimCommit measures a transactional route's store
-// work for a new key: BeginClaim (BEGIN, the session's state, the bounds,
-// the lock wait, the table's lock, the claim, the savepoint) and Commit
+// work for a new key: BeginClaim (BEGIN, the session's state and the
+// bounds, the lock wait, the claim, the savepoint, the lock wait's end) and Commit
 // (the claim's state back, the constraints, the record, COMMIT, the state
 // read), with no handler statement between them.
 func BenchmarkPostgresTxClaimCommit(b *testing.B) {

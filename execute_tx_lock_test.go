@@ -44,8 +44,8 @@ func messageLocales(t *testing.T) []string {
 // on the key's row (its owner is mid-handler) is contention, 409 in
 // flight; one whose wait runs out on the table (DDL holds it) is an
 // outage, 503, never contention; in every language the server reports
-// them in, and under pgx's simple protocol too. Which statement of the
-// claim's batch failed tells them apart, not the error's text.
+// them in, and under pgx's simple protocol too. Whether the error has a
+// context (a row's wait has one) tells them apart, not its text.
 func TestTxLockWaitsToldApartWithoutText(t *testing.T) {
 	t.Parallel()
 	for _, loc := range messageLocales(t) {

@@ -28,7 +28,6 @@ var pgStatements = map[string]string{
 	"pgExportScopeSQL":         pgExportScopeSQL,
 	"pgTxSessionSQL":           pgTxSessionSQL,
 	"pgTxBoundsSQL":            pgTxBoundsSQL,
-	"pgTxLockSQL":              pgTxLockSQL,
 	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
 	"pgTxRestoreSQL":           pgTxRestoreSQL,
 	"pgSessionRestoreSQL":      pgSessionRestoreSQL,

@@ -5,8 +5,7 @@ package idempotency
 // batch with BEGIN (store_pg_tx.go): the session's state read
 // (pgTxSessionSQL), the server-side bounds of a vanished owner
 // (pgTxBoundsSQL), the lock wait (a literal SET LOCAL, built by
-// pgSetLocal), the table lock that tells a table's lock wait from a row's
-// (pgTxLockSQL), the claim, the savepoint the failure paths roll back to,
+// pgSetLocal), the claim, the savepoint the failure paths roll back to,
 // and the session's lock_timeout back. No RETURNING list calls a function
 // that is not IMMUTABLE or reads a setting: Citus refuses the first, and
 // evaluates RETURNING on a worker, which cannot see a coordinator's
@@ -37,13 +36,6 @@ const pgTxBoundsSQL = `SELECT session.*,
 FROM (SELECT current_setting('role'), current_setting('search_path'), current_setting('synchronous_commit'),
 	current_setting('statement_timeout') AS st, current_setting('lock_timeout'),
 	current_setting('idle_in_transaction_session_timeout') AS it, current_user::text OFFSET 0) AS session`
-
-// pgTxLockSQL takes the lock the claim takes anyway, under the claim's
-// lock wait: a lock wait that runs out here is the table's (DDL, a
-// migration: an outage), one that runs out on the claim is a row's (the
-// key's owner is mid-handler: contention). Told apart by which statement
-// failed, never by the message, which follows lc_messages.
-const pgTxLockSQL = `LOCK TABLE idempotency_keys IN ROW EXCLUSIVE MODE`
 
 // pgTxColumns are the columns a transactional claim or takeover returns
 // for the row it now owns: fresh, so neither expired nor past its lease

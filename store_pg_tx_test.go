@@ -38,7 +38,6 @@ func TestIsRowLockWait(t *testing.T) {
 var txStatements = map[string]string{
 	"pgTxSessionSQL":           pgTxSessionSQL,
 	"pgTxBoundsSQL":            pgTxBoundsSQL,
-	"pgTxLockSQL":              pgTxLockSQL,
 	"pgTxClaimSQL":             pgTxClaimSQL,
 	"pgTxReadSQL":              pgTxReadSQL,
 	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
