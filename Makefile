@@ -13,17 +13,27 @@ MODULES := $(patsubst %/go.mod,%,$(shell find . -name go.mod -not -path '*/testd
 
 .PHONY: test
 test: ## go vet, then every test with the race detector, in every module (Postgres tests need IDEMPOTENCY_TEST_DATABASE_URL or Docker)
-	@set -e; for m in $(MODULES); do \
+	@skips=$$(mktemp); status=0; \
+	for m in $(MODULES); do \
 		echo "== $$m"; \
-		(cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 15m ./...); \
-	done
+		(cd $$m && $(GO) vet ./... && IDEMPOTENCY_TEST_SKIP_LOG="$$skips" $(GO) test -race -count=1 -timeout 15m ./...) || { status=1; break; }; \
+	done; \
+	$(SKIP_SUMMARY) "$$skips" | sort; rm -f "$$skips"; exit $$status
+
+# go test prints a passing package's skips only with -v, so internal/testdb
+# notes each test skipped for want of a database in the file
+# IDEMPOTENCY_TEST_SKIP_LOG names, and make test sums them up: one line per
+# package and reason.
+SKIP_SUMMARY = awk -F '\t' -v root='$(CURDIR)' '{ n[$$0]++ } END { for (k in n) { split(k, f, "\t"); d = f[1]; \
+	if (index(d, root) == 1) d = "." substr(d, length(root) + 1); \
+	printf "SKIPPED %d test(s) in %s: %s\n", n[k], d, f[2] } }'
 
 .PHONY: test/short
 test/short: ## Fast tests only, without the race detector
 	$(GO) test -short -count=1 ./...
 
 .PHONY: test/pg
-test/pg: ## make test against the local Postgres ($(TEST_DATABASE_URL)), failing instead of skipping without it
+test/pg: ## make test against the local Postgres (TEST_DATABASE_URL, default 127.0.0.1:5432), failing instead of skipping without it
 	IDEMPOTENCY_TEST_DATABASE_URL='$(TEST_DATABASE_URL)' IDEMPOTENCY_REQUIRE_DB=1 $(MAKE) test
 
 .PHONY: test/failover
@@ -52,6 +62,10 @@ lint: ## gofmt, go vet and staticcheck
 	done
 	$(GO) vet -tags failover ./internal/failover && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags failover ./internal/failover
 
+.PHONY: release/check
+release/check: ## Build every module's zip as the proxy would serve it at HEAD; fail on an executable or a zip over 2 MiB
+	cd bench && $(GO) run ./cmd/releasecheck ..
+
 .PHONY: tidy
 tidy: ## go mod tidy in every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
@@ -65,5 +79,5 @@ fuzz: ## Fuzz the request-hash canonicaliser for a minute
 	$(GO) test -run '^$$' -fuzz FuzzCanonical -fuzztime 60s ./internal/jcs
 
 .PHONY: db/reset/test
-db/reset/test: ## Drop the test schemas a crashed test run may have left in $(TEST_DATABASE_URL)
+db/reset/test: ## Drop the test schemas a crashed test run may have left in the database at TEST_DATABASE_URL
 	psql '$(TEST_DATABASE_URL)' -Atc "SELECT 'DROP SCHEMA ' || quote_ident(nspname) || ' CASCADE;' FROM pg_namespace WHERE nspname LIKE 'idem_test_%'" | psql '$(TEST_DATABASE_URL)' -q

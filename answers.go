@@ -204,6 +204,8 @@ func (rq *request) answerWith(a answer, original int) {
 // answerDuplicate answers a request whose key belongs to a live record.
 func (rq *request) answerDuplicate(rec Record) {
 	switch {
+	case rec.Response.SealKeyID != "":
+		rq.refuseSealed(rec)
 	case rec.RequestHash != rq.claim.RequestHash:
 		rq.answer(answerMismatch)
 	case rec.Status == StatusCompleted && rec.Response.BodyKind == BodyNone:

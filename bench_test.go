@@ -369,7 +369,7 @@ func BenchmarkPostgresClaimComplete(b *testing.B) {
 			if err != nil || !res.Won {
 				b.Fatalf("Claim: won %v err %v", res.Won, err)
 			}
-			if err := s.Complete(ctx, res.Record.Fence(), benchResponse); err != nil {
+			if err := s.Complete(ctx, res.Record.Fence(), res.Record, benchResponse); err != nil {
 				b.Fatalf("Complete: %v", err)
 			}
 		}
@@ -390,7 +390,7 @@ func BenchmarkPostgresClaimReplay(b *testing.B) {
 	if err != nil || !res.Won {
 		b.Fatalf("Claim: won %v err %v", res.Won, err)
 	}
-	if err := s.Complete(b.Context(), res.Record.Fence(), benchResponse); err != nil {
+	if err := s.Complete(b.Context(), res.Record.Fence(), res.Record, benchResponse); err != nil {
 		b.Fatalf("Complete: %v", err)
 	}
 	b.ReportAllocs()

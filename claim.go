@@ -51,15 +51,15 @@ func (rq *request) claimKey() (claimed, error) {
 			return claimed{}, err
 		}
 		if res.Won {
-			rq.rm.miss.Inc()
+			rq.countMiss()
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt}, nil
 		}
 		if !takeoverable(res.Record) {
-			rq.rm.hit.Inc()
+			rq.countHit()
 			return claimed{outcome: claimDuplicate, record: res.Record}, nil
 		}
 		if round == maxClaimRounds {
-			rq.rm.hit.Inc() // others keep winning this key: it is in flight
+			rq.countHit() // others keep winning this key: it is in flight
 			return claimed{outcome: claimContended}, nil
 		}
 		fence := res.Record.Fence()
@@ -70,12 +70,12 @@ func (rq *request) claimKey() (claimed, error) {
 		case err != nil:
 			return claimed{}, err
 		case res.Won:
-			rq.rm.miss.Inc()
+			rq.countMiss()
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt}, nil
 		case lostRace(res):
 			continue // read the row again: the last round answers in flight
 		}
-		rq.rm.hit.Inc()
+		rq.countHit()
 		return claimed{outcome: claimDuplicate, record: res.Record}, nil
 	}
 }
@@ -100,16 +100,16 @@ func (rq *request) claimKeyTx() (claimed, error) {
 		}
 		if tx == nil {
 			// The owner's transaction held the key past the lock wait.
-			rq.rm.hit.Inc()
+			rq.countHit()
 			return claimed{outcome: claimContended}, nil
 		}
 		if res.Won {
-			rq.rm.miss.Inc()
+			rq.countMiss()
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil
 		}
 		if !takeoverable(res.Record) || round == maxClaimRounds {
 			rq.endTx(tx)
-			rq.rm.hit.Inc()
+			rq.countHit()
 			if takeoverable(res.Record) {
 				return claimed{outcome: claimContended}, nil
 			}
@@ -124,7 +124,7 @@ func (rq *request) claimKeyTx() (claimed, error) {
 			rq.endTx(tx)
 			return claimed{}, err
 		case res.Won:
-			rq.rm.miss.Inc()
+			rq.countMiss()
 			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil
 		}
 		rq.endTx(tx) // lost the race: read the row again in a new transaction
@@ -139,6 +139,14 @@ func (rq *request) endTx(tx RouteTx) {
 	defer cancel()
 	_ = tx.Abort(ctx)
 }
+
+// countMiss counts a request that won its claim (idempotency_miss_total),
+// and countHit one that found a live row (idempotency_hit_total), in the
+// metrics and for the Observer alike, so that an Observer's counts can
+// mirror Prometheus exactly.
+func (rq *request) countMiss() { rq.rm.miss.Inc(); rq.miss = true }
+
+func (rq *request) countHit() { rq.rm.hit.Inc(); rq.hit = true }
 
 // takeoverable reports a row that is a new key for a claim: expired, and
 // not in flight inside its lease.

@@ -16,6 +16,7 @@ type execution struct {
 	request  // a copy: the run may change its request (the key in its context)
 	owned    bool
 	fence    Fence     // owned: the claim's fence
+	own      Record    // owned: the claimed row, which the record is bound to
 	leaseEnd time.Time // owned: the end of the claim's lease
 	tx       RouteTx   // transactional routes: the handler's transaction
 	closeTx  func()    // transactional routes: closes the handler's view of tx
@@ -36,7 +37,7 @@ func (rq *request) execute(own Record, claimedAt time.Time, tx RouteTx) {
 func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 	x := &execution{request: *rq, tx: tx}
 	if own != nil {
-		x.owned, x.fence, x.leaseEnd = true, own.Fence(), claimedAt.Add(rq.m.cfg.Lease)
+		x.owned, x.fence, x.own, x.leaseEnd = true, own.Fence(), *own, claimedAt.Add(rq.m.cfg.Lease)
 		x.r = x.withKey()
 	}
 	switch {
@@ -49,7 +50,7 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 		x.before = x.w.Header().Clone()
 	}
 	if x.owned && x.tooLate() {
-		x.giveBack()
+		x.giveBack(claimedAt)
 		return
 	}
 	ctx, cancel := x.handlerContext()
@@ -118,16 +119,15 @@ func (x *execution) tooLate() bool {
 
 // giveBack releases a won key whose handler never ran and asks the client
 // to retry.
-func (x *execution) giveBack() {
+func (x *execution) giveBack(claimedAt time.Time) {
 	if x.tx != nil {
 		x.abort() // the claim rolls back with the transaction
 	} else {
-		// Nothing ran, so the release may be retried (fenced) for a
-		// while: a key left in flight would answer outcome_unknown for its
-		// whole TTL. Bounded, so the client still gets its 503 soon.
-		x.settle(x.fence, outcomeRelease, Response{}, time.Now().Add(2*x.m.cfg.StoreTimeout))
+		// Nothing ran, so the release may be retried (fenced) for as long
+		// as it takes, in the background once the client had its 503.
+		x.releaseUnrun(claimedAt)
 	}
-	x.m.log.WarnContext(x.r.Context(), "idempotency: the store was too slow to leave the handler any time; key released",
+	x.m.log.WarnContext(x.r.Context(), "idempotency: the store was too slow to leave the handler any time; key given back",
 		"endpoint", x.claim.Endpoint, "key", x.claim.Key)
 	x.answer(answerUnavailable)
 }
@@ -146,7 +146,7 @@ func (x *execution) panicked(p any) {
 			x.observe(OutcomeExecuted, settledReason(o), 0)
 		}
 	case x.owned:
-		x.settle(x.fence, x.failed(), Response{}, x.leaseEnd)
+		x.settle(x.own, x.failed(), Response{}, x.leaseEnd)
 		x.observe(OutcomeExecuted, settledReason(x.failed()), 0)
 	}
 	if p != nil { // nil: runtime.Goexit, which carries on by itself
@@ -167,7 +167,7 @@ func (x *execution) conclude() {
 		if o == outcomeComplete {
 			resp = x.buf.response(x.rt.replayHeaders)
 		}
-		x.settle(x.fence, o, resp, x.leaseEnd)
+		x.settle(x.own, o, resp, x.leaseEnd)
 	}
 	x.buf.finish()
 	if x.owned {
@@ -228,8 +228,9 @@ const (
 // settle writes a handler's outcome to its key, retrying until deadline. An
 // outcome that cannot be settled leaves the key in flight: it is never
 // executed again, and later answers idempotency_outcome_unknown.
-func (rq *request) settle(f Fence, o outcome, resp Response, deadline time.Time) {
-	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, resp) }
+func (rq *request) settle(own Record, o outcome, resp Response, deadline time.Time) {
+	f := own.Fence()
+	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, own, resp) }
 	switch o {
 	case outcomeFail:
 		op, call = "fail", func(c context.Context) error { return rq.m.store.Fail(c, f) }

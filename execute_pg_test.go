@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,5 +47,72 @@ func TestPostgresTooLateReleaseRetried(t *testing.T) {
 	if w.Code != http.StatusCreated || calls.Load() != 1 {
 		t.Errorf("retry of a request answered 503 (handler not run): %d %s, %d executions; the key is stranded in flight",
 			w.Code, w.Body, calls.Load())
+	}
+}
+
+// stuckReleaseStore answers its first claim late (past the handler's
+// deadline) and fails every release until healed; the first release after
+// that is reported on released.
+type stuckReleaseStore struct {
+	*idempotency.PostgresStore
+	delay    time.Duration
+	slowed   atomic.Bool
+	healed   chan struct{}
+	released chan struct{} // closed by the first release that reached the store after heal
+	once     sync.Once
+}
+
+func (s *stuckReleaseStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	res, err := s.PostgresStore.Claim(ctx, req)
+	if s.slowed.CompareAndSwap(false, true) {
+		time.Sleep(s.delay) // a slow reply, not synchronisation
+	}
+	return res, err
+}
+
+func (s *stuckReleaseStore) Release(ctx context.Context, f idempotency.Fence) error {
+	select {
+	case <-s.healed:
+	default:
+		return &idempotency.StoreError{Op: "release", Reason: idempotency.ReasonTimeout, Err: context.DeadlineExceeded}
+	}
+	err := s.PostgresStore.Release(ctx, f)
+	s.once.Do(func() { close(s.released) })
+	return err
+}
+
+// TestPostgresTooLateReleaseOutlastsAnOutage: when the claim left the
+// handler no time and the store keeps failing the release for longer than
+// the client waits (two store timeouts), the release carries on in the
+// background, so once the store answers again the key is free and the
+// retry executes: nothing ran. Before, the release gave up after two store
+// timeouts and the key answered outcome_unknown for its whole TTL.
+func TestPostgresTooLateReleaseOutlastsAnOutage(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	s := &stuckReleaseStore{PostgresStore: idempotency.NewPostgresStore(pool), delay: 450 * time.Millisecond,
+		healed: make(chan struct{}), released: make(chan struct{})}
+	mw, err := idempotency.New(s, idempotency.Config{Lease: 600 * time.Millisecond, StoreTimeout: 200 * time.Millisecond,
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	h := mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	key := uuid.NewString()
+	if w := do(h, key, `{}`); w.Code != http.StatusServiceUnavailable || calls.Load() != 0 {
+		t.Fatalf("setup: first answer %d %s, %d executions; want 503 and none", w.Code, w.Body, calls.Load())
+	}
+	close(s.healed) // the store answers again, after the client had its 503
+	select {
+	case <-s.released: // the row is deleted by then
+	case <-time.After(10 * time.Second): // the background retries at least once a second
+		t.Fatal("no release reached the store once it answered again: the key stays in flight, outcome_unknown for its TTL")
+	}
+	if w := do(h, key, `{}`); w.Code != http.StatusCreated || calls.Load() != 1 {
+		t.Fatalf("retry after the store recovered: %d %s, %d executions; want 201 from the one execution", w.Code, w.Body, calls.Load())
 	}
 }

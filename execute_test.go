@@ -413,7 +413,7 @@ func TestRecordRetried(t *testing.T) {
 		s = &hookStore{MemoryStore: NewMemoryStore(), complete: func(ctx context.Context, try int) error {
 			if try == 1 {
 				rows, _ := s.MemoryStore.ExportScope(ctx, "")
-				if err := s.MemoryStore.Complete(ctx, rows[0].Fence(), Response{Status: 201, BodyKind: BodyRaw, Body: []byte("ok")}); err != nil {
+				if err := s.MemoryStore.Complete(ctx, rows[0].Fence(), rows[0], Response{Status: 201, BodyKind: BodyRaw, Body: []byte("ok")}); err != nil {
 					return err
 				}
 				return &StoreError{Op: "complete", Reason: ReasonConnection, Err: errors.New("reply lost")}

@@ -108,10 +108,10 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 		// records the answer), or its ROLLBACK freed the key (then the
 		// fence finds nothing to change).
 		x.abort()
-		x.settle(x.fence, o, resp, x.leaseEnd)
+		x.settle(x.own, o, resp, x.leaseEnd)
 		return true
 	}
-	s := &Settlement{Fence: x.fence, Failed: o == outcomeFail, Undo: o == outcomeFail || state == TxAborted, Response: resp}
+	s := &Settlement{Fence: x.fence, Owner: x.own, Failed: o == outcomeFail, Undo: o == outcomeFail || state == TxAborted, Response: resp}
 	if s.Failed {
 		s.Response = Response{}
 	}
@@ -136,7 +136,7 @@ func (x *execution) commit(s *Settlement) bool {
 			msg = "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed"
 		}
 		x.m.log.ErrorContext(x.r.Context(), msg, "endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
-		if err = x.commitOnce(&Settlement{Fence: s.Fence, Failed: true, Undo: true}); err == nil {
+		if err = x.commitOnce(&Settlement{Fence: s.Fence, Owner: s.Owner, Failed: true, Undo: true}); err == nil {
 			restoreHeader(x.w.Header(), x.before)
 			x.answer(answerPreviousFailed)
 			return false

@@ -49,11 +49,6 @@ func newRole(t *testing.T, pool *pgxpool.Pool, grants ...string) string {
 	return role
 }
 
-// schemaOf returns the fixture's schema (testdb's search_path).
-func schemaOf(pool *pgxpool.Pool) string {
-	return pool.Config().ConnConfig.RuntimeParams["search_path"]
-}
-
 // handlerRuns makes the fixture's handler run stmts through its
 // transaction after writing its order, and answer 201.
 func handlerRuns(t *testing.T, f *txFixture, stmts ...string) {

@@ -2,12 +2,19 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
-// maxForgetting bounds how many claims of unknown outcome are being
-// forgotten at once: during an outage every failed claim would otherwise
-// start a loop of its own.
+// opReleaseOwner is the store operation of the background deletion of a
+// lost claim's row by its owner token (OwnerReleaser): not "release", which
+// is a fenced release of a claim the request holds.
+const opReleaseOwner = "release_owner"
+
+// maxForgetting bounds how many keys are being freed in the background at
+// once (claims of unknown outcome, and won claims whose handler never
+// ran): during an outage every failed claim would otherwise start a loop
+// of its own.
 const maxForgetting = 256
 
 // unknownOutcome reports whether a failed claim may have committed all the
@@ -35,41 +42,83 @@ func (rq *request) forgetClaim(err error) {
 		// back with its transaction.
 		return
 	}
+	req := rq.claim
+	// An answer of "none" counts only once the lost claim must have ended
+	// on the server too (two store timeouts after it failed): before
+	// that, its INSERT may still commit.
+	noneAfter := time.Now().Add(2 * rq.m.cfg.StoreTimeout)
+	rq.inBackground(opReleaseOwner, func(ctx context.Context) (bool, error) { return rel.ReleaseOwner(ctx, req) },
+		noneAfter, rq.claimStart.Add(req.Lease), "idempotency: freed the key of a claim whose reply was lost; its handler never ran", "")
+}
+
+// releaseUnrun gives back the key of a won claim whose handler never ran
+// (giveBack): tried for two store timeouts while the client waits for its
+// 503, then in the background until the key's row would expire, so that a
+// store slow for longer does not leave the key in flight (answering
+// idempotency_outcome_unknown for its whole TTL although nothing ran). The
+// release is fenced: a row finished or taken over since is left alone.
+func (x *execution) releaseUnrun(claimedAt time.Time) {
+	store, f := x.m.store, x.fence
+	release := func(ctx context.Context) (bool, error) {
+		err := store.Release(ctx, f)
+		if errors.Is(err, ErrNotOwner) {
+			return false, nil // gone, or no longer this claim's
+		}
+		return err == nil, err
+	}
+	timed := func(ctx context.Context) (bool, error) { // the client waits: its store time
+		start := time.Now()
+		defer func() { x.storeTime += time.Since(start) }()
+		return release(ctx)
+	}
+	if _, answered := x.m.forget(context.WithoutCancel(x.r.Context()), "release", timed, time.Time{}, time.Now().Add(2*x.m.cfg.StoreTimeout)); answered {
+		return
+	}
+	x.m.log.WarnContext(x.r.Context(), "idempotency: could not release a key whose handler never ran; retrying in the background",
+		"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
+	x.inBackground("release", release, time.Time{}, claimedAt.Add(x.claim.TTL),
+		"idempotency: released in the background a key whose handler never ran",
+		"idempotency: gave up releasing a key whose handler never ran; it answers outcome_unknown until it expires")
+}
+
+// inBackground runs forget with free (store operation op) in a goroutine
+// of its own, within maxForgetting; it logs freedMsg when it freed the key,
+// and gaveUpMsg (unless "") when the store never answered.
+func (rq *request) inBackground(op string, free func(context.Context) (bool, error), noneAfter, until time.Time, freedMsg, gaveUpMsg string) {
 	select {
 	case rq.m.forgetting <- struct{}{}:
 	default:
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: too many claims of unknown outcome to free; this key may stay in flight",
-			"endpoint", rq.label)
+		rq.m.log.WarnContext(rq.r.Context(), "idempotency: too many keys to free in the background; this key may stay in flight",
+			"endpoint", rq.label, "scope", rq.claim.Scope, "key", rq.claim.Key)
 		return
 	}
-	until := rq.claimStart.Add(rq.claim.Lease)
-	failedAt := time.Now()
 	m, req, ctx := rq.m, rq.claim, context.WithoutCancel(rq.r.Context())
 	go func() {
 		defer func() { <-m.forgetting }()
-		m.forget(ctx, rel, req, failedAt, until)
+		switch freed, answered := m.forget(ctx, op, free, noneAfter, until); {
+		case freed:
+			m.log.WarnContext(ctx, freedMsg, "endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key)
+		case !answered && gaveUpMsg != "":
+			m.log.ErrorContext(ctx, gaveUpMsg, "endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key)
+		}
 	}()
 }
 
-// forget asks rel to delete req's row by its owner token until it says
-// whether there was one. An answer of "none" counts only once the lost
-// claim must have ended on the server too (two store timeouts after it
-// failed): before that, its INSERT may still commit.
-func (m *Middleware) forget(ctx context.Context, rel OwnerReleaser, req ClaimRequest, failedAt, until time.Time) {
+// forget calls free, timed and counted as store operation op, backing off,
+// until it says whether it freed the row (an answer of "none" counts only
+// after noneAfter), the store is closed, or another call could not end by
+// until. It reports whether the row was freed, and whether the store
+// answered at all.
+func (m *Middleware) forget(ctx context.Context, op string, free func(context.Context) (bool, error), noneAfter, until time.Time) (freed, answered bool) {
 	backoff := 50 * time.Millisecond
 	for {
-		freed, err := timedCall(m, ctx, "release", func(c context.Context) (bool, error) {
-			return rel.ReleaseOwner(c, req)
-		})
+		freed, err := timedCall(m, ctx, op, free)
 		switch {
-		case err == nil && freed:
-			m.log.WarnContext(ctx, "idempotency: freed the key of a claim whose reply was lost; its handler never ran",
-				"endpoint", req.Endpoint, "scope", req.Scope, "key", req.Key)
-			return
-		case err == nil && time.Since(failedAt) >= 2*m.cfg.StoreTimeout,
-			storeReason(err) == ReasonClosed,
-			time.Now().Add(backoff).After(until):
-			return
+		case err == nil && (freed || !time.Now().Before(noneAfter)):
+			return freed, true
+		case storeReason(err) == ReasonClosed, time.Now().Add(backoff + m.cfg.StoreTimeout).After(until):
+			// The next call could not end by until.
+			return false, false
 		}
 		time.Sleep(backoff)
 		backoff = min(2*backoff, time.Second)

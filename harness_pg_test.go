@@ -39,7 +39,11 @@ func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempo
 	reg := prometheus.NewRegistry()
 	cfg.Registerer, cfg.Logger = reg, quiet
 	cfg.Enabled = func(*http.Request) bool { return true }
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
+	store := idempotency.NewPostgresStore(pool)
+	if err := store.Check(t.Context()); err != nil { // as a service does at start-up
+		t.Fatal(err)
+	}
+	mw, err := idempotency.New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,11 +208,11 @@ func (s *hookStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, e
 	return s.MemoryStore.Claim(ctx, req)
 }
 
-func (s *hookStore) Complete(ctx context.Context, f Fence, resp Response) error {
+func (s *hookStore) Complete(ctx context.Context, f Fence, owner Record, resp Response) error {
 	if err := hook(s.complete, ctx, &s.completes); err != nil {
 		return err
 	}
-	return s.MemoryStore.Complete(ctx, f, resp)
+	return s.MemoryStore.Complete(ctx, f, owner, resp)
 }
 
 func (s *hookStore) Fail(ctx context.Context, f Fence) error {
@@ -304,7 +304,7 @@ func (s *dataErrorStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResu
 	return s.MemoryStore.Claim(ctx, req)
 }
 
-func (s *dataErrorStore) Complete(context.Context, Fence, Response) error {
+func (s *dataErrorStore) Complete(context.Context, Fence, Record, Response) error {
 	s.completes.Add(1)
 	return &StoreError{Op: "complete", Reason: ReasonData, Err: errors.New("value out of range")}
 }
@@ -333,7 +333,7 @@ func (s *contentionStore) Takeover(context.Context, Fence, ClaimRequest) (ClaimR
 // recordFailStore claims normally but cannot record outcomes.
 type recordFailStore struct{ *MemoryStore }
 
-func (s recordFailStore) Complete(context.Context, Fence, Response) error {
+func (s recordFailStore) Complete(context.Context, Fence, Record, Response) error {
 	return &StoreError{Op: "complete", Reason: ReasonConnection, Err: errors.New("connection reset")}
 }
 

@@ -21,7 +21,7 @@ import (
 // written by hand and never rewritten.
 var updateHashVectors = flag.Bool("update-hash-vectors", false, "rewrite the hashes in "+hashVectorsFile)
 
-const hashVectorsFile = "internal/jcs/testdata/hash_vectors.json"
+const hashVectorsFile = "testdata/hash_vectors.json"
 
 // TestHashVectors checks every golden vector's hash, so a change that would
 // make stored keys answer 422 to their own retries fails here (the
@@ -205,5 +205,23 @@ func TestDeepNesting(t *testing.T) {
 	}
 	if w := send(t, rt, "POST", "/r", testKey, body); w.Code != 400 || w.Header().Get(HeaderReplayed) != "true" {
 		t.Fatalf("replay of deep body: %d", w.Code)
+	}
+}
+
+// TestContentTypeIsNotHashed: the request hash covers the method, path,
+// query and body, no header: the same bytes under another Content-Type are
+// the same request (the replay), and a JSON body is canonicalised whatever
+// Content-Type it came with.
+func TestContentTypeIsNotHashed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{})
+	route := h.route(RouteConfig{Name: "orders"}, orderHandler)
+	const key = "5a0c9e2d-8a7b-4c6d-9e1f-2a3b4c5d6e7f"
+	if w := send(t, route, "POST", "/orders", key, `{"qty":1,"sym":"A"}`, "Content-Type", "application/json"); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	w := send(t, route, "POST", "/orders", key, `{ "sym": "A", "qty": 1 }`, "Content-Type", "text/plain")
+	if w.Code != http.StatusCreated || w.Header().Get(HeaderReplayed) != "true" || h.calls.Load() != 1 {
+		t.Fatalf("same JSON as text/plain: %d replayed %q, handler ran %d times; want the replay", w.Code, w.Header().Get(HeaderReplayed), h.calls.Load())
 	}
 }

@@ -37,8 +37,14 @@ type identifierHandler struct {
 }
 
 // newLogger returns cfg's logger, with keys and scopes redacted as cfg
-// asks.
+// asks. Without them, the requests a fail-open route ran without
+// deduplication during an outage cannot be listed: that is said once.
 func newLogger(cfg *Config) *slog.Logger {
+	if cfg.OmitIdentifiers {
+		cfg.Logger.WarnContext(context.Background(), "idempotency: Config.OmitIdentifiers is set: logs carry no keys or scopes, "+
+			"so the requests a fail-open route runs without deduplication during an outage cannot be listed; "+
+			"Config.IdentifierSecret logs their HMACs instead")
+	}
 	if !cfg.OmitIdentifiers && len(cfg.IdentifierSecret) == 0 {
 		return cfg.Logger
 	}

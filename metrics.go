@@ -3,6 +3,9 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,10 +21,14 @@ type metrics struct {
 	rejections     *prometheus.CounterVec
 	bypasses       *prometheus.CounterVec
 	settleFailures *prometheus.CounterVec
-	storeDuration  *prometheus.HistogramVec
-	storeErrors    *prometheus.CounterVec
-	tooLarge       *prometheus.CounterVec
-	cleanupDeleted prometheus.Counter
+	// plaintextReplays counts replays, through a sealing store, of rows
+	// recorded before sealing was turned on.
+	plaintextReplays *prometheus.CounterVec
+	storeDuration    *prometheus.HistogramVec
+	storeErrors      *prometheus.CounterVec
+	tooLarge         *prometheus.CounterVec
+	cleanupDeleted   prometheus.Counter
+	health           storeHealth // the store's failures since it last answered, for the recovery log
 }
 
 // Label values. Endpoint labels are route names or ServeMux patterns, never
@@ -56,6 +63,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		rejections:     counter("idempotency_rejections_total", "4xx and 503 answers before any claim.", "endpoint", "reason"),
 		bypasses:       counter("idempotency_bypasses_total", "Requests whose handler ran without deduplication.", "endpoint", "reason"),
 		settleFailures: counter("idempotency_record_failures_total", "Responses that could not be recorded.", "endpoint"),
+		plaintextReplays: counter("idempotency_plaintext_replays_total",
+			"Replays through a sealing store of responses recorded before sealing (plaintext rows).", "endpoint"),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idempotency_store_duration_seconds",
 			Help:    "Duration of store calls by operation.",
@@ -73,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.miss, m.hit, m.replay, m.conflicts, m.rejections,
-		m.bypasses, m.settleFailures, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
+		m.bypasses, m.settleFailures, m.plaintextReplays, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("idempotency: Config.Registerer: cannot register metrics"), err)
 		}
@@ -104,7 +113,7 @@ type storeOps map[string]prometheus.Observer
 
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
-	for _, op := range []string{"claim", "takeover", "complete", "fail", "release",
+	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
 		"begin", "commit", "cleanup", "erase"} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
@@ -136,8 +145,52 @@ func timeCall[T any](m *Middleware, ctx context.Context, op string, fn func(cont
 	cancel()
 	took := time.Since(start)
 	m.ops[op].Observe(took.Seconds())
-	if err != nil && !errors.Is(err, ErrNotOwner) {
-		m.metrics.storeErrors.WithLabelValues(op, storeReason(err)).Inc()
+	if err == nil || errors.Is(err, ErrNotOwner) {
+		m.metrics.health.answered(ctx, m.log)
+		return v, took, err
+	}
+	reason := storeReason(err)
+	m.metrics.storeErrors.WithLabelValues(op, reason).Inc()
+	switch reason {
+	case ReasonConflict, ReasonData, ReasonUnseal: // the store answered those
+	case ReasonSeal: // the key source failed, before the store was asked
+	default:
+		m.metrics.health.failed()
 	}
 	return v, took, err
+}
+
+// storeHealth counts the store's failing calls since it last answered, so
+// that the first answer after them logs one INFO line saying how many
+// there were and for how long.
+type storeHealth struct {
+	failing  atomic.Bool // read by every answered call: the cheap path
+	mu       sync.Mutex
+	failures int64
+	since    time.Time // the first failure's time
+}
+
+func (h *storeHealth) failed() {
+	h.mu.Lock()
+	if h.failures == 0 {
+		h.since = time.Now()
+	}
+	h.failures++
+	h.failing.Store(true)
+	h.mu.Unlock()
+}
+
+// answered ends a run of failures, logging it once.
+func (h *storeHealth) answered(ctx context.Context, log *slog.Logger) {
+	if !h.failing.Load() {
+		return
+	}
+	h.mu.Lock()
+	n, since := h.failures, h.since
+	h.failures = 0
+	h.failing.Store(false)
+	h.mu.Unlock()
+	if n > 0 {
+		log.InfoContext(ctx, "idempotency: the store recovered", "failures", n, "failed_for", time.Since(since).Round(time.Millisecond).String())
+	}
 }

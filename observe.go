@@ -33,11 +33,9 @@ const (
 
 // Observation describes one decided request, for Config.Observer.
 type Observation struct {
-	Outcome Outcome // how the request was decided
-	Reason  string  // the outcome's reason; "" for pass_through and replayed
-	// Endpoint is the metrics label: the route's name or pattern, or
-	// "unnamed"; never a raw path.
-	Endpoint string
+	Outcome  Outcome // how the request was decided
+	Reason   string  // the outcome's reason; "" for pass_through and replayed
+	Endpoint string  // the metrics label: the route's name or pattern, or "unnamed"; never a raw path
 	// Scope is the user scope, or with Config.IdentifierSecret its
 	// HMAC-SHA256 in hex; "" with Config.OmitIdentifiers, and before the
 	// scope is known (pass_through, bypassed "disabled", a refused key or
@@ -52,9 +50,12 @@ type Observation struct {
 	Duration time.Duration
 	// StoreDuration is the time spent in store calls within Duration.
 	StoreDuration time.Duration
-	// RecordFailed reports that the outcome could not be settled in the
-	// store (idempotency_record_failures_total).
-	RecordFailed bool
+	// RecordFailed: the outcome could not be settled in the store
+	// (idempotency_record_failures_total). Hit and Miss: the request
+	// counted in idempotency_hit_total (its claim found a live row,
+	// whatever was answered) or idempotency_miss_total (it won its claim).
+	RecordFailed, Hit, Miss bool
+	StoreReason             string // the Reason of the store error that failed the claim of a rejected or bypassed request
 }
 
 // observe reports the request's decision to Config.Observer, once.
@@ -66,6 +67,8 @@ func (rq *request) observe(o Outcome, reason string, status int) {
 	rq.m.cfg.Observer(rq.r.Context(), Observation{
 		Outcome: o, Reason: reason, Endpoint: rq.label, Scope: rq.m.identifier(rq.claim.Scope), Status: status,
 		Duration: time.Since(rq.start), StoreDuration: rq.storeTime, RecordFailed: rq.recordFailed,
+		Hit: rq.hit, Miss: rq.miss,
+		StoreReason: rq.storeReason,
 	})
 }
 

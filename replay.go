@@ -37,6 +37,9 @@ func (rq *request) replay(rec Record) {
 			"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 	}
 	rq.rm.replay.Inc()
+	if rec.Response.plaintext {
+		rq.m.metrics.plaintextReplays.WithLabelValues(rq.label).Inc()
+	}
 	rq.observe(OutcomeReplayed, "", rec.Response.Status)
 	writeReplay(rq.w, rec.Response, rq.rt.marker)
 }

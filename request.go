@@ -29,6 +29,8 @@ type request struct {
 	start        time.Time     // when the request reached the route (only with an Observer)
 	storeTime    time.Duration // time spent in store calls
 	recordFailed bool          // an outcome could not be settled
+	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
+	storeReason  string        // the reason of the store error the claim failed with
 	observed     bool          // the decision was reported
 }
 

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -98,38 +99,86 @@ func (rq *request) admitScope(key string, body []byte) bool {
 }
 
 // claimFailed applies the route's policy to a claim the store could not
-// answer: contention is in flight, a refused value is 400, an outage is 503
-// on a fail-closed route and a bypass on a fail-open one.
+// answer, by the class of its reason (failureOf): contention is in flight,
+// a refused value is 400, an outage is 503 on a fail-closed route and a
+// bypass on a fail-open one, and every other class is 503 on both.
 func (rq *request) claimFailed(err error) {
 	reason := storeReason(err)
-	switch {
-	case reason == ReasonConflict:
+	rq.storeReason = reason
+	switch reason {
+	case ReasonConflict:
 		// Contention, not an outage: other requests keep changing this
 		// key's row (serialization failures past the retries, a takeover
 		// lost every round). One of them owns the key, so a fail-open
 		// bypass would run the handler beside it: the key is in flight.
 		rq.answer(answerInFlight)
-	case reason == ReasonData:
+		return
+	case ReasonData:
 		// A store that refuses this request's values is not down: it
 		// would refuse every retry alike, so a fail-open bypass would run
 		// each one, and a 503 would invite retries that cannot succeed.
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: the store refused the request's scope or endpoint",
-			"endpoint", rq.label, "operation", "claim", "error", err)
+		rq.logClaimFailure(slog.LevelWarn, "idempotency: the store refused the request's scope or endpoint", reason, err)
 		rq.answer(answerInvalidScope)
-	case rq.rt.failOpen && reason != ReasonFull:
-		// A full memory store is not down either: any client can fill it
-		// on purpose, and must not earn a bypass by doing so.
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: store unavailable, running without deduplication",
-			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
+		return
+	case ReasonUnseal:
+		// The key's row holds a response that does not open: 503 on every
+		// policy (never an outage), logged with the row and its key id.
+		rq.refuseUnsealed(err)
+		return
+	}
+	f := failureOf(reason)
+	if f.outage && rq.rt.failOpen {
+		rq.logClaimFailure(slog.LevelWarn, f.msg+", running without deduplication", reason, err)
 		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
 		rq.observeUnrun(OutcomeBypassed, reasonStoreUnavailable)
 		rq.rt.next.ServeHTTP(rq.w, rq.withKey())
-	default:
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: store unavailable, rejecting",
-			"endpoint", rq.label, "operation", "claim", "reason", reason, "error", err)
-		rq.answer(answerUnavailable)
-		rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
+		return
 	}
+	rq.logClaimFailure(f.level, f.msg+", rejecting", reason, err)
+	rq.answer(answerUnavailable)
+	rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
+}
+
+// failure is how a claim that failed with one class of reason is logged,
+// and whether it is an outage, the only class a fail-open route bypasses
+// (DESIGN-settled-r3 items 1 and 2).
+type failure struct {
+	outage bool
+	level  slog.Level
+	msg    string
+}
+
+// failureOf returns the class of a store-error reason. A reason of no
+// known class, such as another store's own, is never an outage.
+func failureOf(reason string) failure {
+	switch reason {
+	case ReasonTimeout, ReasonConnection:
+		return failure{true, slog.LevelWarn, "idempotency: store unavailable"} // the database did not answer: an outage
+	case ReasonPoolExhausted:
+		return failure{false, slog.LevelWarn, "idempotency: every pooled connection is in use and none is being opened " +
+			"(pool saturation, not a slow database: size the pool, or give these routes a pool of their own)"}
+	case ReasonTooManyConnections:
+		return failure{false, slog.LevelWarn, "idempotency: the database refused a new connection: too many connections"}
+	case ReasonAuth, ReasonSchema, ReasonPermission:
+		return failure{false, slog.LevelError, "idempotency: the store is misconfigured (the login, the table or a grant; " +
+			"PostgresStore.Check names it): every request fails alike until it is fixed"}
+	case ReasonLockTimeout:
+		return failure{false, slog.LevelWarn, "idempotency: the claim waited past lock_timeout behind a table lock (DDL, a migration)"}
+	case ReasonClosed:
+		return failure{false, slog.LevelWarn, "idempotency: the store is closed"}
+	case ReasonFull:
+		// Any client can fill a memory store on purpose, and must not
+		// earn a bypass by doing so.
+		return failure{false, slog.LevelWarn, "idempotency: the memory store is full"}
+	}
+	return failure{false, slog.LevelWarn, "idempotency: the store failed"}
+}
+
+// logClaimFailure logs a failed claim with the request's key and scope (as
+// Config allows: the logger redacts them), the reason and the error.
+func (rq *request) logClaimFailure(level slog.Level, msg, reason string, err error) {
+	rq.m.log.Log(rq.r.Context(), level, msg, "endpoint", rq.label, "scope", rq.claim.Scope, "key", rq.claim.Key,
+		"operation", storeOp(err), "reason", reason, "error", err)
 }
 
 // passThrough runs the handler with no idempotency tracking. A

@@ -81,6 +81,11 @@ type Response struct {
 	Header   http.Header // replayable headers only
 	Body     []byte      // the body; nil with BodyNone
 	BodyKind BodyKind    // how Body is stored and replayed
+	// SealKeyID, when set, names the key that sealed the response
+	// (NewSealingStore): Body is then the sealed value, never replayed.
+	SealKeyID string
+
+	plaintext bool // read by a sealing store from a row recorded before sealing
 }
 
 // Record is one stored key as the store read it. Expired and LeaseOver are
@@ -144,8 +149,9 @@ type Store interface {
 	// Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Complete records resp and marks the row completed, only if f still
-	// owns it in_flight; otherwise it returns ErrNotOwner.
-	Complete(ctx context.Context, f Fence, resp Response) error
+	// owns it in_flight; otherwise it returns ErrNotOwner. owner is the
+	// claim's record, which a sealing store binds resp to.
+	Complete(ctx context.Context, f Fence, owner Record, resp Response) error
 	// Fail marks the row failed, only if f still owns it in_flight;
 	// otherwise it returns ErrNotOwner.
 	Fail(ctx context.Context, f Fence) error
@@ -179,10 +185,9 @@ type OwnerReleaser interface {
 	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint)
 	// only if it is in_flight and carries the owner token req.Owner, and
 	// reports whether it deleted one. Other fields of req are ignored. A
-	// row finished or taken over since (any other token, or
-	// none) is left alone, and so is every row when req.Owner is zero.
-	// Like every store call it honours ctx's deadline; its errors are
-	// *StoreErrors with Op "release".
+	// row finished or taken over since (any other token, or none) is left
+	// alone, and so is every row when req.Owner is zero. Like every store
+	// call it honours ctx's deadline; its errors are *StoreErrors (Op "release").
 	ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error)
 }
 
@@ -241,6 +246,7 @@ type RouteTx interface {
 // outcome to record.
 type Settlement struct {
 	Fence    Fence    // the claim that owns the record
+	Owner    Record   // the claim's record, as Store.Complete's owner
 	Failed   bool     // record failed instead of completed
 	Undo     bool     // roll back to the savepoint first: the handler's writes vanish
 	Response Response // what duplicates are answered with (completed only)
@@ -279,15 +285,21 @@ var ErrStoreUnavailable = errors.New("idempotency: store unavailable")
 
 // Reasons a store was unavailable, used in logs and metric labels.
 const (
-	ReasonTimeout    = "timeout"    // the call's deadline passed (includes waiting for a pooled connection)
-	ReasonConnection = "connection" // the connection failed or was refused
-	ReasonClosed     = "closed"     // the store or its pool was closed
-	ReasonSchema     = "schema"     // the table or a column is missing: migrations not run
-	ReasonPermission = "permission" // the database role lacks a privilege
-	ReasonConflict   = "conflict"   // serialization failures persisted past the retries
-	ReasonData       = "data"       // the store refused the values themselves (e.g. a scope Postgres cannot hold): retrying cannot help
-	ReasonFull       = "full"       // a MemoryStore holds its MemoryMaxRows: a new key is refused on both policies, never bypassed
-	ReasonOther      = "other"      // anything else
+	ReasonTimeout            = "timeout"              // an outage (a fail-open route's only bypass, with connection): a sent statement or a connect got no answer in time
+	ReasonConnection         = "connection"           // an outage: the connection failed or was refused, or the server failed (SQLSTATE 08, 53, 58, XX, 57P01-57P03)
+	ReasonPoolExhausted      = "pool_exhausted"       // every pooled connection was in use and none being opened: saturation, the database was never asked
+	ReasonTooManyConnections = "too_many_connections" // the database refused a connection: too many (53300)
+	ReasonAuth               = "auth"                 // the database refused the login: role, password or database (class 28, 3D000)
+	ReasonSchema             = "schema"               // the table, a column or a setting is missing, or a statement is unsupported (Citus): migrations not run
+	ReasonPermission         = "permission"           // the database role lacks a privilege
+	ReasonLockTimeout        = "lock_timeout"         // the call waited past lock_timeout (55P03): a table lock, DDL or a migration
+	ReasonClosed             = "closed"               // the store or its pool was closed
+	ReasonConflict           = "conflict"             // serialization failures persisted past the retries
+	ReasonData               = "data"                 // the store refused the values themselves (e.g. a scope Postgres cannot hold): retrying cannot help
+	ReasonFull               = "full"                 // a MemoryStore holds its MemoryMaxRows: a new key is refused on both policies, never bypassed
+	ReasonSeal               = "seal"                 // a response could not be sealed: a record failure
+	ReasonUnseal             = "unseal"               // a sealed response does not open: 503 on both policies
+	ReasonOther              = "other"                // anything else
 )
 
 // StoreError is a store failure translated at the store boundary. It keeps
@@ -310,6 +322,16 @@ func (e *StoreError) Unwrap() error { return e.Err }
 
 // Is reports whether target is ErrStoreUnavailable.
 func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
+
+// storeOp returns the operation of a store error, "claim" when it names
+// none.
+func storeOp(err error) string {
+	var se *StoreError
+	if errors.As(err, &se) && se.Op != "" {
+		return se.Op
+	}
+	return "claim"
+}
 
 // storeReason returns the reason label of a store error.
 func storeReason(err error) string {

@@ -172,7 +172,7 @@ func maxTime(a, b time.Time) time.Time {
 
 // Complete implements Store. It stores a copy of resp, so the caller may
 // reuse resp's header and body afterwards.
-func (s *MemoryStore) Complete(ctx context.Context, f Fence, resp Response) error {
+func (s *MemoryStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
 	resp = memoryCloneResponse(resp)
 	return s.finish(ctx, "complete", f, func(row *memoryRow) {
 		row.Status = StatusCompleted

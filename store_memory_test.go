@@ -37,7 +37,7 @@ func TestMemoryStoreMaxRows(t *testing.T) {
 		}
 		recs = append(recs, res.Record)
 	}
-	if err := s.Complete(ctx, recs[1].Fence(), idempotency.Response{Status: 201, Body: []byte(`{}`), BodyKind: idempotency.BodyJSON}); err != nil {
+	if err := s.Complete(ctx, recs[1].Fence(), recs[1], idempotency.Response{Status: 201, Body: []byte(`{}`), BodyKind: idempotency.BodyJSON}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -201,7 +201,7 @@ func TestMemoryStoreCleanupOrder(t *testing.T) {
 			req.TTL, req.Lease = pick(), pick()
 			switch rng.IntN(4) {
 			case 0:
-				_ = s.Complete(ctx, f, idempotency.Response{Status: 200, BodyKind: idempotency.BodyRaw})
+				_ = s.Complete(ctx, f, res.Record, idempotency.Response{Status: 200, BodyKind: idempotency.BodyRaw})
 			case 1:
 				_ = s.Fail(ctx, f)
 			case 2:

@@ -3,12 +3,10 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
+	"log/slog"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -16,12 +14,10 @@ import (
 // Migrate), reached through a pgx connection pool. Several processes sharing
 // one database share its keys, so at most one of them runs a handler per key.
 // Every time it stores or compares comes from the database's now(), so the
-// clocks of the application servers never matter.
-//
-// A PostgresStore is safe for concurrent use. It finds the table through the
-// pool connections' search_path.
+// clocks of the application servers never matter. It is safe for concurrent
+// use, and pins its table to the schema Check or its first statement found.
 type PostgresStore struct {
-	pool *pgxpool.Pool
+	pool *pgPool // qualifies the table in what it sends (store_pg_table.go)
 }
 
 var (
@@ -29,13 +25,15 @@ var (
 	_ OwnerReleaser = (*PostgresStore)(nil)
 )
 
-// NewPostgresStore returns a PostgresStore using pool. The pool stays the
-// caller's: the store never closes it, and the caller closes it once the
-// store and every middleware using it are done. Size the pool for the
-// routes' concurrency; a call that cannot get a connection before its
-// deadline fails as a timeout.
+// NewPostgresStore returns a PostgresStore using pool, which stays the
+// caller's to close. It expects MaxConns sized for the transactional routes
+// (each holds a connection for its whole handler) plus the other claims, and
+// a ConnectTimeout (connect_timeout in the URL) of a few seconds: without
+// one, a black-holed network wedges the pool for minutes after it heals, so
+// the store logs a WARN through slog.Default. A call that finds every
+// connection in use fails as ReasonPoolExhausted.
 func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
-	return &PostgresStore{pool: pool}
+	return newPostgresStore(pool, slog.Default())
 }
 
 // errClaimVanished is the cause of a claim that kept reading no row.
@@ -51,9 +49,13 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 			rec Record
 			won bool
 		)
-		rows, err := s.pool.Query(ctx, pgClaimSQL, claimArgs(req)...)
+		c, err := s.conn(ctx)
 		if err == nil {
-			err = scanClaimRows(rows, req, &rec, &won)
+			var rows pgx.Rows
+			if rows, err = c.Query(ctx, pgClaimSQL, claimArgs(req)...); err == nil {
+				err = scanClaimRows(rows, req, &rec, &won)
+			}
+			c.release()
 		}
 		switch {
 		case err == nil:
@@ -90,7 +92,9 @@ func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest)
 func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args ...any) (ClaimResult, error) {
 	var rec Record
 	err := retryConnLoss(ctx, func() error {
-		return scanRecord(s.pool.QueryRow(ctx, sql, args...), &rec)
+		return s.withConn(ctx, func(c pgConn) error {
+			return scanRecord(c.QueryRow(ctx, sql, args...), &rec)
+		})
 	})
 	switch {
 	case err == nil:
@@ -108,51 +112,57 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 // cannot hold (a \u0000 escape, which JSONB refuses) is stored byte for byte
 // in the raw column, with the jsonStoredRaw marker in the JSONB column, and
 // reads back as the same BodyJSON bytes. A BodyRaw body, empty included, is
-// stored byte for byte; BodyNone stores no body.
-func (s *PostgresStore) Complete(ctx context.Context, f Fence, resp Response) error {
+// stored byte for byte (a sealed one too); BodyNone stores no body.
+func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
 	jsonBody, rawBody, headers, err := completeArgs(resp, false)
 	if err != nil {
 		return err
 	}
-	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers)}
-	err = execFenced(ctx, s.pool, pgCompleteSQL, args)
+	c, err := s.conn(ctx)
+	if err != nil {
+		return pgStoreError("complete", err)
+	}
+	defer c.release()
+	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers), sealKeyArg(resp.SealKeyID)}
+	err = execFenced(ctx, c, pgCompleteSQL, args)
 	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
 		// Postgres refused a value (ReasonData): the body is JSON it will
 		// not store as JSONB (\u0000, a character the database encoding
 		// lacks, a number beyond numeric's range, a value past JSONB's
 		// limits). The update changed nothing, so store the bytes raw.
 		args[4], args[5] = jsonbArg(jsonStoredRaw), jsonBody
-		err = execFenced(ctx, s.pool, pgCompleteSQL, args)
+		err = execFenced(ctx, c, pgCompleteSQL, args)
 	}
 	return pgOwnerError("complete", err)
 }
 
 // Fail implements Store with one fenced UPDATE.
 func (s *PostgresStore) Fail(ctx context.Context, f Fence) error {
-	return pgOwnerError("fail", fenced(ctx, s.pool, pgFailSQL, f))
+	return pgOwnerError("fail", s.fenced(ctx, pgFailSQL, f))
 }
 
 // Release implements Store with one fenced DELETE.
 func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
-	return pgOwnerError("release", fenced(ctx, s.pool, pgReleaseSQL, f))
+	return pgOwnerError("release", s.fenced(ctx, pgReleaseSQL, f))
 }
 
-// execer runs a statement (the pool).
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// fenced runs a statement on q whose first three parameters are f (id,
+// fenced runs a statement whose first three parameters are f (id,
 // attempt, scope), returning ErrNotOwner when it changed no row.
-func fenced(ctx context.Context, q execer, sql string, f Fence) error {
-	return execFenced(ctx, q, sql, []any{f.ID, f.Attempt, f.Scope})
+func (s *PostgresStore) fenced(ctx context.Context, sql string, f Fence) error {
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.release()
+	return execFenced(ctx, c, sql, []any{f.ID, f.Attempt, f.Scope})
 }
 
 // execFenced runs a fenced statement whose parameters, the fence first,
-// are args.
-func execFenced(ctx context.Context, q execer, sql string, args []any) error {
+// are args, on c (a concrete type: as an interface it would cost an
+// allocation).
+func execFenced(ctx context.Context, c pgConn, sql string, args []any) error {
 	return retrySerialization(ctx, func() error {
-		tag, err := q.Exec(ctx, sql, args...)
+		tag, err := c.Exec(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -161,69 +171,6 @@ func execFenced(ctx context.Context, q execer, sql string, args []any) error {
 		}
 		return nil
 	})
-}
-
-// Cleanup implements Store: it reads at most limit deletable rows,
-// earliest expiry first, without locking them (pgExpiredBatchSQL), then
-// deletes them with one DELETE per scope (pgDeleteExpiredSQL), all sent in
-// one pipelined batch, which runs as one transaction. Each DELETE checks
-// the predicate again, so a row taken over since the read stays. Two
-// cleaners running at once may read the same rows: the second waits for
-// the first's delete and then deletes none of them, so its batch may count
-// fewer rows than it read (the next batch or run goes on).
-func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
-	if limit <= 0 {
-		return 0, nil
-	}
-	var n int64
-	err := retrySerialization(ctx, func() (err error) {
-		n, err = s.cleanupBatch(ctx, limit)
-		return err
-	})
-	if err != nil {
-		return 0, pgStoreError("cleanup", err)
-	}
-	return n, nil
-}
-
-// cleanupBatch runs one batch of Cleanup.
-func (s *PostgresStore) cleanupBatch(ctx context.Context, limit int) (int64, error) {
-	rows, err := s.pool.Query(ctx, pgExpiredBatchSQL, int64(limit))
-	if err != nil {
-		return 0, err
-	}
-	byScope := make(map[string][]int64)
-	var (
-		scope string
-		id    int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&scope, &id}, func() error {
-		byScope[scope] = append(byScope[scope], id)
-		return nil
-	})
-	if err != nil || len(byScope) == 0 {
-		return 0, err
-	}
-	// One order for every cleaner, so two of them lock rows in the same
-	// order and do not deadlock.
-	scopes := slices.Sorted(maps.Keys(byScope))
-	batch := &pgx.Batch{}
-	for _, sc := range scopes {
-		ids := byScope[sc]
-		slices.Sort(ids)
-		batch.Queue(pgDeleteExpiredSQL, sc, ids)
-	}
-	results := s.pool.SendBatch(ctx, batch)
-	var n int64
-	for range scopes {
-		tag, err := results.Exec()
-		if err != nil {
-			results.Close()
-			return 0, err
-		}
-		n += tag.RowsAffected()
-	}
-	return n, results.Close()
 }
 
 // ReleaseOwner implements OwnerReleaser with one DELETE that names the
@@ -235,14 +182,24 @@ func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (boo
 	}
 	var n int64
 	err := retryConnLoss(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, pgReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
-		n = tag.RowsAffected()
-		return err
+		return s.withConn(ctx, func(c pgConn) error {
+			tag, err := c.Exec(ctx, pgReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
+			n = tag.RowsAffected()
+			return err
+		})
 	})
 	if err != nil {
 		return false, pgStoreError("release", err)
 	}
 	return n > 0, nil
+}
+
+// sealKeyArg passes a seal key id, or NULL for a plaintext response.
+func sealKeyArg(id string) any {
+	if id == "" {
+		return nil
+	}
+	return id
 }
 
 // ownerArg passes an owner token as its text form, or NULL for none. The
@@ -266,28 +223,10 @@ func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult,
 	// neither. The retry takes a new snapshot.
 	err := retrySerialization(ctx, func() error {
 		res = ErasureResult{}
-		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			for rows.Next() {
-				var (
-					deleted int64
-					rec     nullRecord
-				)
-				if err := rows.Scan(append([]any{&deleted}, rec.dest()...)...); err != nil {
-					return err
-				}
-				res.Deleted = deleted
-				if r, ok, err := rec.record(); err != nil {
-					return err
-				} else if ok {
-					res.Skipped = append(res.Skipped, r)
-				}
-			}
-			return rows.Err()
+		return s.withConn(ctx, func(c pgConn) error {
+			return pgx.BeginTxFunc(ctx, c, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+				return eraseScope(ctx, tx, scope, &res)
+			})
 		})
 	})
 	if err != nil {
@@ -296,12 +235,42 @@ func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult,
 	return res, nil
 }
 
+// eraseScope runs Erase's statement in tx, filling res.
+func eraseScope(ctx context.Context, tx pgx.Tx, scope string, res *ErasureResult) error {
+	rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			deleted int64
+			rec     nullRecord
+		)
+		if err := rows.Scan(append([]any{&deleted}, rec.dest()...)...); err != nil {
+			return err
+		}
+		res.Deleted = deleted
+		if r, ok, err := rec.record(); err != nil {
+			return err
+		} else if ok {
+			res.Skipped = append(res.Skipped, r)
+		}
+	}
+	return rows.Err()
+}
+
 // ExportScope implements Store with one SELECT.
 func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record, error) {
 	var recs []Record
 	err := retryConnLoss(ctx, func() error {
 		recs = nil
-		rows, err := s.pool.Query(ctx, pgExportScopeSQL, scope)
+		c, err := s.conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.release()
+		rows, err := c.Query(ctx, pgExportScopeSQL, scope)
 		if err != nil {
 			return err
 		}

@@ -7,13 +7,16 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// pgCheckSQL reads, for the idempotency_keys table the connection's
-// search_path finds, its columns and whether the unique constraint the
-// claim's ON CONFLICT needs exists on exactly the key's three columns. No
-// row: there is no such table.
+// pgCheckSQL reads, for the table $1 names (idempotency_keys as the
+// connection's search_path finds it, or the store's resolved table), its
+// columns, whether the unique constraint the claim's ON CONFLICT needs
+// exists on exactly the key's three columns, and its schema-qualified name.
+// No row: there is no such table.
 const pgCheckSQL = `SELECT
 	ARRAY(SELECT attname::text FROM pg_attribute
 		WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped),
@@ -21,39 +24,40 @@ const pgCheckSQL = `SELECT
 		WHERE k.conrelid = c.oid AND k.contype IN ('u', 'p')
 			AND ARRAY(SELECT a.attname::text FROM pg_attribute a
 				WHERE a.attrelid = c.oid AND a.attnum = ANY(k.conkey) ORDER BY a.attname)
-				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id'])
+				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id']),
+	format('%s.%I', c.relnamespace::regnamespace, c.relname)
 FROM pg_class c
-WHERE c.oid = to_regclass('idempotency_keys')`
+WHERE c.oid = to_regclass($1)`
 
 // pgNeededColumns are the columns the store reads or writes.
 var pgNeededColumns = []string{
 	"id", "idem_key", "scope_user_id", "scope_endpoint", "request_hash",
 	"response_code", "response_body", "response_body_raw", "response_headers",
-	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token",
+	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
 }
 
-// ErrSchemaOutdated is returned (wrapped, naming what is missing) by
-// PostgresStore.Check for a table that lacks a column or constraint the
-// store needs.
+// ErrSchemaOutdated is returned, wrapped, by PostgresStore.Check for a
+// table that lacks a column or constraint the store needs.
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
 
-// Check verifies that the idempotency_keys table the pool's search_path
-// finds has every column and the unique constraint the store needs: no
-// table is a *StoreError of Reason ReasonSchema, a table that lacks
-// something is ErrSchemaOutdated, wrapped. Call
-// it at start-up: a table made by an older version of the (unreleased,
-// since edited) migration keeps version 1 in the migration history, so
-// migrating does not fix it, and every claim against it would fail as a
-// schema error, which a fail-open route answers by running the handler
-// without deduplication. The error names what is missing; README
-// ("Upgrading an old version-1 database") says how to reset the table.
+// Check verifies at start-up what every claim needs, so that a bad
+// deployment fails to start rather than fail every claim: the
+// idempotency_keys table the pool's search_path finds (none: a *StoreError
+// of Reason ReasonSchema), its columns and unique constraint
+// (ErrSchemaOutdated, wrapped, naming what is missing: README "Upgrading an
+// old version-1 database"), and the role's SELECT, INSERT, UPDATE and DELETE
+// on it and USAGE on its id sequence, which a rolled-back probe transaction
+// uses (a *StoreError of Reason ReasonPermission naming the privilege).
 func (s *PostgresStore) Check(ctx context.Context) error {
 	var (
 		cols   []string
 		unique bool
+		table  string
 	)
 	err := retryConnLoss(ctx, func() error {
-		return s.pool.QueryRow(ctx, pgCheckSQL).Scan(&cols, &unique)
+		return s.withConn(ctx, func(c pgConn) error {
+			return c.poolConn.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &table)
+		})
 	})
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -62,6 +66,7 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 		}
 		return pgStoreError("check", err)
 	}
+	s.pool.resolve(table) // the store's table from now on (store_pg_table.go)
 	var missing []string
 	for _, c := range pgNeededColumns {
 		if !slices.Contains(cols, c) {
@@ -74,6 +79,62 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: the idempotency_keys table lacks %s: it was made by an older, unreleased version of migration 000001; "+
 			"reset it as README \"Upgrading an old version-1 database\" says", ErrSchemaOutdated, strings.Join(missing, ", "))
+	}
+	return s.checkPrivileges(ctx)
+}
+
+// pgProbe is Check's privilege probe, in the order a claim and its record
+// need them: each statement needs one privilege more than the ones before
+// it. The row it writes is rolled back; the sequence value it takes is not
+// (ids have gaps anyway).
+//
+// $1 key, $2 endpoint, after the first.
+var pgProbe = []struct{ privilege, sql string }{
+	{"USAGE on sequence idempotency_keys_id_seq", `SELECT nextval(pg_get_serial_sequence('idempotency_keys', 'id'))`},
+	{"INSERT on table idempotency_keys", `INSERT INTO idempotency_keys
+	(idem_key, scope_endpoint, request_hash, locked_until, expires_at) VALUES ($1, $2, '', now(), now())`},
+	{"SELECT on table idempotency_keys", `SELECT id FROM idempotency_keys
+	WHERE idem_key = $1 AND scope_user_id = '' AND scope_endpoint = $2`},
+	{"UPDATE on table idempotency_keys", `UPDATE idempotency_keys SET attempt = attempt + 1
+	WHERE idem_key = $1 AND scope_user_id = '' AND scope_endpoint = $2`},
+	{"DELETE on table idempotency_keys", `DELETE FROM idempotency_keys
+	WHERE idem_key = $1 AND scope_user_id = '' AND scope_endpoint = $2`},
+}
+
+// checkPrivileges runs pgProbe, pipelined, in a transaction it rolls back.
+func (s *PostgresStore) checkPrivileges(ctx context.Context) error {
+	var failed int // the probe statement that failed
+	err := retryConnLoss(ctx, func() error {
+		return s.withConn(ctx, func(c pgConn) error {
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			b := &pgx.Batch{}
+			key := "idempotency-check-" + uuid.NewString()
+			b.Queue(pgProbe[0].sql)
+			for _, p := range pgProbe[1:] {
+				b.Queue(p.sql, key, "idempotency Check probe")
+			}
+			br := tx.SendBatch(ctx, b)
+			for failed = range pgProbe {
+				if _, err := br.Exec(); err != nil {
+					_ = br.Close()
+					return err
+				}
+			}
+			return br.Close()
+		})
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return &StoreError{Op: "check", Reason: ReasonPermission, Err: fmt.Errorf(
+			"the pool's role (user %q) lacks %s, which the store needs: GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys "+
+				"and USAGE ON SEQUENCE idempotency_keys_id_seq to it: %w", s.pool.Config().ConnConfig.User, pgProbe[failed].privilege, err)}
+	}
+	if err != nil {
+		return pgStoreError("check", err)
 	}
 	return nil
 }

@@ -16,6 +16,11 @@ import (
 // byte for byte to the raw column with the jsonStoredRaw marker in the
 // JSONB column.
 func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []byte, err error) {
+	if resp.SealKeyID != "" {
+		// The envelope holds the body and the headers: nothing else of
+		// them reaches the table.
+		return nil, nonNil(resp.Body), nil, nil
+	}
 	headers, err = encodeHeaders(resp.Header)
 	if err != nil {
 		return nil, nil, nil, &StoreError{Op: "complete", Reason: ReasonOther, Err: err}
@@ -43,7 +48,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	var v rowValues
 	dest := []any{
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
-		&v.code, &v.body, &v.raw, &v.headers,
+		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
 		&rec.Expired, &rec.LeaseOver,
 	}
@@ -58,7 +63,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	var v rowValues
 	if err := row.Scan(&rec.ID, &rec.RequestHash, &v.status, &rec.Attempt,
-		&v.code, &v.body, &v.raw, &v.headers,
+		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
 		&rec.Expired, &rec.LeaseOver, won); err != nil {
 		return err
@@ -72,11 +77,12 @@ type rowValues struct {
 	status             string
 	code               *int16
 	body, raw, headers []byte
+	sealKeyID          *string
 }
 
 func (v *rowValues) fill(rec *Record) error {
 	rec.Status = Status(v.status)
-	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers)
+	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers, v.sealKeyID)
 	if err != nil {
 		return err
 	}
@@ -92,6 +98,7 @@ type nullRecord struct {
 	attempt                            *int32
 	code                               *int16
 	body, raw, headers                 []byte
+	sealKeyID                          *string
 	createdAt, lockedAt, lockedUntil   *time.Time
 	expiresAt                          *time.Time
 	expired, leaseOver                 *bool
@@ -101,7 +108,7 @@ type nullRecord struct {
 func (n *nullRecord) dest() []any {
 	return []any{
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
-		&n.code, &n.body, &n.raw, &n.headers,
+		&n.code, &n.body, &n.raw, &n.headers, &n.sealKeyID,
 		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt,
 		&n.expired, &n.leaseOver,
 	}
@@ -112,7 +119,7 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 	if n.id == nil {
 		return Record{}, false, nil
 	}
-	resp, err := decodeResponse(n.code, n.body, n.raw, n.headers)
+	resp, err := decodeResponse(n.code, n.body, n.raw, n.headers, n.sealKeyID)
 	if err != nil {
 		return Record{}, false, err
 	}
@@ -132,12 +139,18 @@ var jsonStoredRaw = []byte(`null`)
 
 // decodeResponse rebuilds a recorded response from its columns: a JSONB
 // body is BodyJSON; both a JSONB and a raw body are a BodyJSON kept raw
-// (see Complete); a raw body alone is BodyRaw; neither is BodyNone. The
-// CLI reads the same decoding through PostgresStore.Lookup and ExportScope.
-func decodeResponse(code *int16, body, raw, headers []byte) (Response, error) {
+// (see Complete); a raw body alone is BodyRaw; neither is BodyNone. A
+// row with a seal key id holds a sealed response: its raw column, as
+// BodyRaw, with the id. The CLI reads the same decoding through
+// PostgresStore.Lookup and ExportScope.
+func decodeResponse(code *int16, body, raw, headers []byte, sealKeyID *string) (Response, error) {
 	var resp Response
 	if code != nil {
 		resp.Status = int(*code)
+	}
+	if sealKeyID != nil {
+		resp.Body, resp.BodyKind, resp.SealKeyID = raw, BodyRaw, *sealKeyID
+		return resp, nil
 	}
 	var kind storedbody.Kind
 	resp.Body, kind = storedbody.Decode(body, raw)

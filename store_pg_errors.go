@@ -3,8 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -47,61 +45,68 @@ func pgStoreError(op string, err error) error {
 	return &StoreError{Op: op, Reason: pgReason(err), Err: explainPooler(err)}
 }
 
-// pgReason classifies a pgx error as one of the Reason constants.
-func pgReason(err error) string {
-	var (
-		pgErr      *pgconn.PgError
-		connectErr *pgconn.ConnectError
-		netErr     net.Error
-	)
-	switch {
-	// The context first: pgx reports an interrupted call as whatever it
-	// was doing (connecting, reading), wrapping the context's error.
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), pgconn.Timeout(err):
-		return ReasonTimeout
-	case err.Error() == "closed pool" || strings.HasSuffix(err.Error(), ": closed pool"):
-		// pgxpool returns puddle's ErrClosedPool, a plain error, unwrapped.
-		return ReasonClosed
-	case errors.As(err, &connectErr):
-		return ReasonConnection
-	case errors.As(err, &pgErr):
-		return pgCodeReason(pgErr.Code)
-	case errors.As(err, &netErr):
-		if netErr.Timeout() {
-			return ReasonTimeout
-		}
-		return ReasonConnection
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
-		errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, net.ErrClosed):
-		return ReasonConnection
+// pgReason classifies a pgx error by the class table.
+func pgReason(err error) string { return postgresClasses.reason(err) }
+
+// postgresClasses is the class table's PostgreSQL column.
+var postgresClasses = dialect{code: pgCode, codeReason: pgCodeReason,
+	unsent: pgconn.SafeToRetry, linkFailed: pgLinkFailed, closed: pgPoolClosed}
+
+// pgLinkFailed reports pgx's own connection errors: a connect that failed
+// without a server's answer (refused, TLS), or a connection pgx closed.
+func pgLinkFailed(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed)
+}
+
+// pgPoolClosed reports a closed pool: pgxpool returns puddle's
+// ErrClosedPool, a plain error, unwrapped or wrapped with a prefix.
+func pgPoolClosed(err error) bool {
+	return err.Error() == "closed pool" || strings.HasSuffix(err.Error(), ": closed pool")
+}
+
+// pgCode returns the SQLSTATE the server answered with, if any, also
+// inside a *pgconn.ConnectError: a refused login is classified by its code.
+func pgCode(err error) (string, bool) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code, true
 	}
-	return ReasonOther
+	return "", false
 }
 
 // pgCodeReason classifies a SQLSTATE.
 func pgCodeReason(code string) string {
 	switch code {
-	case "42P01", // undefined_table
+	case "53300": // too_many_connections: saturation, the server answered
+		return ReasonTooManyConnections
+	case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+		return ReasonConnection
+	case "57014": // query_canceled: statement_timeout, a sent statement with no reply in time
+		return ReasonTimeout
+	case "3D000": // invalid_catalog_name: the connection names no such database
+		return ReasonAuth
+	case "3F000", // invalid_schema_name
+		"42P01", // undefined_table
 		"42703", // undefined_column
 		"42P10", // invalid_column_reference: the unique constraint ON CONFLICT needs is missing
-		"3F000": // invalid_schema_name
+		"42704", // undefined_object: a setting a Citus worker does not know
+		"0A000": // feature_not_supported: a statement Citus cannot distribute
 		return ReasonSchema
 	case "42501": // insufficient_privilege
 		return ReasonPermission
+	case "55P03": // lock_not_available: lock_timeout ran out (DDL, a migration)
+		return ReasonLockTimeout
 	case "40001", "40P01": // serialization_failure, deadlock_detected
 		return ReasonConflict
-	case "57014", // query_canceled: statement_timeout, or a cancel request
-		"55P03": // lock_not_available: lock_timeout
-		return ReasonTimeout
-	case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-		"53300": // too_many_connections
-		return ReasonConnection
 	}
-	switch {
-	case strings.HasPrefix(code, "08"): // connection_exception
+	switch code[:min(2, len(code))] {
+	case "08", "53", "58", "XX": // connection, resources, system, internal
 		return ReasonConnection
-	case strings.HasPrefix(code, "22"), // data_exception: a value the column cannot hold
-		strings.HasPrefix(code, "54"): // program_limit_exceeded: e.g. an index row too large
+	case "28": // invalid_authorization_specification: a refused login
+		return ReasonAuth
+	case "22", // data_exception: a value the column cannot hold
+		"54": // program_limit_exceeded: e.g. an index row too large
 		return ReasonData
 	}
 	return ReasonOther

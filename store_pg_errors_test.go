@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ func TestPostgresErrors(t *testing.T) {
 		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonSchema {
 			t.Errorf("Claim without the table: reason %q (%v), want schema", r, err)
 		}
-		err = s.Complete(t.Context(), rec.Fence(), idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
+		err = s.Complete(t.Context(), rec.Fence(), rec, idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone})
 		if r := idempotencytest.StoreReason(t, "Complete", err); r != idempotency.ReasonSchema {
 			t.Errorf("Complete without the table: reason %q (%v), want schema", r, err)
 		}
@@ -121,7 +122,9 @@ func TestPostgresErrors(t *testing.T) {
 		}
 	})
 
-	t.Run("PoolExhaustedIsTimeout", func(t *testing.T) {
+	t.Run("PoolExhaustedIsPoolExhausted", func(t *testing.T) {
+		// Every connection held by others and none being opened: the
+		// database was never asked, so this is saturation, not an outage.
 		t.Parallel()
 		pool := testdb.New(t, testdb.MaxConns(1))
 		conn, err := pool.Acquire(t.Context())
@@ -132,8 +135,57 @@ func TestPostgresErrors(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
 		_, err = idempotency.NewPostgresStore(pool).Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
-		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
-			t.Errorf("Claim with the pool exhausted: reason %q (%v), want timeout", r, err)
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonPoolExhausted {
+			t.Errorf("Claim with the pool exhausted: reason %q (%v), want pool_exhausted", r, err)
+		}
+	})
+
+	t.Run("RefusedLoginIsAuth", func(t *testing.T) {
+		// pgx reports a refused login as a *pgconn.ConnectError; its
+		// SQLSTATE (class 28) decides: configuration, never an outage.
+		t.Parallel()
+		pool := testdb.New(t)
+		for _, role := range []string{
+			testRole(t, pool, "NOLOGIN"),     // 28000 role is not permitted to log in
+			"idem_test_no_such_role_4f1c2b9", // 28000 role does not exist
+		} {
+			_, err := idempotency.NewPostgresStore(rolePool(t, pool, role)).Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonAuth {
+				t.Errorf("Claim as a refused role: reason %q (%v), want auth", r, err)
+			}
+		}
+	})
+
+	t.Run("ConnectionLimitIsTooManyConnections", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.New(t)
+		role := testRole(t, pool, "LOGIN CONNECTION LIMIT 0", grantAll...) // 53300 at login
+		_, err := idempotency.NewPostgresStore(rolePool(t, pool, role)).Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTooManyConnections {
+			t.Errorf("Claim past the role's connection limit: reason %q (%v), want too_many_connections", r, err)
+		}
+	})
+
+	t.Run("LockWaitIsLockTimeout", func(t *testing.T) {
+		// A claim queued behind DDL under the production page's
+		// lock_timeout: the database answered, so no outage.
+		t.Parallel()
+		pool := testdb.New(t, testdb.Configure(func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
+		}))
+		s := idempotency.NewPostgresStore(pool)
+		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute)) // warm the statement cache
+		tx, err := pool.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		if _, err := tx.Exec(t.Context(), `LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Claim(t.Context(), idempotencytest.Request("u", time.Hour, time.Minute))
+		if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonLockTimeout {
+			t.Errorf("Claim behind a table lock: reason %q (%v), want lock_timeout", r, err)
 		}
 	})
 
@@ -151,7 +203,7 @@ func TestPostgresErrors(t *testing.T) {
 		pool := testdb.New(t, testdb.MaxConns(2), testdb.Configure(func(cfg *pgxpool.Config) {
 			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
 			cfg.ConnConfig.Fallbacks = nil
-			cfg.ConnConfig.ConnectTimeout = 0 // the call's context bounds connecting
+			cfg.ConnConfig.ConnectTimeout = 2 * time.Second // longer than the calls: a black-holed connect outlives them
 		}))
 		s := idempotency.NewPostgresStore(pool)
 		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
@@ -178,9 +230,39 @@ func TestPostgresErrors(t *testing.T) {
 			if elapsed > 5*deadline {
 				t.Errorf("Claim through a black hole (new connection %v) took %v, want at most %v", fresh, elapsed, 5*deadline)
 			}
+			if n := pool.Stat().AcquiredConns(); n != 0 {
+				t.Errorf("Claim through a black hole (new connection %v) returned holding %d connections", fresh, n)
+			}
 		}
 		proxy.Restore()
 		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
+	})
+
+	t.Run("BlackholeKeepsThePoolFree", func(t *testing.T) {
+		// A call interrupted by its deadline leaves a connection pgx closes
+		// in the background (a cancel request and a drain, up to 15 s on a
+		// black hole); the pool must not count it as in use meanwhile, or
+		// the next calls of the outage read as a saturated pool.
+		t.Parallel()
+		s, pool, proxy := proxied(t)
+		proxy.Blackhole()
+		const deadline = 300 * time.Millisecond
+		for i := range 2 * pool.Config().MaxConns {
+			ctx, cancel := context.WithTimeout(t.Context(), deadline)
+			start := time.Now()
+			_, err := s.Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
+			elapsed := time.Since(start)
+			cancel()
+			if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonTimeout {
+				t.Errorf("call %d through a black hole: reason %q (%v), want timeout", i, r, err)
+			}
+			if elapsed > 5*deadline {
+				t.Errorf("call %d through a black hole took %v, want at most %v", i, elapsed, 5*deadline)
+			}
+			if n := pool.Stat().AcquiredConns(); n != 0 {
+				t.Errorf("call %d through a black hole returned with %d connections still counted in use", i, n)
+			}
+		}
 	})
 
 	t.Run("CutIsConnection", func(t *testing.T) {
@@ -197,6 +279,23 @@ func TestPostgresErrors(t *testing.T) {
 		}
 		proxy.Restore()
 		idempotencytest.MustClaim(t, s, idempotencytest.Request("u", time.Hour, time.Minute))
+	})
+
+	t.Run("NoConnectTimeoutWarns", func(t *testing.T) {
+		// A pool without a connect timeout is wedged for minutes by a
+		// black-holed network: construction says so, once.
+		t.Parallel()
+		for _, timeout := range []time.Duration{0, 3 * time.Second} {
+			pool := testdb.New(t, testdb.MaxConns(1), testdb.Configure(func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.ConnectTimeout = timeout
+			}))
+			log, buf := newLogBuffer()
+			idempotency.NewPostgresStoreLoggingForTest(pool, log)
+			lines := strings.Count(buf.String(), `"level":"WARN"`)
+			if want := map[bool]int{true: 1}[timeout == 0]; lines != want || lines == 1 && !strings.Contains(buf.String(), "ConnectTimeout") {
+				t.Errorf("ConnectTimeout %v: construction logged %q, want %d WARN naming ConnectTimeout", timeout, buf, want)
+			}
+		}
 	})
 
 	t.Run("NotOwnerIsNotAStoreError", func(t *testing.T) {

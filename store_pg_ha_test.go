@@ -34,7 +34,7 @@ func TestPostgresRetriesAfterConnectionLoss(t *testing.T) {
 	}
 	terminateIdle(t, pool)
 	rec := idempotencytest.MustClaim(t, s, first) // fails without the retry
-	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	expired := idempotencytest.WaitFor(t, s, first, "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
@@ -88,7 +88,7 @@ func TestPostgresRetriesConnectionLossOnce(t *testing.T) {
 // flight until its lease or TTL ended).
 func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("INSERT INTO idempotency_keys")}
+	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
@@ -106,7 +106,7 @@ func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 	if res.Record.Attempt != 1 || res.Record.Status != idempotency.StatusInFlight || res.Record.LeaseOver {
 		t.Errorf("won record: attempt %d status %q lease over %v, want 1, in_flight, false", res.Record.Attempt, res.Record.Status, res.Record.LeaseOver)
 	}
-	if err := s.Complete(ctx, res.Record.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+	if err := s.Complete(ctx, res.Record.Fence(), res.Record, idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatalf("Complete by the retried claim: %v", err)
 	}
 
@@ -129,7 +129,7 @@ func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 // next request claims the key as new.
 func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("INSERT INTO idempotency_keys")}
+	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
@@ -163,14 +163,14 @@ func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 // takeover made, so the request still runs once, as the owner.
 func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("UPDATE idempotency_keys SET\n\tattempt = attempt + 1,\n\trequest_hash")}
+	rc := &replyCutter{marker: []byte("WITH taken AS (")} // pgTakeoverSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
 
 	first := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
 	rec := idempotencytest.MustClaim(t, s, first)
-	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatal(err)
 	}
 	expired := idempotencytest.WaitFor(t, s, first, "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
@@ -189,7 +189,7 @@ func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
 	if err != nil || !res.Won || res.Record.Attempt != expired.Attempt+1 {
 		t.Fatalf("Claim with the takeover's token: won %v attempt %d, %v; want won, attempt %d", res.Won, res.Record.Attempt, err, expired.Attempt+1)
 	}
-	if err := s.Complete(ctx, res.Record.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+	if err := s.Complete(ctx, res.Record.Fence(), res.Record, idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatalf("Complete by the takeover's owner: %v", err)
 	}
 }

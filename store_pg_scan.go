@@ -23,7 +23,7 @@ import (
 // order.
 var claimColumnOIDs = [...]uint32{
 	pgtype.Int8OID, pgtype.TextOID, pgtype.TextOID, pgtype.Int4OID,
-	pgtype.Int2OID, pgtype.JSONBOID, pgtype.ByteaOID, pgtype.JSONBOID,
+	pgtype.Int2OID, pgtype.JSONBOID, pgtype.ByteaOID, pgtype.JSONBOID, pgtype.TextOID,
 	pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID,
 	pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
 }
@@ -125,13 +125,17 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 	if v.headers, ok = jsonbValue(values[7], fields[7].Format); !ok {
 		return false
 	}
+	if values[8] != nil {
+		id := string(values[8])
+		v.sealKeyID = &id
+	}
 	for i, t := range []*time.Time{&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt} {
-		if *t, ok = timestamptzValue(values[8+i]); !ok {
+		if *t, ok = timestamptzValue(values[9+i]); !ok {
 			return false
 		}
 	}
 	for i, b := range []*bool{&rec.Expired, &rec.LeaseOver, won} {
-		if *b, ok = boolValue(values[12+i]); !ok {
+		if *b, ok = boolValue(values[13+i]); !ok {
 			return false
 		}
 	}

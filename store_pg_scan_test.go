@@ -59,15 +59,18 @@ func claimRowShapes(t *testing.T, pool *pgxpool.Pool, decodes bool) {
 	}{
 		{"in flight", func(Fence) error { return nil }},
 		{"json", func(f Fence) error {
-			return s.Complete(ctx, f, Response{Status: 201, Header: header, Body: []byte(`{"id":1}`), BodyKind: BodyJSON})
+			return s.Complete(ctx, f, Record{}, Response{Status: 201, Header: header, Body: []byte(`{"id":1}`), BodyKind: BodyJSON})
 		}},
 		{"raw", func(f Fence) error {
-			return s.Complete(ctx, f, Response{Status: 200, Body: []byte("\x00bin"), BodyKind: BodyRaw})
+			return s.Complete(ctx, f, Record{}, Response{Status: 200, Body: []byte("\x00bin"), BodyKind: BodyRaw})
 		}},
 		{"json kept raw", func(f Fence) error {
-			return s.Complete(ctx, f, Response{Status: 200, Header: header, Body: []byte(`{"a":"\u0000"}`), BodyKind: BodyJSON})
+			return s.Complete(ctx, f, Record{}, Response{Status: 200, Header: header, Body: []byte(`{"a":"\u0000"}`), BodyKind: BodyJSON})
 		}},
-		{"not stored", func(f Fence) error { return s.Complete(ctx, f, Response{Status: 202, BodyKind: BodyNone}) }},
+		{"not stored", func(f Fence) error { return s.Complete(ctx, f, Record{}, Response{Status: 202, BodyKind: BodyNone}) }},
+		{"sealed", func(f Fence) error {
+			return s.Complete(ctx, f, Record{}, Response{Status: 201, Body: []byte("\x01sealed"), BodyKind: BodyRaw, SealKeyID: "k1"})
+		}},
 		{"failed", func(f Fence) error { return s.Fail(ctx, f) }},
 	} {
 		req := ClaimRequest{Key: uuid.NewString(), Scope: "u1", Endpoint: "orders",

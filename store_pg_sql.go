@@ -6,27 +6,42 @@ package idempotency
 // row because of a concurrent commit, or failed with a serialization failure.
 const pgRetries = 5
 
-// pgColumns are the columns every statement returning rows returns, in the
-// order scanRecord reads them. The last two are computed against the
-// database's clock.
-const pgColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
-	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over`
+// pgStoredColumns are a row's columns as stored, in the order scanRecord
+// reads them.
+const pgStoredColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
+	created_at, locked_at, locked_until, expires_at`
 
-// pgClaimColumns are pgColumns without the key, scope and endpoint, which
-// a claim already knows: the hot path decodes three strings fewer.
-const pgClaimColumns = `id, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
-	created_at, locked_at, locked_until, expires_at,
-	expires_at < now() AS expired, locked_until < now() AS lease_over`
+// pgFlags are the two flags scanRecord reads after the stored columns,
+// computed against the database's clock. Never in a RETURNING list:
+// Citus refuses a function that is not IMMUTABLE there (now() is not), so
+// a statement that writes returns the stored columns and an outer SELECT
+// over its CTE computes the flags, on the coordinator.
+const pgFlags = `expires_at < now() AS expired, locked_until < now() AS lease_over`
+
+// pgColumns are the columns every statement returning rows returns, in the
+// order scanRecord reads them.
+const pgColumns = pgStoredColumns + `,
+	` + pgFlags
+
+// pgClaimStoredColumns are pgStoredColumns without the key, scope and
+// endpoint, which a claim already knows: the hot path decodes three
+// strings fewer.
+const pgClaimStoredColumns = `id, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
+	created_at, locked_at, locked_until, expires_at`
+
+// pgClaimColumns are pgClaimStoredColumns and pgFlags.
+const pgClaimColumns = pgClaimStoredColumns + `,
+	` + pgFlags
 
 // pgClaimSQL inserts a new in_flight row or, when the key exists, reads the
 // existing row, in one statement. The read shares the INSERT's snapshot, so
 // when the conflicting row was committed after the statement began (or was
 // deleted), it returns no row and the caller runs the statement again.
 // ON CONFLICT DO NOTHING never locks or writes the existing row, so replays
-// of one key never queue behind each other.
+// of one key never queue behind each other. The flags (pgFlags) are
+// computed over the CTE, not in its RETURNING list, for Citus.
 //
 // The existing row counts as won when it is the caller's own claim: in
 // flight, inside its lease and holding the caller's owner token (a claim
@@ -42,9 +57,9 @@ const pgClaimSQL = `WITH ins AS (
 	VALUES ($1, $2, $3, $4, 'in_flight', 1,
 		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-	RETURNING ` + pgClaimColumns + `
+	RETURNING ` + pgClaimStoredColumns + `
 )
-SELECT *, true AS won FROM ins
+SELECT ` + pgClaimColumns + `, true AS won FROM ins
 UNION ALL
 SELECT ` + pgClaimColumns + `,
 	(status = 'in_flight' AND locked_until >= now() AND owner_token = $7::uuid) IS TRUE AS won
@@ -55,41 +70,48 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // pgTakeoverSQL turns an expired row into a fresh claim, fenced on attempt.
 // An in_flight row whose lease still runs is left to its owner even when
 // expired (instances with different TTL and lease settings can produce one).
-// The new owner's token replaces the old one (NULL when it gave none).
+// The new owner's token replaces the old one (NULL when it gave none). The
+// flags are computed over the CTE, as in pgClaimSQL. A transactional
+// route's takeover (pgRouteTx.Takeover) sends it too.
 //
 // Every fenced statement names scope_user_id: the primary key is
 // (scope_user_id, id), and on Citus the table is distributed by it, so the
-// statement reaches one shard (store_pg_citus_test.go pins it).
+// statement reaches one shard (store_pg_sql_test.go pins it).
 //
 // $1 id, $2 attempt, $3 scope, $4 request hash, $5 TTL, $6 lease,
 // $7 owner token.
-const pgTakeoverSQL = `UPDATE idempotency_keys SET
-	attempt = attempt + 1,
-	request_hash = $4,
-	status = 'in_flight',
-	response_code = NULL,
-	response_body = NULL,
-	response_body_raw = NULL,
-	response_headers = NULL,
-	created_at = now(),
-	locked_at = now(),
-	locked_until = now() + $6::interval,
-	expires_at = now() + $5::interval,
-	owner_token = $7::uuid
-WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
-	AND NOT (status = 'in_flight' AND locked_until >= now())
-RETURNING ` + pgColumns
+const pgTakeoverSQL = `WITH taken AS (
+	UPDATE idempotency_keys SET
+		attempt = attempt + 1,
+		request_hash = $4,
+		status = 'in_flight',
+		response_code = NULL,
+		response_body = NULL,
+		response_body_raw = NULL,
+		response_headers = NULL,
+		seal_key_id = NULL,
+		created_at = now(),
+		locked_at = now(),
+		locked_until = now() + $6::interval,
+		expires_at = now() + $5::interval,
+		owner_token = $7::uuid
+	WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
+		AND NOT (status = 'in_flight' AND locked_until >= now())
+	RETURNING ` + pgStoredColumns + `
+)
+SELECT ` + pgColumns + ` FROM taken`
 
 // pgCompleteSQL records the response, fenced on the owner's attempt.
 //
 // $1 id, $2 attempt, $3 scope, $4 status code, $5 JSON body, $6 raw body,
-// $7 headers.
+// $7 headers, $8 seal key id (NULL for a plaintext response).
 const pgCompleteSQL = `UPDATE idempotency_keys SET
 	status = 'completed',
 	response_code = $4,
 	response_body = $5,
 	response_body_raw = $6,
-	response_headers = $7
+	response_headers = $7,
+	seal_key_id = $8
 WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
 
 // pgFailSQL marks the row failed, fenced on the owner's attempt.

@@ -1,9 +1,11 @@
 package idempotency
 
 import (
+	"cmp"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,40 +14,6 @@ import (
 	"strings"
 	"testing"
 )
-
-// pgStatements is every SQL statement the Postgres store sends, by the
-// name of its constant. TestPostgresStatementsListed keeps it complete.
-var pgStatements = map[string]string{
-	"pgClaimSQL":               pgClaimSQL,
-	"pgTakeoverSQL":            pgTakeoverSQL,
-	"pgCompleteSQL":            pgCompleteSQL,
-	"pgFailSQL":                pgFailSQL,
-	"pgReleaseSQL":             pgReleaseSQL,
-	"pgReleaseOwnerSQL":        pgReleaseOwnerSQL,
-	"pgExpiredBatchSQL":        pgExpiredBatchSQL,
-	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
-	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
-	"pgExportScopeSQL":         pgExportScopeSQL,
-	"pgTxSessionSQL":           pgTxSessionSQL,
-	"pgTxBoundsSQL":            pgTxBoundsSQL,
-	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
-	"pgTxRestoreSQL":           pgTxRestoreSQL,
-	"pgSessionRestoreSQL":      pgSessionRestoreSQL,
-	"pgSavepointSQL":           pgSavepointSQL,
-	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
-	"pgImmediateSQL":           pgImmediateSQL,
-	"pgTxCompleteSQL":          pgTxCompleteSQL,
-	"pgTxFailSQL":              pgTxFailSQL,
-	"pgCommitSQL":              pgCommitSQL,
-	"pgCheckSQL":               pgCheckSQL,
-	"pgTxClaimSQL":             pgTxClaimSQL,
-	"pgTxReadSQL":              pgTxReadSQL,
-	"pgLookupSQL":              pgLookupSQL,
-	"pgNowSQL":                 pgNowSQL,
-	"pgStatsSQL":               pgStatsSQL,
-	"pgCountCleanupSQL":        pgCountCleanupSQL,
-	"pgReleaseKeySQL":          pgReleaseKeySQL,
-}
 
 // TestPostgresStatementsListed: every constant named pg...SQL in the
 // package's source is in pgStatements, so a new statement cannot escape
@@ -94,104 +62,207 @@ func TestPostgresStatementsListed(t *testing.T) {
 }
 
 // TestPostgresStatementsCitusRules pins, on the SQL text, the rules a
-// table distributed by scope_user_id (Citus) needs; README, "Scaling".
+// table distributed by scope_user_id (Citus) needs (README, "Scale-out
+// (Citus)"), on every statement the store and the CLI send.
 func TestPostgresStatementsCitusRules(t *testing.T) {
-	for name, sql := range pgStatements {
-		for _, problem := range citusProblems(sql) {
-			t.Errorf("%s: %s\n%s", name, problem, sql)
-		}
+	all := storeStatements()
+	maps.Copy(all, cmdStatements(t))
+	for _, name := range slices.Sorted(maps.Keys(all)) {
+		t.Run(name, func(t *testing.T) {
+			var msgs []string
+			for _, p := range citusProblems(all[name]) {
+				msgs = append(msgs, p.rule+": "+p.detail)
+			}
+			if len(msgs) > 0 {
+				t.Errorf("%s\n%s", strings.Join(msgs, "\n"), all[name])
+			}
+		})
 	}
 }
 
-// TestCitusProblemsCheck: the check finds what the store's statements
-// held before the table was made ready for Citus, and passes what they
-// hold now.
-func TestCitusProblemsCheck(t *testing.T) {
-	refused := map[string]string{
-		"fenced by id alone": `UPDATE idempotency_keys SET status = 'failed'
-WHERE id = $1 AND status = 'in_flight' AND attempt = $2`,
-		"delete by id alone": `DELETE FROM idempotency_keys
-WHERE id = $1 AND status = 'in_flight' AND attempt = $2`,
-		"multi-shard SKIP LOCKED cleanup": `DELETE FROM idempotency_keys
-WHERE id IN (
-	SELECT id FROM idempotency_keys
-	WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
-	ORDER BY expires_at
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
+// storeStatements is pgStatements and Check's privilege probe (pgProbe).
+func storeStatements() map[string]string {
+	all := maps.Clone(pgStatements)
+	for i, p := range pgProbe {
+		all["pgProbe["+strconv.Itoa(i)+"]"] = p.sql
+	}
+	return all
+}
+
+// The rules, by the name citusProblems reports.
+const (
+	ruleScope     = "scope"     // an UPDATE or DELETE names scope_user_id = $n: one shard
+	ruleRowLock   = "row-lock"  // a row lock only in a SELECT naming scope_user_id = $n
+	ruleAgeByID   = "age-by-id" // never ORDER BY id: ids from different nodes are not ordered by time
+	ruleReturning = "returning" // no function that is not IMMUTABLE in a RETURNING list (0A000)
+	ruleSetting   = "setting"   // no custom setting read or set by a statement on the table (42704)
+	ruleLockWait  = "lock-wait" // lock_timeout set with SET LOCAL, never set_config or a session SET
 )
-AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`,
-		"row lock without a scope":   `SELECT id FROM idempotency_keys WHERE idem_key = $1 FOR UPDATE`,
-		"share lock without a scope": `SELECT id FROM idempotency_keys WHERE expires_at < now() FOR SHARE`,
-		"age by id":                  `SELECT id FROM idempotency_keys WHERE expires_at < now() ORDER BY id LIMIT 10`,
-		"age by qualified id":        `SELECT k.id FROM idempotency_keys k ORDER BY k.id DESC`,
-		"scope compared otherwise":   `DELETE FROM idempotency_keys WHERE scope_user_id <> $1 AND id = $2`,
-	}
-	for what, sql := range refused {
-		if len(citusProblems(sql)) == 0 {
-			t.Errorf("%s: not refused:\n%s", what, sql)
+
+// citusProblem is one rule a statement breaks.
+type citusProblem struct{ rule, detail string }
+
+// citusProblems returns the rules sql breaks on a table distributed by
+// scope_user_id.
+func citusProblems(sql string) []citusProblem {
+	toks := sqlTokens(sql)
+	var out []citusProblem
+	add := func(rule, detail string) { out = append(out, citusProblem{rule, detail}) }
+	onTable := slices.ContainsFunc(toks, func(t sqlTok) bool { return t.is(pgTable) })
+	for i, tk := range toks {
+		switch {
+		case at(toks, i, "update", pgTable) || at(toks, i, "delete", "from", pgTable):
+			if !writeScoped(toks, i) {
+				add(ruleScope, "an UPDATE or DELETE without scope_user_id = $n: it would reach every shard")
+			}
+		case tk.is("for") && (at(toks, i+1, "update") || at(toks, i+1, "share") || at(toks, i+1, "no") || at(toks, i+1, "key")):
+			if !namesScope(toks, owningSelect(toks, i), i) {
+				add(ruleRowLock, "a row lock in a SELECT without scope_user_id = $n: Citus refuses it across shards")
+			}
+		case at(toks, i, "order", "by") && orderedByID(toks, i+2):
+			add(ruleAgeByID, "ORDER BY id: ids from different Citus nodes are not ordered by time")
+		case tk.is("returning"):
+			for _, fn := range notImmutable(toks[i+1 : clauseEnd(toks, i)]) {
+				add(ruleReturning, "RETURNING computes "+fn+", not IMMUTABLE: Citus refuses it on a distributed table (0A000); "+
+					"compute it in an outer SELECT over the CTE")
+			}
+		case (tk.is("current_setting") || tk.is("set_config")) && at(toks, i+1, "("):
+			name := settingName(toks, i+2)
+			if onTable && (name == "" || strings.Contains(name, ".")) {
+				add(ruleSetting, tk.text+" of "+cmp.Or(name, "a setting named at run time")+" in a statement on the table: "+
+					"a worker evaluating it does not have the coordinator's custom settings (42704)")
+			}
+			if tk.is("set_config") && name == "lock_timeout" {
+				add(ruleLockWait, "set_config('lock_timeout', ...) never reaches the Citus workers: use SET LOCAL lock_timeout")
+			}
+		case (tk.is("set") || tk.is("reset")) && (i == 0 || toks[i-1].is(";")) && sessionLockTimeout(toks, i):
+			add(ruleLockWait, strings.ToUpper(tk.text)+" lock_timeout without LOCAL outlives the transaction: use SET LOCAL lock_timeout")
 		}
 	}
-	allowed := map[string]string{
-		"scoped row lock": `SELECT id FROM idempotency_keys WHERE scope_user_id = $2 AND idem_key = $1 FOR UPDATE`,
-		"oldest first":    `SELECT id FROM idempotency_keys WHERE scope_user_id = $1 ORDER BY created_at, id`,
-		"scoped delete":   `DELETE FROM idempotency_keys WHERE scope_user_id = $1 AND id = ANY($2::bigint[])`,
-	}
-	for what, sql := range allowed {
-		if p := citusProblems(sql); len(p) != 0 {
-			t.Errorf("%s: refused: %v\n%s", what, p, sql)
+	return out
+}
+
+// at reports whether the tokens from toks[i] are words (lower case).
+func at(toks []sqlTok, i int, words ...string) bool {
+	for k, w := range words {
+		if i+k >= len(toks) || !toks[i+k].is(w) {
+			return false
 		}
 	}
+	return true
+}
+
+// writeScoped reports whether the UPDATE or DELETE at toks[i] has a WHERE
+// naming scope_user_id = $n, outside its subqueries and before RETURNING.
+func writeScoped(toks []sqlTok, i int) bool {
+	d, end := toks[i].depth, clauseEnd(toks, i)
+	where := -1
+	for j := i; j < end; j++ {
+		switch {
+		case toks[j].depth != d:
+		case toks[j].is("where") && where < 0:
+			where = j
+		case toks[j].is("returning"):
+			end = j
+		}
+	}
+	return where >= 0 && namesScope(toks, where, end)
+}
+
+// namesScope reports whether toks[from:to] hold scope_user_id = $n or
+// scope_user_id = 'literal' (the column qualified or not; either routes to
+// one shard) outside parenthesised subqueries.
+func namesScope(toks []sqlTok, from, to int) bool {
+	for i := from; i < to; i++ {
+		if subquery(toks, i) {
+			i = skipGroup(toks, i)
+			continue
+		}
+		if toks[i].is("scope_user_id") && at(toks, i+1, "=") && i+2 < len(toks) &&
+			(toks[i+2].kind == tokParam || toks[i+2].kind == tokString) {
+			return true
+		}
+	}
+	return false
+}
+
+// owningSelect returns the index of the SELECT whose clause toks[i] is:
+// the last one before it at its depth.
+func owningSelect(toks []sqlTok, i int) int {
+	d := toks[i].depth
+	for j := i - 1; j >= 0 && toks[j].depth >= d; j-- {
+		if toks[j].depth == d && toks[j].is("select") {
+			return j
+		}
+	}
+	return 0
+}
+
+// orderedByID reports an ORDER BY whose first key, at toks[i], is the
+// column id, qualified or not.
+func orderedByID(toks []sqlTok, i int) bool {
+	if at(toks, i+1, ".") {
+		i += 2
+	}
+	return at(toks, i, "id") && !at(toks, i+1, ".") && !at(toks, i+1, "(")
 }
 
 var (
-	// citusWrite starts an UPDATE or DELETE of the table.
-	citusWrite = regexp.MustCompile(`(?i)\b(UPDATE|DELETE\s+FROM)\s+idempotency_keys\b`)
-	// citusClause starts the next statement or subquery: a write's own
-	// conditions end there.
-	citusClause = regexp.MustCompile(`(?i)\b(SELECT|INSERT|UPDATE|DELETE|WITH)\b`)
-	// citusScopeEq is an equality on the distribution column with a
-	// parameter: the statement routes to one shard.
-	citusScopeEq = regexp.MustCompile(`(?i)\bscope_user_id\s*=\s*\$\d+`)
-	// citusRowLock is a row-locking clause.
-	citusRowLock = regexp.MustCompile(`(?i)\bFOR\s+(UPDATE|SHARE|NO\s+KEY\s+UPDATE|KEY\s+SHARE)\b|\bSKIP\s+LOCKED\b`)
-	// citusSelect starts a SELECT.
-	citusSelect = regexp.MustCompile(`(?i)\bSELECT\b`)
-	// citusOrderByID orders by id first: ids made on different nodes are
-	// not ordered by time.
-	citusOrderByID = regexp.MustCompile(`(?i)\bORDER\s+BY\s+(\w+\.)?id\b`)
+	// notCalls are the words a "(" follows that call no function.
+	notCalls = wordSet("and", "or", "not", "in", "is", "exists", "any", "all", "some", "array", "values",
+		"as", "case", "when", "then", "else", "filter", "over", "row", "select", "from", "where", "on", "using")
+	// immutables are functions known to be IMMUTABLE for the types the
+	// store passes them.
+	immutables = wordSet("coalesce", "nullif", "greatest", "least", "cast", "lower", "upper", "length", "octet_length", "abs")
+	// niladics are the SQL functions called without parentheses; none is
+	// IMMUTABLE.
+	niladics = wordSet("current_timestamp", "current_date", "current_time", "localtime", "localtimestamp",
+		"current_user", "session_user", "current_role", "current_schema", "current_catalog")
 )
 
-// citusProblems returns what in sql breaks the rules of a table
-// distributed by scope_user_id: an UPDATE or DELETE whose own conditions
-// (up to the next SELECT, INSERT, UPDATE, DELETE or WITH) lack
-// scope_user_id = $n; a row lock (FOR UPDATE, FOR SHARE, SKIP LOCKED) in
-// a SELECT without scope_user_id = $n; an ORDER BY whose first key is id.
-func citusProblems(sql string) []string {
+func wordSet(words ...string) map[string]bool {
+	m := make(map[string]bool, len(words))
+	for _, w := range words {
+		m[w] = true
+	}
+	return m
+}
+
+// notImmutable returns the calls in a RETURNING list that are not known
+// to be IMMUTABLE (a type modifier after :: is no call).
+func notImmutable(list []sqlTok) []string {
 	var out []string
-	for _, loc := range citusWrite.FindAllStringIndex(sql, -1) {
-		part := sql[loc[1]:]
-		if next := citusClause.FindStringIndex(part); next != nil {
-			part = part[:next[0]]
+	for j, tk := range list {
+		if tk.kind != tokWord {
+			continue
 		}
-		if !citusScopeEq.MatchString(part) {
-			out = append(out, "an UPDATE or DELETE without scope_user_id = $n: it would reach every shard")
+		call := at(list, j+1, "(") && !(j > 0 && list[j-1].is("::"))
+		switch {
+		case call && !notCalls[tk.text] && !immutables[tk.text]:
+			out = append(out, tk.text+"()")
+		case !call && niladics[tk.text]:
+			out = append(out, tk.text)
 		}
-	}
-	for _, loc := range citusRowLock.FindAllStringIndex(sql, -1) {
-		sel := citusSelect.FindAllStringIndex(sql[:loc[0]], -1)
-		start := 0
-		if len(sel) > 0 {
-			start = sel[len(sel)-1][0]
-		}
-		if !citusScopeEq.MatchString(sql[start:loc[0]]) {
-			out = append(out, "a row lock in a SELECT without scope_user_id = $n: Citus refuses it across shards")
-		}
-	}
-	if citusOrderByID.MatchString(sql) {
-		out = append(out, "ORDER BY id: ids from different Citus nodes are not ordered by time")
 	}
 	return out
+}
+
+// settingName is the setting a current_setting or set_config call names
+// with the literal at toks[i], or "" when it names none literally.
+func settingName(toks []sqlTok, i int) string {
+	if i < len(toks) && toks[i].kind == tokString {
+		return strings.ToLower(toks[i].text)
+	}
+	return ""
+}
+
+// sessionLockTimeout reports a SET (SESSION) lock_timeout or a RESET
+// lock_timeout at toks[i]: a session's setting, not the transaction's.
+func sessionLockTimeout(toks []sqlTok, i int) bool {
+	if toks[i].is("set") && at(toks, i+1, "session") {
+		i++
+	}
+	return at(toks, i+1, "lock_timeout")
 }
 
 // TestClaimArgsFitTheSQL: claimArgs gives pgClaimSQL exactly the parameters

@@ -240,6 +240,7 @@ func TestPostgresMigrations(t *testing.T) {
 			{"response_body", "jsonb", "YES", nil},
 			{"response_body_raw", "bytea", "YES", nil},
 			{"response_headers", "jsonb", "YES", nil},
+			{"seal_key_id", "text", "YES", nil},
 			{"status", "text", "NO", str("'in_flight'::text")},
 			{"attempt", "integer", "NO", str("1")},
 			{"created_at", "timestamp with time zone", "NO", str("now()")},
@@ -411,7 +412,7 @@ func TestPostgresBodies(t *testing.T) {
 		t.Helper()
 		req := idempotencytest.Request("bodies", time.Hour, time.Minute)
 		rec := idempotencytest.MustClaim(t, s, req)
-		if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
+		if err := s.Complete(ctx, rec.Fence(), rec, resp); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 		res, err := s.Claim(ctx, req)
@@ -539,7 +540,7 @@ func TestPostgresRoundTrips(t *testing.T) {
 	c.reset()
 	rec := idempotencytest.MustClaim(t, s, warm)
 	t.Logf("cold Claim: %d statement(s), %d round trip(s)", c.statements.Load(), c.writes.Load())
-	if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, resp); err != nil {
 		t.Fatal(err)
 	}
 
@@ -559,7 +560,7 @@ func TestPostgresRoundTrips(t *testing.T) {
 		}
 		return err
 	})
-	measure("Complete", func() error { return s.Complete(ctx, won.Record.Fence(), resp) })
+	measure("Complete", func() error { return s.Complete(ctx, won.Record.Fence(), won.Record, resp) })
 	measure("Claim by a loser (replay)", func() error {
 		res, err := s.Claim(ctx, req)
 		if err == nil && (res.Won || res.Record.Status != idempotency.StatusCompleted) {
@@ -593,7 +594,7 @@ func TestPostgresFencing(t *testing.T) {
 			start := make(chan struct{})
 			wg.Go(func() {
 				<-start
-				completeErr = s.Complete(ctx, owner, idempotency.Response{Status: 201, Body: []byte("stale"), BodyKind: idempotency.BodyRaw})
+				completeErr = s.Complete(ctx, owner, idempotency.Record{}, idempotency.Response{Status: 201, Body: []byte("stale"), BodyKind: idempotency.BodyRaw})
 			})
 			wg.Go(func() {
 				<-start
@@ -619,7 +620,7 @@ func TestPostgresFencing(t *testing.T) {
 				r.Response.Status != 0 || r.Response.Body != nil {
 				t.Fatalf("after the race (Complete: %v): row %+v, want the takeover's fresh in-flight claim", completeErr, r)
 			}
-			if err := s.Complete(ctx, owner, idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}); err != idempotency.ErrNotOwner {
+			if err := s.Complete(ctx, owner, idempotency.Record{}, idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}); err != idempotency.ErrNotOwner {
 				t.Fatalf("stale owner's Complete after the takeover: %v, want ErrNotOwner", err)
 			}
 		}
@@ -774,14 +775,14 @@ func TestPostgresFencing(t *testing.T) {
 		// Every live in-flight row survived: its owner can still complete it.
 		resp := idempotency.Response{Status: 200, BodyKind: idempotency.BodyNone}
 		for _, f := range liveFences {
-			if err := s.Complete(ctx, f, resp); err != nil {
+			if err := s.Complete(ctx, f, idempotency.Record{}, resp); err != nil {
 				t.Fatalf("owner of an expired row with a live lease: Complete: %v (cleanup deleted it?)", err)
 			}
 		}
 		count := 0
 		for f := range owned {
 			count++
-			if err := s.Complete(ctx, f, resp); err != nil {
+			if err := s.Complete(ctx, f, idempotency.Record{}, resp); err != nil {
 				t.Fatalf("claimer racing cleanup: Complete: %v (cleanup deleted a live row?)", err)
 			}
 		}
@@ -823,7 +824,7 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 
 	req := idempotencytest.Request("gdpr-user", time.Millisecond, time.Millisecond)
 	rec := idempotencytest.MustClaim(t, s, req)
-	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}); err != nil {
 		t.Fatal(err)
 	}
 	rec = idempotencytest.WaitFor(t, s, req, "in the awaited state", func(r idempotency.Record) bool { return r.Expired })
@@ -916,7 +917,7 @@ func TestPostgresLookupAndStats(t *testing.T) {
 
 	done := idempotencytest.Request("u", time.Hour, time.Hour)
 	rec := idempotencytest.MustClaim(t, s, done)
-	if err := s.Complete(ctx, rec.Fence(), idempotency.Response{Status: 201, Body: []byte(`{"a":1}`), BodyKind: idempotency.BodyJSON}); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, idempotency.Response{Status: 201, Body: []byte(`{"a":1}`), BodyKind: idempotency.BodyJSON}); err != nil {
 		t.Fatal(err)
 	}
 	other := done

@@ -82,7 +82,7 @@ func beginFailed(err error) error {
 // given back; any later error comes with the pgRouteTx to end. A claim
 // that lost reads the existing row (claimLost).
 func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, lease string) (*pgRouteTx, ClaimResult, error) {
-	c, err := s.pool.Acquire(ctx)
+	c, err := s.acquire(ctx)
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}

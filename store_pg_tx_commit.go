@@ -48,7 +48,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 			return err
 		}
 		op, sql = "complete", pgTxCompleteSQL
-		args = append(args, s.Response.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers))
+		args = append(args, s.Response.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers), sealKeyArg(s.Response.SealKeyID))
 	}
 	if s.Undo {
 		// Alone, not in the batch: an aborted transaction refuses even to

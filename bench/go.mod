@@ -4,8 +4,9 @@ go 1.26.0
 
 require (
 	github.com/google/uuid v1.6.0
-	github.com/idemkit/idempotency v0.0.0
+	github.com/idemkit/idempotency v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
+	golang.org/x/mod v0.43.0
 )
 
 require (

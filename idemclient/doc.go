@@ -4,8 +4,9 @@
 // nothing but the standard library.
 //
 // A Transport sends each request with an Idempotency-Key and retries it
-// with the same key and the same body bytes after a lost connection, a 503
-// or 409 in flight with Retry-After, a 429, 502 or 504, or a 400
+// with the same key and the same body bytes after a lost connection (or
+// an answer of up to 1 MiB cut mid-body: it is read whole first), a 503 or
+// 409 in flight with Retry-After, a 429, 502 or 504, or a 400
 // idempotency_body_unreadable, waiting at least Retry-After; it never
 // retries 409 previous_failed, outcome_unknown or response_not_stored, 422
 // or other 4xx, and never mints a new key for a retry:

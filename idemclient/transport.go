@@ -13,9 +13,10 @@ import (
 // Transport is an http.RoundTripper that sends each request with an
 // Idempotency-Key and retries it, with the same key and the same body
 // bytes, where the middleware's contract says a retry is safe and useful:
-// a transport error (the connection dropped, the answer was lost), 503
-// with Retry-After, 409 idempotency_in_flight with Retry-After, 429, 502,
-// 504 and 400 idempotency_body_unreadable. It never retries any other
+// a transport error (the connection dropped, the answer was lost, or its
+// body was cut before its end: see MaxBufferedResponse), 503 with
+// Retry-After, 409 idempotency_in_flight with Retry-After, 429, 502, 504
+// and 400 idempotency_body_unreadable. It never retries any other
 // answer (409 idempotency_previous_failed, idempotency_outcome_unknown and
 // idempotency_response_not_stored, 422, other 4xx, 500), and never mints a
 // new key for a retry. Waits honour Retry-After, are jittered, and end with
@@ -58,6 +59,15 @@ type Transport struct {
 	// into memory to be replayable; a negative value buffers none.
 	// Defaults to 1 MiB.
 	MaxBufferedBody int64
+	// MaxBufferedResponse is the largest answer body that is read whole
+	// before RoundTrip returns, so that a body cut before its end is
+	// retried like a lost answer (same key, same body: the retry gets the
+	// replay) and the caller never reads a short body. A larger answer,
+	// or one of Content-Type text/event-stream, streams: a cut is then the
+	// body's read error, and the caller retries with the same key (the
+	// one on resp.Request). A negative value buffers none. Defaults to
+	// 1 MiB, the middleware's default response limit.
+	MaxBufferedResponse int64
 	// OnRetry, when set, is called before each wait for a retry (for logs
 	// and metrics). It must not keep the Retry's Request.
 	OnRetry func(Retry)
@@ -80,6 +90,7 @@ const (
 	defaultMaxBackoff      = 5 * time.Second
 	defaultMaxWait         = 30 * time.Second
 	defaultMaxBufferedBody = 1 << 20
+	defaultMaxBufferedResp = 1 << 20
 )
 
 // maxDrain bounds how much of a retried answer is read so that its
@@ -114,6 +125,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		resp, err := t.base().RoundTrip(attempt)
+		if err == nil {
+			resp, err = readWhole(resp, cmp.Or(t.MaxBufferedResponse, defaultMaxBufferedResp))
+		}
 		wait, retry := t.retry(ctx, n, b.replayable, resp, err)
 		if !retry {
 			if err != nil && n > 1 {

@@ -63,7 +63,7 @@ func runClaim(t *testing.T, setup setupFunc) {
 						_, err := s.Takeover(done, rec.Fence(), fresh)
 						return err
 					},
-					"Complete":    func() error { return s.Complete(done, rec.Fence(), jsonResponse()) },
+					"Complete":    func() error { return s.Complete(done, rec.Fence(), rec, jsonResponse()) },
 					"Fail":        func() error { return s.Fail(done, rec.Fence()) },
 					"Release":     func() error { return s.Release(done, rec.Fence()) },
 					"Cleanup":     func() error { _, err := s.Cleanup(done, 100); return err },
@@ -208,7 +208,7 @@ func claimScopeAndEndpointAreDistinct(t *testing.T, setup setupFunc) {
 	}
 
 	// Finishing one of them leaves the others alone.
-	if err := s.Complete(ctx, recs[0].Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, recs[0].Fence(), recs[0], jsonResponse()); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	want := recs[0]
@@ -233,7 +233,7 @@ func claimManyKeysConcurrently(t *testing.T, setup setupFunc) {
 				return
 			}
 			resp := rawResponse([]byte(req.Key))
-			if err := s.Complete(ctx, res.Record.Fence(), resp); err != nil {
+			if err := s.Complete(ctx, res.Record.Fence(), res.Record, resp); err != nil {
 				t.Errorf("Complete: %v", err)
 				return
 			}

@@ -72,7 +72,7 @@ func runFinish(t *testing.T, setup setupFunc) {
 				s, ctx := setup(t)
 				req := newRequest("user-1")
 				rec := MustClaim(t, s, req)
-				if err := s.Complete(ctx, rec.Fence(), tc.resp); err != nil {
+				if err := s.Complete(ctx, rec.Fence(), rec, tc.resp); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
 				got := Read(t, s, req)
@@ -90,6 +90,8 @@ func runFinish(t *testing.T, setup setupFunc) {
 		t.Run("StoresAndReturnsCopies", func(t *testing.T) { completeStoresAndReturnsCopies(t, setup) })
 
 		t.Run("SecondCompleteIsNotOwner", func(t *testing.T) { completeSecondCompleteIsNotOwner(t, setup) })
+
+		t.Run("KeepsSealedResponse", func(t *testing.T) { completeKeepsSealedResponse(t, setup) })
 	})
 
 	t.Run("Fail", func(t *testing.T) {
@@ -113,6 +115,32 @@ func runFinish(t *testing.T, setup setupFunc) {
 	})
 }
 
+// completeKeepsSealedResponse is the subtest Complete/KeepsSealedResponse:
+// a sealed response (Response.SealKeyID set) reads back exactly as stored,
+// its key id with it, or is refused with reason unseal (a sealing store
+// without that key); never as a plain response, whose bytes would then
+// be replayed.
+func completeKeepsSealedResponse(t *testing.T, setup setupFunc) {
+	s, ctx := setup(t)
+	req := newRequest("user-1")
+	rec := MustClaim(t, s, req)
+	sealed := idempotency.Response{Status: 201, Body: []byte{1, 0xde, 0xad, 0, 0xbe, 0xef}, BodyKind: idempotency.BodyRaw,
+		SealKeyID: "idempotencytest-key"}
+	if err := s.Complete(ctx, rec.Fence(), rec, sealed); err != nil {
+		t.Fatalf("Complete of a sealed response: %v", err)
+	}
+	res, err := s.Claim(ctx, req)
+	if err != nil {
+		if r := StoreReason(t, "Claim of a sealed row", err); r != idempotency.ReasonUnseal {
+			t.Fatalf("Claim of a sealed row: reason %q, want the row or reason unseal", r)
+		}
+		return
+	}
+	want := rec
+	want.Status, want.Response = idempotency.StatusCompleted, sealed
+	sameRecord(t, "sealed row", res.Record, want)
+}
+
 // completeStoresAndReturnsCopies is the subtest Complete/StoresAndReturnsCopies.
 func completeStoresAndReturnsCopies(t *testing.T, setup setupFunc) {
 	s, ctx := setup(t)
@@ -126,7 +154,7 @@ func completeStoresAndReturnsCopies(t *testing.T, setup setupFunc) {
 	}
 	// The caller's buffers, reused after Complete returns.
 	resp := idempotency.Response{Status: want.Status, Header: want.Header.Clone(), Body: bytes.Clone(want.Body), BodyKind: want.BodyKind}
-	if err := s.Complete(ctx, rec.Fence(), resp); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, resp); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	copy(resp.Body, "HELLO")
@@ -159,14 +187,14 @@ func completeSecondCompleteIsNotOwner(t *testing.T, setup setupFunc) {
 	req := newRequest("user-1")
 	rec := MustClaim(t, s, req)
 	first := jsonResponse()
-	if err := s.Complete(ctx, rec.Fence(), first); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, first); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	want := rec
 	want.Status = idempotency.StatusCompleted
 	want.Response = first
 
-	wantNotOwner(t, "second Complete", s.Complete(ctx, rec.Fence(), rawResponse([]byte("second"))))
+	wantNotOwner(t, "second Complete", s.Complete(ctx, rec.Fence(), rec, rawResponse([]byte("second"))))
 	wantNotOwner(t, "Fail after Complete", s.Fail(ctx, rec.Fence()))
 	wantNotOwner(t, "Release after Complete", s.Release(ctx, rec.Fence()))
 	sameRecord(t, "completed row", Read(t, s, req), want)
@@ -184,7 +212,7 @@ func failMarksFailed(t *testing.T, setup setupFunc) {
 	want.Status = idempotency.StatusFailed
 	sameRecord(t, "failed row", Read(t, s, req), want)
 
-	wantNotOwner(t, "Complete after Fail", s.Complete(ctx, rec.Fence(), jsonResponse()))
+	wantNotOwner(t, "Complete after Fail", s.Complete(ctx, rec.Fence(), rec, jsonResponse()))
 	wantNotOwner(t, "second Fail", s.Fail(ctx, rec.Fence()))
 	wantNotOwner(t, "Release after Fail", s.Release(ctx, rec.Fence()))
 	sameRecord(t, "failed row after the refused calls", Read(t, s, req), want)
@@ -207,7 +235,7 @@ func releaseNewClaimWins(t *testing.T, setup setupFunc) {
 		t.Fatalf("the claim after Release reused row id %d", rec.ID)
 	}
 
-	wantNotOwner(t, "Complete by the released owner", s.Complete(ctx, old.Fence(), jsonResponse()))
+	wantNotOwner(t, "Complete by the released owner", s.Complete(ctx, old.Fence(), old, jsonResponse()))
 	wantNotOwner(t, "Fail by the released owner", s.Fail(ctx, old.Fence()))
 	wantNotOwner(t, "Release by the released owner", s.Release(ctx, old.Fence()))
 	sameRecord(t, "new row", Read(t, s, again), rec)
@@ -228,14 +256,14 @@ func fenceWrongFenceIsNotOwner(t *testing.T, setup setupFunc) {
 		{},
 	}
 	for _, w := range wrong {
-		wantNotOwner(t, fmt.Sprintf("Complete with fence %+v", w), s.Complete(ctx, w, jsonResponse()))
+		wantNotOwner(t, fmt.Sprintf("Complete with fence %+v", w), s.Complete(ctx, w, rec, jsonResponse()))
 		wantNotOwner(t, fmt.Sprintf("Fail with fence %+v", w), s.Fail(ctx, w))
 		wantNotOwner(t, fmt.Sprintf("Release with fence %+v", w), s.Release(ctx, w))
 	}
 	sameRecord(t, "row after the refused calls", Read(t, s, req), rec)
 
 	// The right fence still owns it.
-	if err := s.Complete(ctx, f, jsonResponse()); err != nil {
+	if err := s.Complete(ctx, f, rec, jsonResponse()); err != nil {
 		t.Fatalf("Complete with the owner's fence: %v", err)
 	}
 }
@@ -248,7 +276,7 @@ func fenceGoneRowIsNotOwner(t *testing.T, setup setupFunc) {
 	if err := s.Release(ctx, rec.Fence()); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	wantNotOwner(t, "Complete of a released row", s.Complete(ctx, rec.Fence(), jsonResponse()))
+	wantNotOwner(t, "Complete of a released row", s.Complete(ctx, rec.Fence(), rec, jsonResponse()))
 	wantNotOwner(t, "Fail of a released row", s.Fail(ctx, rec.Fence()))
 	wantNotOwner(t, "Release of a released row", s.Release(ctx, rec.Fence()))
 	// None of them brought the row back.

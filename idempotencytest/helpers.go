@@ -302,6 +302,9 @@ func diffResponse(got, want idempotency.Response) string {
 	if got.BodyKind != want.BodyKind {
 		diffs = append(diffs, fmt.Sprintf("BodyKind = %d, want %d", got.BodyKind, want.BodyKind))
 	}
+	if got.SealKeyID != want.SealKeyID {
+		diffs = append(diffs, fmt.Sprintf("SealKeyID = %q, want %q", got.SealKeyID, want.SealKeyID))
+	}
 	if want.BodyKind == idempotency.BodyJSON {
 		if !jsonEqual(got.Body, want.Body) {
 			diffs = append(diffs, fmt.Sprintf("JSON body = %s, want %s", got.Body, want.Body))

@@ -57,7 +57,7 @@ func cleanupDeletesOnlyExpiredRowsNoOneOwns(t *testing.T, setup setupFunc) {
 		var err error
 		switch r.finish {
 		case "complete":
-			err = s.Complete(ctx, r.rec.Fence(), jsonResponse())
+			err = s.Complete(ctx, r.rec.Fence(), r.rec, jsonResponse())
 		case "fail":
 			err = s.Fail(ctx, r.rec.Fence())
 		}
@@ -94,10 +94,10 @@ func cleanupDeletesOnlyExpiredRowsNoOneOwns(t *testing.T, setup setupFunc) {
 	}
 
 	// The live owner still owns its key; the orphan's owner does not.
-	if err := s.Complete(ctx, rows["expired in_flight, live lease"].rec.Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, rows["expired in_flight, live lease"].rec.Fence(), rows["expired in_flight, live lease"].rec, jsonResponse()); err != nil {
 		t.Errorf("Complete by the owner of a live lease after cleanup: %v", err)
 	}
-	wantNotOwner(t, "Complete of a cleaned-up orphan", s.Complete(ctx, rows["expired in_flight, lease over"].rec.Fence(), jsonResponse()))
+	wantNotOwner(t, "Complete of a cleaned-up orphan", s.Complete(ctx, rows["expired in_flight, lease over"].rec.Fence(), rows["expired in_flight, lease over"].rec, jsonResponse()))
 	// A cleaned-up key is new again.
 	checkFresh(t, MustClaim(t, s, rows["expired completed"].req), rows["expired completed"].req, 1)
 }
@@ -109,7 +109,7 @@ func cleanupHonoursLimit(t *testing.T, setup setupFunc) {
 	for range expired {
 		req := Request(scope, tiny, longLease)
 		rec := MustClaim(t, s, req)
-		if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+		if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 		WaitFor(t, s, req, "expired", isExpired)
@@ -166,13 +166,13 @@ func eraseDeletesAllButLiveInFlightRows(t *testing.T, setup setupFunc) {
 	expiredRec := MustClaim(t, s, expired)
 	staleRec := MustClaim(t, s, stale)
 	liveRec := MustClaim(t, s, live)
-	if err := s.Complete(ctx, completedRec.Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, completedRec.Fence(), completedRec, jsonResponse()); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	if err := s.Fail(ctx, failedRec.Fence()); err != nil {
 		t.Fatalf("Fail: %v", err)
 	}
-	if err := s.Complete(ctx, expiredRec.Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, expiredRec.Fence(), expiredRec, jsonResponse()); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	WaitFor(t, s, expired, "expired", isExpired)
@@ -204,8 +204,8 @@ func eraseDeletesAllButLiveInFlightRows(t *testing.T, setup setupFunc) {
 	sameRecord(t, "other scope's row", Read(t, s, other), otherRec)
 	sameRecord(t, "unscoped row", Read(t, s, unscoped), unscopedRec)
 
-	wantNotOwner(t, "Complete of an erased stale row", s.Complete(ctx, staleRec.Fence(), jsonResponse()))
-	if err := s.Complete(ctx, liveRec.Fence(), jsonResponse()); err != nil {
+	wantNotOwner(t, "Complete of an erased stale row", s.Complete(ctx, staleRec.Fence(), staleRec, jsonResponse()))
+	if err := s.Complete(ctx, liveRec.Fence(), liveRec, jsonResponse()); err != nil {
 		t.Errorf("Complete of the skipped live row: %v", err)
 	}
 	// A key retried after erasure is new.
@@ -263,21 +263,21 @@ func exportScopeAllRowsOfTheScopeOldestFirst(t *testing.T, setup setupFunc) {
 	raw := rawResponse([]byte{0, 1, 2, 0xff, 'x'})
 	steps := []struct {
 		req    idempotency.ClaimRequest
-		finish func(f idempotency.Fence) error
+		finish func(rec idempotency.Record) error
 		status idempotency.Status
 		resp   idempotency.Response
 	}{
-		{newRequest(scope), func(f idempotency.Fence) error { return s.Complete(ctx, f, jsonResponse()) }, idempotency.StatusCompleted, jsonResponse()},
-		{Request(scope, longTTL, longLease), func(f idempotency.Fence) error { return s.Complete(ctx, f, raw) }, idempotency.StatusCompleted, raw},
+		{newRequest(scope), func(r idempotency.Record) error { return s.Complete(ctx, r.Fence(), r, jsonResponse()) }, idempotency.StatusCompleted, jsonResponse()},
+		{Request(scope, longTTL, longLease), func(r idempotency.Record) error { return s.Complete(ctx, r.Fence(), r, raw) }, idempotency.StatusCompleted, raw},
 		{newRequest(scope), nil, idempotency.StatusInFlight, idempotency.Response{}},
-		{newRequest(scope), func(f idempotency.Fence) error { return s.Fail(ctx, f) }, idempotency.StatusFailed, idempotency.Response{}},
+		{newRequest(scope), func(r idempotency.Record) error { return s.Fail(ctx, r.Fence()) }, idempotency.StatusFailed, idempotency.Response{}},
 	}
 	steps[1].req.Endpoint = otherEndpoint
 	var want []idempotency.Record
 	for _, st := range steps {
 		rec := MustClaim(t, s, st.req)
 		if st.finish != nil {
-			if err := st.finish(rec.Fence()); err != nil {
+			if err := st.finish(rec); err != nil {
 				t.Fatalf("finishing: %v", err)
 			}
 		}

@@ -20,11 +20,11 @@ func runOwner(t *testing.T, setup setupFunc) {
 		t.Run("NoTokenNeverOwns", func(t *testing.T) { ownerNoTokenNeverOwns(t, setup) })
 
 		for _, fin := range []ownerFinish{
-			{"Completed", func(s idempotency.Store, ctx context.Context, f idempotency.Fence) error {
-				return s.Complete(ctx, f, jsonResponse())
+			{"Completed", func(s idempotency.Store, ctx context.Context, r idempotency.Record) error {
+				return s.Complete(ctx, r.Fence(), r, jsonResponse())
 			}, idempotency.StatusCompleted},
-			{"Failed", func(s idempotency.Store, ctx context.Context, f idempotency.Fence) error {
-				return s.Fail(ctx, f)
+			{"Failed", func(s idempotency.Store, ctx context.Context, r idempotency.Record) error {
+				return s.Fail(ctx, r.Fence())
 			}, idempotency.StatusFailed},
 		} {
 			t.Run("Not"+fin.name+"Row", func(t *testing.T) { ownerNotFinishedRow(t, setup, fin) })
@@ -76,7 +76,7 @@ func ownerNoTokenNeverOwns(t *testing.T, setup setupFunc) {
 // ownerFinish finishes an owned row one way, leaving it in status.
 type ownerFinish struct {
 	name   string
-	finish func(idempotency.Store, context.Context, idempotency.Fence) error
+	finish func(idempotency.Store, context.Context, idempotency.Record) error
 	status idempotency.Status
 }
 
@@ -88,7 +88,7 @@ func ownerNotFinishedRow(t *testing.T, setup setupFunc, fin ownerFinish) {
 	s, ctx := setup(t)
 	req := ownedRequest("user-1", longTTL, longLease)
 	rec := MustClaim(t, s, req)
-	if err := fin.finish(s, ctx, rec.Fence()); err != nil {
+	if err := fin.finish(s, ctx, rec); err != nil {
 		t.Fatalf("finish: %v", err)
 	}
 	res, err := s.Claim(ctx, req)
@@ -180,7 +180,7 @@ func ownerTakeoverCarriesItsOwner(t *testing.T, setup setupFunc) {
 	r := mustOwnerReleaser(t, s)
 	first := ownedRequest("user-1", tiny, tiny)
 	rec := MustClaim(t, s, first)
-	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
 		t.Fatal(err)
 	}
 	expired := WaitFor(t, s, unowned(first), "expired", isExpired)

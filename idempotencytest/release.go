@@ -92,7 +92,7 @@ func releaseTests(t *testing.T, setup setupFunc) {
 		liveRec := MustClaim(t, s, live)
 		done := newRequest("user-1")
 		doneRec := MustClaim(t, s, done)
-		if err := s.Complete(ctx, doneRec.Fence(), jsonResponse()); err != nil {
+		if err := s.Complete(ctx, doneRec.Fence(), doneRec, jsonResponse()); err != nil {
 			t.Fatal(err)
 		}
 		for what, f := range map[string]idempotency.Fence{"live in_flight": liveRec.Fence(), "completed": doneRec.Fence()} {

@@ -18,19 +18,19 @@ func runTakeover(t *testing.T, setup setupFunc) {
 
 		finishes := []struct {
 			name   string
-			finish func(t *testing.T, s idempotency.Store, f idempotency.Fence)
+			finish func(t *testing.T, s idempotency.Store, rec idempotency.Record)
 		}{
-			{"Completed", func(t *testing.T, s idempotency.Store, f idempotency.Fence) {
-				if err := s.Complete(t.Context(), f, jsonResponse()); err != nil {
+			{"Completed", func(t *testing.T, s idempotency.Store, rec idempotency.Record) {
+				if err := s.Complete(t.Context(), rec.Fence(), rec, jsonResponse()); err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
 			}},
-			{"Failed", func(t *testing.T, s idempotency.Store, f idempotency.Fence) {
-				if err := s.Fail(t.Context(), f); err != nil {
+			{"Failed", func(t *testing.T, s idempotency.Store, rec idempotency.Record) {
+				if err := s.Fail(t.Context(), rec.Fence()); err != nil {
 					t.Fatalf("Fail: %v", err)
 				}
 			}},
-			{"InFlight", func(*testing.T, idempotency.Store, idempotency.Fence) {}},
+			{"InFlight", func(*testing.T, idempotency.Store, idempotency.Record) {}},
 		}
 		for _, fin := range finishes {
 			t.Run("Expired"+fin.name+"RowIsTakenOver", func(t *testing.T) {
@@ -38,7 +38,7 @@ func runTakeover(t *testing.T, setup setupFunc) {
 				req := newRequest("user-1")
 				req.TTL, req.Lease = tiny, tiny
 				old := MustClaim(t, s, req)
-				fin.finish(t, s, old.Fence())
+				fin.finish(t, s, old)
 				old = WaitFor(t, s, req, "expired", isExpired)
 
 				next := req
@@ -61,9 +61,9 @@ func runTakeover(t *testing.T, setup setupFunc) {
 				}
 				sameRecord(t, "row after the takeover", Read(t, s, req), rec)
 
-				wantNotOwner(t, "Complete by the old owner", s.Complete(ctx, old.Fence(), rawResponse([]byte("old"))))
+				wantNotOwner(t, "Complete by the old owner", s.Complete(ctx, old.Fence(), old, rawResponse([]byte("old"))))
 				sameRecord(t, "row after the old owner's Complete", Read(t, s, req), rec)
-				if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+				if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
 					t.Fatalf("Complete by the new owner: %v", err)
 				}
 			})
@@ -194,7 +194,7 @@ func takeoverNotWhileUnexpired(t *testing.T, setup setupFunc) {
 	req := newRequest("user-1")
 	req.Lease = tiny
 	rec := MustClaim(t, s, req)
-	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec = Read(t, s, req)
@@ -228,7 +228,7 @@ func takeoverOneWinnerAmongManyGoroutines(t *testing.T, setup setupFunc) {
 	req := newRequest("user-1")
 	req.TTL, req.Lease = tiny, tiny
 	rec := MustClaim(t, s, req)
-	if err := s.Complete(ctx, rec.Fence(), jsonResponse()); err != nil {
+	if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	rec = WaitFor(t, s, req, "expired", isExpired)

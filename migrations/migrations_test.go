@@ -2,72 +2,71 @@ package migrations
 
 import (
 	"io/fs"
-	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
 
 // firstMigration runs before the table exists, so before it can be
-// distributed (README, "Scaling": create_distributed_table runs after
-// migrate up): its CREATE INDEX statements may share the file with the
-// CREATE TABLE. Every later file is applied to a table that may already be
-// distributed by Citus, which refuses a CREATE INDEX sharing its migration
-// with any other statement.
-const firstMigration = "000001_create_idempotency_keys.up.sql"
+// distributed (README, "Scale-out (Citus)": create_distributed_table runs
+// after migrate up): its statements may share the file. Every later file,
+// up or down, is applied to a table that may already be distributed by
+// Citus, which refuses a statement changing a distributed table (ALTER
+// TABLE, CREATE INDEX, ...) that shares its migration with any other
+// statement.
+const firstMigration = "000001_create_idempotency_keys"
 
-// TestCreateIndexAloneInItsMigration: every up migration after the first
-// that creates an index holds that one statement and nothing else.
-func TestCreateIndexAloneInItsMigration(t *testing.T) {
-	files, err := fs.Glob(FS, "*.up.sql")
+// TestMigrationStatementAlone: every migration after the first holds one
+// statement and nothing else.
+func TestMigrationStatementAlone(t *testing.T) {
+	files, err := fs.Glob(FS, "*.sql")
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no up migrations: %v", err)
+		t.Fatalf("no migrations: %v", err)
 	}
 	for _, name := range files {
-		if name == firstMigration {
+		if strings.HasPrefix(name, firstMigration+".") {
 			continue
 		}
 		text, err := fs.ReadFile(FS, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if msg := createIndexNotAlone(string(text)); msg != "" {
+		if msg := notAlone(string(text)); msg != "" {
 			t.Errorf("%s: %s", name, msg)
 		}
 	}
 }
 
-// TestCreateIndexAloneCheck: the check itself finds a CREATE INDEX beside
-// another statement, whatever the case and spacing, and only then.
-func TestCreateIndexAloneCheck(t *testing.T) {
+// TestMigrationStatementAloneCheck: the check refuses a statement beside
+// another, whatever the case, spacing, comments and quoted semicolons,
+// ALTER TABLE as much as CREATE INDEX (the former check, CREATE INDEX only,
+// passed the first two), and passes one statement alone.
+func TestMigrationStatementAloneCheck(t *testing.T) {
 	for _, tc := range []struct {
 		sql     string
 		refused bool
 	}{
+		{"ALTER TABLE idempotency_keys ADD COLUMN a int;\nALTER TABLE idempotency_keys ADD CONSTRAINT c CHECK (a > 0);\n", true},
+		{"alter table idempotency_keys add column a int;\nUPDATE idempotency_keys SET a = 1;", true},
+		{"ALTER TABLE idempotency_keys ADD COLUMN a int;\nCREATE INDEX i ON idempotency_keys (a);", true},
+		{"CREATE  INDEX i ON idempotency_keys (a);\n-- a comment; with a semicolon\nCOMMENT ON INDEX i IS 'x; y';", true},
 		{"-- POSTGRES-ONLY\nCREATE INDEX CONCURRENTLY i ON idempotency_keys (a);\n", false},
 		{"create unique index i on idempotency_keys (a)", false},
 		{"ALTER TABLE idempotency_keys ADD COLUMN a int;\n", false},
-		{"ALTER TABLE idempotency_keys ADD COLUMN a int;\nCREATE INDEX i ON idempotency_keys (a);", true},
-		{"CREATE  INDEX i ON idempotency_keys (a);\n-- a comment; with a semicolon\nCOMMENT ON INDEX i IS 'x; y';", true},
 		{"CREATE INDEX i ON idempotency_keys (a); /* ; */ -- ;\n", false},
 		{"ALTER TABLE t ADD COLUMN c text DEFAULT 'create index; x';", false},
 	} {
-		if got := createIndexNotAlone(tc.sql) != ""; got != tc.refused {
+		if got := notAlone(tc.sql) != ""; got != tc.refused {
 			t.Errorf("%q: refused %v, want %v", tc.sql, got, tc.refused)
 		}
 	}
 }
 
-var createIndex = regexp.MustCompile(`(?i)^create\s+(unique\s+)?index\b`)
-
-// createIndexNotAlone returns why sql holds a CREATE INDEX together with
-// another statement, or "".
-func createIndexNotAlone(sql string) string {
-	stmts := statements(sql)
-	for _, s := range stmts {
-		if createIndex.MatchString(s) && len(stmts) > 1 {
-			return "a CREATE INDEX shares its migration file with other statements (" +
-				strings.Join(stmts, "; ") + "): give it a file of its own, as Citus requires on a distributed table"
-		}
+// notAlone returns why sql holds more than one statement, or "".
+func notAlone(sql string) string {
+	if stmts := statements(sql); len(stmts) > 1 {
+		return "the migration holds " + strconv.Itoa(len(stmts)) + " statements (" + strings.Join(stmts, "; ") +
+			"): give each a file of its own, as Citus requires of a statement changing a distributed table"
 	}
 	return ""
 }

@@ -30,9 +30,10 @@ type cli struct {
 
 // globals are the flags every command accepts.
 type globals struct {
-	databaseURL optString
-	json        bool
-	timeout     time.Duration
+	databaseURL  optString
+	sealKeysFile optString
+	json         bool
+	timeout      time.Duration
 }
 
 // optString is a string flag that remembers whether it was given, so that
@@ -76,6 +77,7 @@ func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned and printed as one line
 	fs.Var(&c.g.databaseURL, "database-url", "PostgreSQL `URL` (env "+envDatabaseURL+"; the flag wins)")
+	fs.Var(&c.g.sealKeysFile, "seal-keys-file", "read the seal keys from `PATH` (the format of "+envSealKeys+", which is read when this is not given)")
 	fs.BoolVar(&c.g.json, "json", c.g.json, "print one JSON document instead of text")
 	fs.Var(durationFlag{&c.g.timeout}, "timeout", "deadline of each database statement, a `DURATION` such as 30s or 2m (default 30s)")
 	return fs

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-
-	"github.com/idemkit/idempotency"
 )
 
 func exportHelp(w io.Writer) {
@@ -25,6 +23,10 @@ response_body_kind (json, raw or none), response_headers (object of string
 arrays, when recorded), response_body (a JSON body, as JSON),
 response_body_base64 (any other body, standard base64), created_at,
 locked_at, locked_until, expires_at (RFC 3339, UTC).
+
+Sealed responses (README "Sealing stored responses") are opened with the
+keys of IDEMPOTENCY_SEAL_KEYS or --seal-keys-file; a row that does not open
+fails the export (exit status 1) and nothing is written.
 
 Example:
   idempotency export --user 42 > user-42-idempotency.jsonl
@@ -45,9 +47,18 @@ func runExport(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	recs, err := idempotency.NewPostgresStore(pool).ExportScope(sctx, scope)
+	store, err := c.readStore(sctx, pool)
+	if err != nil {
+		return err
+	}
+	recs, err := store.ExportScope(sctx, scope)
 	if err != nil {
 		return c.dbError(ctx, "read the user's keys", err)
+	}
+	for _, r := range recs {
+		if r.Response.SealKeyID != "" { // read without the key: never export ciphertext as the response
+			return sealedError(r)
+		}
 	}
 
 	w := bufio.NewWriter(c.stdout)

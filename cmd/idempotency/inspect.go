@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -22,14 +23,19 @@ unscoped '' scope), one per endpoint unless --endpoint picks one: status,
 attempt, recorded response code, times, and whether the row is stale (in
 flight past its lease: a retry answers outcome_unknown) or expired (a retry
 would be a new request), both judged by the database's clock. The response
-body and headers are shown only with --show-body. No row is not an error.
+body and headers are shown only with --show-body, a sealed one opened with
+the keys of IDEMPOTENCY_SEAL_KEYS or --seal-keys-file (without the key it
+is shown as sealed, with its key id). No row is not an error.
 
 A transactional route's key is in flight inside its handler's open
 transaction, which no other session can see. With --endpoint, when no row
 is found, inspect probes for it: it inserts the key in a transaction of its
-own that it always rolls back, waiting up to 1s, and shows the session that
-holds the key (pg_blocking_pids: pid, application, client, since when).
-Without the probe it changes nothing.
+own that it always rolls back, waiting up to 1s (3s on Citus), and shows
+the session that holds the key (pg_blocking_pids, or on Citus
+citus_lock_waits and citus_stat_activity: pid, application, client, since
+when), or that one it could not identify holds it. A probe that fails
+otherwise is an error: whether the key is held is then unknown. Without the
+probe it changes nothing.
 
 KEY is a UUID in its 36-character form, any case (matched as a UUID route
 stores it, lower case, and as an opaque route stores it, exactly), or an
@@ -45,8 +51,11 @@ Example:
 type inspectRow struct {
 	recordJSON
 	ResponseBodyBytes int64 `json:"response_body_bytes"`
-	Stale             bool  `json:"stale"`   // in_flight with its lease over
-	Expired           bool  `json:"expired"` // expires_at has passed: a retry is a new request
+	// SealKeyID names the key of a sealed response the CLI could not open
+	// (response_body_kind "sealed").
+	SealKeyID string `json:"seal_key_id,omitempty"`
+	Stale     bool   `json:"stale"`   // in_flight with its lease over
+	Expired   bool   `json:"expired"` // expires_at has passed: a retry is a new request
 }
 
 func runInspect(ctx context.Context, c *cli, args []string) error {
@@ -86,12 +95,16 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
+	store, err := c.readStore(sctx, pool)
+	if err != nil {
+		return err
+	}
 	var (
 		out []inspectRow
 		now time.Time
 	)
 	for _, k := range keys { // a UUID's two stored forms
-		found, err := idempotency.NewPostgresStore(pool).Lookup(sctx, k, user.v, endpoint.v)
+		found, err := store.(idempotency.KeyReleaser).Lookup(sctx, k, user.v, endpoint.v)
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
@@ -106,9 +119,12 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 	slices.SortStableFunc(out, func(a, b inspectRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	// No committed row: a transactional route's handler may hold the key
 	// in flight inside its open transaction, which only a probe finds.
-	var owner *openOwner
+	var probe probeResult
 	if len(out) == 0 && ep != nil {
-		if owner, err = probeOpenTransaction(ctx, pool, keys[0], user.v, *ep); err != nil {
+		if probe, err = probeOpenTransaction(ctx, pool, keys[0], user.v, *ep); err != nil {
+			if ctx.Err() == nil && errors.Is(err, errProbe) {
+				return fmt.Errorf("probe for an open transaction failed: %s: %v", pgMessage(err), errProbe)
+			}
 			return c.dbError(ctx, "probe for an open transaction", err)
 		}
 	}
@@ -124,10 +140,13 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			// OpenTransaction: no committed row, but the key is in flight
 			// inside this session's open transaction (--endpoint only).
 			OpenTransaction *openOwner `json:"open_transaction,omitempty"`
-		}{keys[0], user.v, out, owner})
+			// HeldUnidentified: no committed row, and the probe's insert
+			// waited its whole bound on a transaction it could not name.
+			HeldUnidentified bool `json:"held_by_unidentified_transaction,omitempty"`
+		}{keys[0], user.v, out, probe.owner, probe.held && probe.owner == nil})
 	}
-	if owner != nil {
-		c.printOpenOwner(owner)
+	if probe.held {
+		c.printOpenOwner(probe)
 		return nil
 	}
 	if len(out) == 0 {
@@ -162,10 +181,14 @@ func newInspectRow(rec idempotency.Record, showBody bool) inspectRow {
 		Stale:             rec.Status == idempotency.StatusInFlight && rec.LeaseOver,
 		Expired:           rec.Expired,
 	}
-	switch rec.Response.BodyKind {
-	case idempotency.BodyJSON:
+	switch {
+	case rec.Response.SealKeyID != "":
+		// Not opened: its bytes are ciphertext, never shown as the body.
+		r.ResponseBodyKind, r.SealKeyID = "sealed", rec.Response.SealKeyID
+		r.ResponseHeaders, r.ResponseBody, r.ResponseBodyBase64 = nil, nil, nil
+	case rec.Response.BodyKind == idempotency.BodyJSON:
 		r.ResponseBodyKind = "json"
-	case idempotency.BodyRaw:
+	case rec.Response.BodyKind == idempotency.BodyRaw:
 		r.ResponseBodyKind = "raw"
 	}
 	if !showBody {
@@ -191,6 +214,8 @@ func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {
 	switch {
 	case r.ResponseCode == nil:
 		line("response", "none recorded")
+	case r.ResponseBodyKind == "sealed":
+		line("response", "%d, sealed with key id %s, not opened (give that key in %s or --seal-keys-file)", *r.ResponseCode, r.SealKeyID, envSealKeys)
 	case r.ResponseBodyKind == "none":
 		line("response", "%d, no body stored (too large: replays answer 409 idempotency_response_not_stored)", *r.ResponseCode)
 	default:

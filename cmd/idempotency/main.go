@@ -1,7 +1,8 @@
 // Command idempotency is the operator CLI for the idempotency_keys table of
 // github.com/idemkit/idempotency: migrations, cleanup of expired keys, GDPR
-// erasure and export, inspection, the release of one stuck key, and the
-// version it was built from.
+// erasure and export, inspection, the release of one stuck key, the
+// reseal of stored responses with a new seal key, and the version it was
+// built from.
 //
 //	go run github.com/idemkit/idempotency/cmd/idempotency --help
 //
@@ -51,7 +52,8 @@ var commands = []command{
 	{"erase", "delete every key of a user scope, the GDPR erasure (--user required)", runErase},
 	{"export", "print every key of a user scope as JSON lines, GDPR access (--user required)", runExport},
 	{"inspect", "show a key's rows: status, times, staleness (--key required)", runInspect},
-	{"stats", "count keys by status, in flight past their lease, awaiting cleanup", runStats},
+	{"stats", "count keys by status, in flight past their lease, awaiting cleanup, by seal key", runStats},
+	{"reseal", "seal completed keys' responses with the active seal key, in fenced batches (--dry-run)", runReseal},
 	{"release", "delete one failed or stale key so its next retry executes again (--key, --yes)", runRelease},
 	{"version", "print the module version the CLI was built from", runVersion},
 }

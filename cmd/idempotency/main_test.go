@@ -102,7 +102,7 @@ func (db testDB) complete(t *testing.T, key, user, endpoint string, ttl time.Dur
 	rec := db.claim(t, key, user, endpoint, ttl, time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := db.store.Complete(ctx, rec.Fence(), resp); err != nil {
+	if err := db.store.Complete(ctx, rec.Fence(), rec, resp); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
 }

@@ -107,7 +107,7 @@ func TestReleaseFenced(t *testing.T) {
 		t.Fatalf("LookupKey: %+v, %v", recs, err)
 	}
 	// The owner completes late, after the operator read the row.
-	if err := db.store.Complete(ctx, rec.Fence(), rawResp()); err != nil {
+	if err := db.store.Complete(ctx, rec.Fence(), rec, rawResp()); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := idempotency.ReleaseKey(ctx, db.store, recs[0], time.Second); err != nil || ok {

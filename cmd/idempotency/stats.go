@@ -1,9 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -17,8 +20,11 @@ Counts the stored keys: by status; the age of the oldest in-flight claim
 (since its locked_at); keys in flight past their lease (stale: a server died
 mid-request or could not record the response; the outcome is unknown); and
 expired keys waiting for cleanup (what cleanup would delete now), with the
-oldest expiry. All judged by the database's clock. One read-only scan of the
-table.
+oldest expiry. All judged by the database's clock. Then the completed keys
+by the seal key id their response is sealed with ("none": plaintext,
+recorded before sealing), with a warning for a key id past 2^31 values
+(AES-GCM with random nonces allows 2^32 per key: rotate well before). Two
+read-only scans of the table.
 
 Example:
   idempotency stats --json
@@ -36,6 +42,9 @@ type statsJSON struct {
 	InFlightPastLease        int64    `json:"in_flight_past_lease"`
 	AwaitingCleanup          int64    `json:"awaiting_cleanup"`
 	OldestExpiredAgeSeconds  *float64 `json:"oldest_expired_age_seconds"` // how long the oldest has waited; null when none
+	// CompletedBySealKey counts completed keys by seal key id; "" is
+	// plaintext (recorded before sealing).
+	CompletedBySealKey map[string]int64 `json:"completed_by_seal_key"`
 }
 
 func runStats(ctx context.Context, c *cli, args []string) error {
@@ -61,6 +70,10 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		return c.dbError(ctx, "count keys", err)
 	}
 	s := newStatsJSON(st)
+	if s.CompletedBySealKey, err = sealStats(sctx, pool); err != nil {
+		return c.dbError(ctx, "count keys by seal key", err)
+	}
+	c.warnNonceBudget(s.CompletedBySealKey)
 	if c.g.json {
 		return c.writeJSON(s)
 	}
@@ -80,6 +93,10 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	fmt.Fprintf(tw, "in flight past lease (stale)\t%d\n", s.InFlightPastLease)
 	fmt.Fprintf(tw, "expired, awaiting cleanup\t%d\n", s.AwaitingCleanup)
 	fmt.Fprintf(tw, "oldest awaiting cleanup\t%s\n", ageSuffix(age(s.OldestExpiredAgeSeconds)))
+	fmt.Fprintf(tw, "completed, by seal key id\t\n")
+	for _, id := range slices.Sorted(maps.Keys(s.CompletedBySealKey)) {
+		fmt.Fprintf(tw, "  %s\t%d\n", cmp.Or(id, "none (plaintext)"), s.CompletedBySealKey[id])
+	}
 	return tw.Flush()
 }
 

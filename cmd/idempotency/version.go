@@ -11,10 +11,14 @@ func versionHelp(w io.Writer) {
 	fmt.Fprint(w, `Usage: idempotency version [--json]
 
 Prints the module version the CLI was built from (runtime/debug build
-info): a release tag such as v1.2.0 when installed with
-go install github.com/idemkit/idempotency/cmd/idempotency@v1.2.0, or
-(devel) for a build from a checkout, with the VCS revision when the build
-recorded one, and the Go version. Needs no database.
+info): a release tag such as v0.1.0 when installed with
+go install github.com/idemkit/idempotency/cmd/idempotency@v0.1.0; a
+pseudo-version (v0.0.0-DATE-REVISION, +dirty with uncommitted changes)
+for go build or go install in a git checkout, with the revision and
+whether the tree was modified; (devel) when the build recorded no VCS
+state (go run, -buildvcs=false). And the Go version. --json prints
+module, version, revision and modified (when recorded) and go. Needs no
+database.
 
 Example:
   idempotency version --json
@@ -29,7 +33,7 @@ type versionInfo struct {
 	Module   string `json:"module"`
 	Version  string `json:"version"`
 	Revision string `json:"revision,omitempty"`
-	Modified bool   `json:"modified,omitempty"`
+	Modified *bool  `json:"modified,omitempty"` // nil: the build recorded no VCS state
 	Go       string `json:"go"`
 }
 
@@ -55,7 +59,8 @@ func runVersion(_ context.Context, c *cli, args []string) error {
 		case "vcs.revision":
 			v.Revision = s.Value
 		case "vcs.modified":
-			v.Modified = s.Value == "true"
+			modified := s.Value == "true"
+			v.Modified = &modified
 		}
 	}
 	if c.g.json {
@@ -64,7 +69,7 @@ func runVersion(_ context.Context, c *cli, args []string) error {
 	line := fmt.Sprintf("idempotency %s (module %s, %s", v.Version, v.Module, v.Go)
 	if v.Revision != "" {
 		line += ", revision " + v.Revision
-		if v.Modified {
+		if v.Modified != nil && *v.Modified {
 			line += " modified"
 		}
 	}

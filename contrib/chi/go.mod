@@ -6,7 +6,7 @@ replace github.com/idemkit/idempotency => ../..
 
 require (
 	github.com/go-chi/chi/v5 v5.5.0
-	github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idempotency v0.1.0
 )
 
 require (

@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/idemkit/idempotency => ../..
 
 require (
-	github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idempotency v0.1.0
 	github.com/labstack/echo/v4 v4.16.5
 )
 

@@ -16,9 +16,10 @@ import (
 )
 
 // TestEchoTransactional: on a transactional route a handler that writes and
-// then returns an error must roll its writes back. With the adapter echo's
-// 500 is rendered inside the middleware, so it does; with plain
-// echo.WrapMiddleware the writes commit under a recorded 200.
+// then returns an error, or answers c.NoContent(502), must roll its writes
+// back. With the adapter echo's 500 is rendered inside the middleware, so
+// it does; with plain echo.WrapMiddleware the writes commit under a
+// recorded 200.
 func TestEchoTransactional(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -48,6 +49,7 @@ func TestEchoTransactional(t *testing.T) {
 	e := newEcho()
 	e.POST("/adapted/:id", fails, idemecho.Middleware(tx))
 	e.POST("/plain/:id", fails, echo.WrapMiddleware(tx))
+	e.POST("/status-only/:id", insertThen(func(c echo.Context) error { return c.NoContent(http.StatusBadGateway) }), idemecho.Middleware(tx))
 	e.POST("/ok/:id", insertThen(func(c echo.Context) error { return c.JSON(http.StatusCreated, map[string]int{"id": 1}) }), idemecho.Middleware(tx))
 	srv := start(t, e)
 
@@ -63,6 +65,9 @@ func TestEchoTransactional(t *testing.T) {
 	}
 	if n := count("a1"); n != 0 {
 		t.Errorf("adapted: the failed handler's write committed (%d rows)", n)
+	}
+	if got := routertest.Send(t, srv, "POST", "/status-only/a4", routertest.Key(), `{}`); got.Status != http.StatusBadGateway || count("a4") != 0 {
+		t.Errorf("c.NoContent(502): %d with %d rows, want 502 and the write rolled back", got.Status, count("a4"))
 	}
 	key := routertest.Key()
 	first := routertest.Send(t, srv, "POST", "/ok/a2", key, `{}`)

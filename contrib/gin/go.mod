@@ -6,7 +6,7 @@ replace github.com/idemkit/idempotency => ../..
 
 require (
 	github.com/gin-gonic/gin v1.12.0
-	github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idempotency v0.1.0
 )
 
 require (
@@ -23,7 +23,9 @@ require (
 	github.com/go-playground/validator/v10 v10.30.1 // indirect
 	github.com/goccy/go-json v0.10.5 // indirect
 	github.com/goccy/go-yaml v1.19.2 // indirect
+	github.com/golang-migrate/migrate/v4 v4.20.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgerrcode v0.0.0-20220416144525-469b46aa5efa // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.12.0 // indirect

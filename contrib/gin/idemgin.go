@@ -5,13 +5,16 @@
 // gin's writer, is not enough: c.AbortWithStatus and c.Writer.WriteHeaderNow
 // go through gin's own writer and put a status on the wire before the
 // middleware has recorded the response, so the client sees one answer and
-// every replay another. gin's engine also keeps running the route's
-// handlers after a middleware that answered without calling c.Next (a
-// replay, a 409) unless it aborts. And with engine-wide middleware, gin's
-// own 404 and 405 run through it and are written after it returns.
+// every replay another. A status without a body (c.Status, c.Redirect on a
+// POST) is sent by gin's engine after the chain returns, past the
+// middleware, which would record 200. gin's engine also keeps running the
+// route's handlers after a middleware that answered without calling c.Next
+// (a replay, a 409) unless it aborts. And with engine-wide middleware,
+// gin's own 404 and 405 run through it and are written after it returns.
 // Middleware hands the handlers a complete gin.ResponseWriter over the
-// idempotency middleware's writer, aborts the chain when the handlers did
-// not run, restores gin's writer and request afterwards (also on a panic, for a
+// idempotency middleware's writer, sends a status-only answer before the
+// middleware records it, aborts the chain when the handlers did not run,
+// restores gin's writer and request afterwards (also on a panic, for a
 // recovery middleware outside), and passes unmatched routes through.
 package idemgin
 
@@ -45,8 +48,15 @@ func Middleware(mw func(http.Handler) http.Handler) gin.HandlerFunc {
 		mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ran = true
 			c.Request = r
-			c.Writer = &writer{ResponseWriter: w, status: http.StatusOK, size: noWritten}
+			gw := &writer{ResponseWriter: w, status: http.StatusOK, size: noWritten}
+			c.Writer = gw
 			c.Next()
+			// A status without a body (c.Status(204), c.Redirect on a
+			// POST) is only noted by gin's writer; gin's engine sends it
+			// once the chain returned, which is past the middleware, so
+			// 200 would be recorded and replayed. Send it now, as the
+			// engine would (not after a panic: that fails the key).
+			gw.WriteHeaderNow()
 		})).ServeHTTP(origW, r)
 		if !ran {
 			// The middleware answered (a replay, a 409, a 400): the

@@ -13,11 +13,12 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/contrib/gin"
 	"github.com/idemkit/idempotency/internal/routertest"
+	"github.com/idemkit/idempotency/internal/testdb"
 )
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.ReleaseMode)
-	os.Exit(m.Run())
+	os.Exit(testdb.Main(m).Run()) // stops the Postgres container testdb may have started
 }
 
 func created(c *gin.Context) {

@@ -7,7 +7,7 @@ replace github.com/idemkit/idempotency => ../..
 require (
 	github.com/gorilla/handlers v1.5.2
 	github.com/gorilla/mux v1.8.1
-	github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idempotency v0.1.0
 )
 
 require (

@@ -83,7 +83,7 @@ func TestGorilla(t *testing.T) {
 	}{
 		{"POST", "/nowhere", http.StatusNotFound},
 		{"POST", "/accounts/a1/nowhere", http.StatusNotFound},
-		{"PUT", "/accounts/a1/orders", http.StatusNotFound}, // gorilla: a sub-router's method mismatch is a 404
+		{"PUT", "/accounts/a1/orders", http.StatusNotFound}, // 404, not 405: later routes share the prefix (TestGorillaWrongMethod)
 		{"PUT", "/v2/accounts/a1/orders", http.StatusMethodNotAllowed},
 	} {
 		before := kit.Rows(t)

@@ -5,7 +5,8 @@ go 1.26.0
 replace github.com/idemkit/idempotency => ../..
 
 require (
-	github.com/idemkit/idempotency v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idempotency v0.1.0
+	github.com/prometheus/client_golang v1.25.0
 	go.opentelemetry.io/otel v1.44.0
 	go.opentelemetry.io/otel/metric v1.44.0
 	go.opentelemetry.io/otel/sdk v1.44.0
@@ -24,7 +25,6 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect

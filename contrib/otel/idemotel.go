@@ -35,6 +35,9 @@ const (
 	AttrEndpoint = attribute.Key("idempotency.endpoint") // the route's name or pattern, never a raw path
 	AttrStatus   = attribute.Key("idempotency.status")   // the status sent, when known
 	AttrScope    = attribute.Key("idempotency.scope")    // only with Config.SpanScope
+	// AttrStoreReason is the store error's reason (pool_exhausted, timeout,
+	// ...) of a request whose claim failed.
+	AttrStoreReason = attribute.Key("idempotency.store_reason")
 )
 
 // Config configures the Observer. The zero value is usable.
@@ -52,8 +55,8 @@ type Config struct {
 // (idempotency_miss_total becomes idempotency.miss, with the same
 // endpoint and reason attributes).
 type instruments struct {
-	miss, hit, replay, conflicts, rejections, bypasses, recordFailures, tooLarge metric.Int64Counter
-	duration, storeDuration                                                      metric.Float64Histogram
+	miss, hit, replay, conflicts, rejections, bypasses, recordFailures, tooLarge, storeErrors metric.Int64Counter
+	duration, storeDuration                                                                   metric.Float64Histogram
 }
 
 // New returns an Observer for idempotency.Config.Observer.
@@ -78,6 +81,7 @@ func New(cfg Config) (func(context.Context, idempotency.Observation), error) {
 	ins.bypasses = counter("idempotency.bypasses", "Requests whose handler ran without deduplication, by reason.")
 	ins.recordFailures = counter("idempotency.record_failures", "Responses that could not be recorded.")
 	ins.tooLarge = counter("idempotency.response_too_large", "Transactional responses over the buffer cap.")
+	ins.storeErrors = counter("idempotency.store_errors", "Requests whose claim failed with a store error (503 or bypass), by the store error's reason.")
 	var err error
 	ins.duration, err = meter.Float64Histogram("idempotency.request.duration", metric.WithUnit("s"),
 		metric.WithDescription("From a request's arrival to its decision; for executed requests, to the end of the response."))
@@ -99,17 +103,22 @@ func (ins *instruments) record(ctx context.Context, o idempotency.Observation) {
 	ep := attribute.String("endpoint", o.Endpoint)
 	byEndpoint := metric.WithAttributeSet(attribute.NewSet(ep))
 	byReason := metric.WithAttributeSet(attribute.NewSet(ep, attribute.String("reason", o.Reason)))
+	// Hit and Miss say how the claim counted: the outcome alone cannot (a
+	// 503 may follow a won claim, a live row or no claim at all).
+	if o.Miss {
+		ins.miss.Add(ctx, 1, byEndpoint)
+	}
+	if o.Hit {
+		ins.hit.Add(ctx, 1, byEndpoint)
+	}
 	switch o.Outcome {
 	case idempotency.OutcomeExecuted:
-		ins.miss.Add(ctx, 1, byEndpoint)
 		if o.Reason == "response_too_large" {
 			ins.tooLarge.Add(ctx, 1, byEndpoint)
 		}
 	case idempotency.OutcomeReplayed:
-		ins.hit.Add(ctx, 1, byEndpoint)
 		ins.replay.Add(ctx, 1, byEndpoint)
 	case idempotency.OutcomeConflict:
-		ins.hit.Add(ctx, 1, byEndpoint)
 		ins.conflicts.Add(ctx, 1, byReason)
 	case idempotency.OutcomeRejected:
 		ins.rejections.Add(ctx, 1, byReason)
@@ -118,6 +127,9 @@ func (ins *instruments) record(ctx context.Context, o idempotency.Observation) {
 	}
 	if o.RecordFailed {
 		ins.recordFailures.Add(ctx, 1, byEndpoint)
+	}
+	if o.StoreReason != "" {
+		ins.storeErrors.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(ep, attribute.String("reason", o.StoreReason))))
 	}
 	byOutcome := metric.WithAttributeSet(attribute.NewSet(ep, attribute.String("outcome", string(o.Outcome))))
 	ins.duration.Record(ctx, o.Duration.Seconds(), byOutcome)
@@ -147,6 +159,9 @@ func annotate(span trace.Span, o idempotency.Observation, withScope bool) {
 	event := []attribute.KeyValue{attribute.Float64("idempotency.store_duration_s", o.StoreDuration.Seconds())}
 	if o.Reason != "" {
 		event = append(event, AttrReason.String(o.Reason))
+	}
+	if o.StoreReason != "" {
+		event = append(event, AttrStoreReason.String(o.StoreReason))
 	}
 	if o.RecordFailed {
 		event = append(event, attribute.Bool("idempotency.record_failed", true))

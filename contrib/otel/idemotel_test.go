@@ -2,10 +2,12 @@ package idemotel_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -151,5 +153,66 @@ func TestSpansAndMetrics(t *testing.T) {
 	}
 	if len(counts) != len(wantCounts) || durations != 4 {
 		t.Errorf("counters %v, %d durations; want only %v and 4", counts, durations, wantCounts)
+	}
+}
+
+// saturated is a store whose every claim finds the pool exhausted.
+type saturated struct{ *idempotency.MemoryStore }
+
+func (saturated) Claim(context.Context, idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
+	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonPoolExhausted, Err: errors.New("every connection in use")}
+}
+
+// TestStoreErrorsMirrored: a claim that failed with a store error counts as
+// a store_unavailable rejection and under its store-error reason, as
+// idempotency_rejections_total and idempotency_store_errors_total do, and
+// the span's event names the reason.
+func TestStoreErrorsMirrored(t *testing.T) {
+	t.Parallel()
+	spans, reader := tracetest.NewSpanRecorder(), sdkmetric.NewManualReader()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+	obs, err := idemotel.New(idemotel.Config{MeterProvider: mp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idempotency.New(saturated{idempotency.NewMemoryStore()}, idempotency.Config{Observer: obs,
+		Enabled: func(*http.Request) bool { return true }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := mw.MustRoute(idempotency.RouteConfig{Name: "POST /billing", FailOpen: true})(http.NotFoundHandler())
+	r := httptest.NewRequest("POST", "/billing", strings.NewReader(`{}`))
+	r.Header.Set(idempotency.HeaderKey, key)
+	ctx, span := tp.Tracer("test").Start(r.Context(), "POST /billing")
+	w := httptest.NewRecorder()
+	route.ServeHTTP(w, r.WithContext(ctx))
+	span.End()
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("saturated fail-open route: %d, want 503", w.Code)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range d.DataPoints {
+					reason, _ := p.Attributes.Value("reason")
+					counts[m.Name+"/"+reason.AsString()] += p.Value
+				}
+			}
+		}
+	}
+	if counts["idempotency.rejections/store_unavailable"] != 1 || counts["idempotency.store_errors/pool_exhausted"] != 1 ||
+		counts["idempotency.bypasses/store_unavailable"] != 0 {
+		t.Errorf("counters %v, want one store_unavailable rejection and one pool_exhausted store error", counts)
+	}
+	ev := spans.Ended()[0].Events()
+	if len(ev) != 1 || !slices.Contains(ev[0].Attributes, idemotel.AttrStoreReason.String("pool_exhausted")) {
+		t.Errorf("span events %+v, want one naming the store reason", ev)
 	}
 }

@@ -8,10 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency"
 )
 
 // Environment variables read by the server. The flags have the same names
@@ -25,6 +28,9 @@ const (
 	envStoreTimeout     = "IDEMPOTENCY_STORE_TIMEOUT"
 	envSessionSecret    = "SESSION_SECRET"
 	envNewOrdersDisable = "MBT_NEW_ORDERS_DISABLED"
+	// envSealKeys holds the keys that seal stored responses (README
+	// "Sealing stored responses"); never a flag, which ps would show.
+	envSealKeys = "IDEMPOTENCY_SEAL_KEYS"
 	// envKillSwitch is idempotency.FlagEnv, read per request.
 )
 
@@ -46,6 +52,8 @@ type config struct {
 	orderLatency time.Duration
 	lease        time.Duration
 	storeTimeout time.Duration
+	sealKeysFile string               // -seal-keys-file: the seal keys' file, read instead of IDEMPOTENCY_SEAL_KEYS
+	sealKeys     idempotency.SealKeys // nil: responses are stored in plaintext
 
 	// getenv is read per request for the kill-switch
 	// (FLAG_IDEMPOTENCY_MIDDLEWARE) and the new-orders gate
@@ -102,6 +110,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.migrateURL, "migrate-database-url", "", "PostgreSQL URL the start-up migrations use, direct (never through a transaction pooler such as PgBouncer); empty uses -database-url (env "+envMigrateURL+")")
 	fs.Var(durationFlag{&cfg.orderLatency}, "order-latency", "simulated fill latency, e.g. 300ms (env "+envOrderLatency+")")
 	fs.Var(durationFlag{&cfg.lease}, "lease", "how long a claimed idempotency key is owned; also the shutdown drain limit (env "+envLease+")")
+	fs.StringVar(&cfg.sealKeysFile, "seal-keys-file", "", "seal stored responses with the keys in this `PATH` (the format of "+envSealKeys+", read when this is not given)")
 	fs.Var(durationFlag{&cfg.storeTimeout}, "store-timeout", "deadline of every idempotency store call, and of the example's own database calls (env "+envStoreTimeout+")")
 	return fs
 }
@@ -124,6 +133,8 @@ Other environment variables:
   FLAG_IDEMPOTENCY_MIDDLEWARE  0, false, off or no turns the middleware into a pass-through
   SESSION_SECRET               HMAC key of the session tokens (a public development key when unset)
   MBT_NEW_ORDERS_DISABLED      1 refuses new orders with 503 new_orders_disabled
+  IDEMPOTENCY_SEAL_KEYS        seal stored responses: ID:KEY entries, comma-separated, KEY the
+                               standard base64 of 32 random bytes, the first the active key
 `)
 }
 
@@ -206,6 +217,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 		}
 	}
 
+	if err := cfg.readSealKeys(getenv); err != nil {
+		return cfg, err
+	}
 	cfg.getenv = getenv
 	if s := getenv(envSessionSecret); s != "" {
 		cfg.sessionSecret = []byte(s)
@@ -215,6 +229,28 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	}
 	cfg.dbWait = dbStartupWait
 	return cfg, nil
+}
+
+// readSealKeys reads the seal keys from -seal-keys-file, else from
+// IDEMPOTENCY_SEAL_KEYS. Malformed keys stop the server: the error names
+// the entry by position and ID, never its text.
+func (cfg *config) readSealKeys(getenv func(string) string) error {
+	text, from := getenv(envSealKeys), envSealKeys
+	if cfg.sealKeysFile != "" {
+		b, err := os.ReadFile(cfg.sealKeysFile)
+		if err != nil {
+			return usagef("-seal-keys-file: %v", err)
+		}
+		text, from = string(b), "-seal-keys-file "+cfg.sealKeysFile
+	} else if text == "" {
+		return nil
+	}
+	keys, err := idempotency.ParseSealKeys(text)
+	if err != nil {
+		return usagef("%s: %v", from, err)
+	}
+	cfg.sealKeys = keys
+	return nil
 }
 
 // truthy reports whether an on/off environment value is on: 1, true, yes or

@@ -47,11 +47,23 @@ const (
 //
 // Two users, two keys, both in flight when the process dies: key A is
 // retried by one client, sequentially; key B by crashStormWorkers clients
-// at once.
+// at once. The scenario runs with responses stored as they are, and
+// sealed (IDEMPOTENCY_SEAL_KEYS).
 func TestCrashMidHandlerPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs a binary")
 	}
+	t.Parallel()
+	t.Run("Plaintext", func(t *testing.T) { crashMidHandler(t, nil) })
+	t.Run("Sealed", func(t *testing.T) { crashMidHandler(t, []string{envSealKeys + "=" + crashSealKeys}) })
+}
+
+// crashSealKeys are the sealed run's keys: k2 active, k1 to open older rows.
+const crashSealKeys = "k2:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=,k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+
+// crashMidHandler is TestCrashMidHandlerPostgres with env added to the
+// servers' environment.
+func crashMidHandler(t *testing.T, env []string) {
 	t.Parallel()
 	dsn := testdb.NewDSN(t) // its schema is dropped after the processes are gone (cleanups run in reverse)
 	db := crashDB(t, dsn)
@@ -67,7 +79,7 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 	common := []string{"-addr", "127.0.0.1:0", "-lease", crashLease.String(), "-store-timeout", crashStoreTimeout.String()}
 
 	// 1. The first server: slow fills.
-	p1 := crashStart(t, bin, append([]string{"-database-url", dsn1, "-order-latency", crashSlowLatency.String()}, common...)...)
+	p1 := crashStart(t, bin, env, append([]string{"-database-url", dsn1, "-order-latency", crashSlowLatency.String()}, common...)...)
 	uidA, tokA := p1.c.newUser(t)
 	uidB, tokB := p1.c.newUser(t)
 	keyA, keyB := uuid.NewString(), uuid.NewString()
@@ -172,7 +184,7 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 
 	// 5. Restart on the same database: fast fills, same lease, store
 	// timeout and session secret (the tokens stay valid).
-	p2 := crashStart(t, bin, append([]string{"-database-url", dsn, "-order-latency", crashFastLatency.String()}, common...)...)
+	p2 := crashStart(t, bin, env, append([]string{"-database-url", dsn, "-order-latency", crashFastLatency.String()}, common...)...)
 	restarted := time.Now()
 	t.Logf("restarted %v after the kill", restarted.Sub(killed).Round(time.Millisecond))
 
@@ -290,6 +302,9 @@ func TestCrashMidHandlerPostgres(t *testing.T) {
 		if k.status != "completed" || k.attempt != 1 || k.responseCode == nil || *k.responseCode != http.StatusCreated {
 			t.Fatalf("key of user %d at the end: %+v, want completed, attempt 1, 201", u.uid, k)
 		}
+		if want := map[bool]string{true: "k2"}[env != nil]; k.sealKeyID != want {
+			t.Fatalf("key of user %d at the end: seal key id %q, want %q", u.uid, k.sealKeyID, want)
+		}
 	}
 	metrics := p2.c.do(t, req{method: "GET", path: "/metrics"})
 	if misses := crashMetric(t, string(metrics.Raw), `idempotency_miss_total{endpoint="POST /api/trading/orders"}`); misses != 2 {
@@ -322,10 +337,10 @@ type crashProc struct {
 // crashStart runs the server binary with args and SESSION_SECRET set, waits
 // for its listening line and returns it with a client. The process is
 // killed when the test ends unless the test waited for it.
-func crashStart(t *testing.T, bin string, args ...string) *crashProc {
+func crashStart(t *testing.T, bin string, env []string, args ...string) *crashProc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(serverEnv(), envSessionSecret+"="+crashSessionSecret)
+	cmd.Env = append(append(serverEnv(), envSessionSecret+"="+crashSessionSecret), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -457,13 +472,14 @@ type crashKeyRow struct {
 	status       string
 	attempt      int
 	responseCode *int
+	sealKeyID    string // "": plaintext
 }
 
 func crashKey(t *testing.T, db *pgx.Conn, key string, uid int64) crashKeyRow {
 	t.Helper()
 	var k crashKeyRow
-	crashScan(t, db, []any{&k.status, &k.attempt, &k.responseCode}, `
-		SELECT status, attempt, response_code::int
+	crashScan(t, db, []any{&k.status, &k.attempt, &k.responseCode, &k.sealKeyID}, `
+		SELECT status, attempt, response_code::int, coalesce(seal_key_id, '')
 		FROM idempotency_keys
 		WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`,
 		key, strconv.FormatInt(uid, 10), ordersEndpoint)

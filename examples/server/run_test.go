@@ -297,7 +297,7 @@ func serverEnv() []string {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
 		case envAddr, envDatabaseURL, envOrderLatency, envLease, envStoreTimeout, envSessionSecret,
-			envNewOrdersDisable, "FLAG_IDEMPOTENCY_MIDDLEWARE":
+			envNewOrdersDisable, envSealKeys, "FLAG_IDEMPOTENCY_MIDDLEWARE":
 			continue
 		}
 		env = append(env, kv)

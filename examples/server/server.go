@@ -122,6 +122,9 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		}
 		store = pgStore
 	}
+	if store, err = sealStore(ctx, cfg, store); err != nil {
+		return nil, nil, err
+	}
 
 	s.idem, err = idempotency.New(store, idempotency.Config{
 		Lease:        cfg.lease,
@@ -182,6 +185,22 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 	}()
 	closers = append(closers, func() { stopJanitor(); <-done })
 	return s, closeAll, nil
+}
+
+// sealStore wraps store in a sealing store when seal keys are given, and
+// says at start-up whether responses are sealed and with which key id.
+func sealStore(ctx context.Context, cfg config, store idempotency.Store) (idempotency.Store, error) {
+	if cfg.sealKeys == nil {
+		cfg.logger.Info("stored responses are not sealed (set " + envSealKeys + " or -seal-keys-file to seal them)")
+		return store, nil
+	}
+	sealed, err := idempotency.NewSealingStore(ctx, store, cfg.sealKeys)
+	if err != nil {
+		return nil, err
+	}
+	id, _, _ := cfg.sealKeys.ActiveSealKey(ctx)
+	cfg.logger.Info("sealing stored responses", "seal_key_id", id)
+	return sealed, nil
 }
 
 // auditReplay is the middleware's replay hook: one idempotency_replay audit

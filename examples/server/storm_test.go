@@ -51,7 +51,7 @@ func TestTxStormTwoServers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		procs = append(procs, crashStart(t, bin, append([]string{"-database-url", d}, common...)...))
+		procs = append(procs, crashStart(t, bin, nil, append([]string{"-database-url", d}, common...)...))
 		apps = append(apps, app)
 	}
 	uid, tok := procs[0].c.newUser(t)

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idempotency/internal/jcs/jcsvectors"
 )
 
-const vectorsFile = "testdata/hash_vectors.json"
+const vectorsFile = "../../testdata/hash_vectors.json"
 
 // TestVectors checks every golden vector's canonical form (or that its
 // body is refused, to be hashed raw).

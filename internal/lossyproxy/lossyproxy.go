@@ -2,7 +2,8 @@
 // for the client's tests and the client example: it can drop a request
 // before it reaches the server, lose the answer after the server has
 // answered (so whatever the server did is committed), cut the answer
-// part-way through its head, or hold the answer back for a while.
+// part-way through its head or its body, or hold the answer back for a
+// while.
 package lossyproxy
 
 import (
@@ -11,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +28,7 @@ const (
 	DropAnswer               // forward, wait for the whole answer, then close the client's connection without a byte
 	CutAnswer                // forward, then send the first bytes of the answer's status line and close
 	Delay                    // forward, then hold the answer back for Proxy.Delay
+	CutBody                  // forward, then send the answer's head (with its whole Content-Length) and half of its body, and close
 )
 
 func (f Fault) String() string {
@@ -40,6 +43,8 @@ func (f Fault) String() string {
 		return "cut the answer"
 	case Delay:
 		return "delayed the answer"
+	case CutBody:
+		return "cut the answer's body"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }
@@ -120,6 +125,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.Close()
 		}
 		return
+	case CutBody:
+		cutBody(w, resp, body)
+		return
 	case Delay:
 		timer := time.NewTimer(p.Delay)
 		select {
@@ -167,6 +175,25 @@ func (p *Proxy) forward(r *http.Request) (*http.Response, []byte, error) {
 	resp.Header.Del("Content-Length")
 	resp.Header.Del("Connection")
 	return resp, body, nil
+}
+
+// cutBody sends resp's head, declaring body's whole length, then the first
+// half of body, and closes the client's connection: the client reads a
+// complete head and a body that ends early.
+func cutBody(w http.ResponseWriter, resp *http.Response, body []byte) {
+	c, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	h := resp.Header.Clone()
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	var head bytes.Buffer
+	fmt.Fprintf(&head, "HTTP/1.1 %d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
+	_ = h.Write(&head)
+	head.WriteString("\r\n")
+	head.Write(body[:len(body)/2])
+	_, _ = c.Write(head.Bytes())
 }
 
 // hangUp closes the client's connection without an answer.

@@ -77,3 +77,37 @@ func TestFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestCutBody: the client gets the whole head, then half of the body and
+// an unexpected EOF; the server answered once.
+func TestCutBody(t *testing.T) {
+	var served atomic.Int32
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		w.Header().Set("X-Seen", "yes")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "done")
+	}))
+	defer upstream.Close()
+	target, _ := url.Parse(upstream.URL)
+	p := &Proxy{Target: target, Plan: func(int, *http.Request) Fault { return CutBody }}
+	defer p.Close()
+	ps := httptest.NewServer(p)
+	defer ps.Close()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	defer client.CloseIdleConnections()
+
+	resp, err := client.Post(ps.URL, "text/plain", strings.NewReader("body"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 201 || resp.ContentLength != 4 || resp.Header.Get("X-Seen") != "yes" || string(got) != "do" || err != io.ErrUnexpectedEOF {
+		t.Fatalf("answer %d (length %d, X-Seen %q) %q, err %v; want 201 of 4 bytes cut after \"do\"",
+			resp.StatusCode, resp.ContentLength, resp.Header.Get("X-Seen"), got, err)
+	}
+	if served.Load() != 1 {
+		t.Fatalf("the server saw %d requests", served.Load())
+	}
+}

@@ -147,16 +147,18 @@ func TestEngineDetection(t *testing.T) {
 }
 
 // TestNoDatabaseSkipsOrFails runs this test binary again without a database
-// URL and with no Docker engine: a Postgres test skips with one line, or
-// fails with IDEMPOTENCY_REQUIRE_DB=1.
+// URL and with no Docker engine: a Postgres test skips with one line, and
+// notes it in the skip log make test reads, or fails with
+// IDEMPOTENCY_REQUIRE_DB=1.
 func TestNoDatabaseSkipsOrFails(t *testing.T) {
 	if os.Getenv("TESTDB_CHILD") != "" {
 		t.Skip("in the child")
 	}
 	sock := "unix://" + filepath.Join(t.TempDir(), "docker.sock")
+	skips := filepath.Join(t.TempDir(), "skips")
 	for _, require := range []string{"", "1"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestNewDSN$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), EnvURL+"=", EnvRequire+"="+require, "DOCKER_HOST="+sock, "TESTDB_CHILD=1")
+		cmd.Env = append(os.Environ(), EnvURL+"=", EnvRequire+"="+require, "DOCKER_HOST="+sock, "TESTDB_CHILD=1", EnvSkipLog+"="+skips)
 		out, err := cmd.CombinedOutput()
 		msg := "testdb: no PostgreSQL: set " + EnvURL
 		if require == "" && (err != nil || !strings.Contains(string(out), "--- SKIP: TestNewDSN") || !strings.Contains(string(out), msg)) {
@@ -168,5 +170,14 @@ func TestNoDatabaseSkipsOrFails(t *testing.T) {
 		if !strings.Contains(string(out), "no Docker engine answered ("+sock+": no socket)") {
 			t.Errorf("output:\n%s\nwant the reason: no Docker engine at %s", out, sock)
 		}
+	}
+	// One line, from the skip alone: a failure is loud already.
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(skips)
+	if want := dir + "\tno PostgreSQL: set " + EnvURL + " or start Docker\n"; err != nil || string(got) != want {
+		t.Errorf("skip log: %q, %v; want %q", got, err, want)
 	}
 }

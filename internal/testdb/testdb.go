@@ -91,6 +91,10 @@ func NewEmpty(tb testing.TB, opts ...Option) *pgxpool.Pool {
 	delete(cfg.ConnConfig.RuntimeParams, "options") // an options=-csearch_path=... would override ours
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = DefaultMaxConns
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		// The pool NewPostgresStore expects (it warns about one without).
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
 	for _, o := range opts {
 		o(cfg)
 	}
@@ -185,7 +189,7 @@ func serverURL(tb testing.TB) string {
 	if os.Getenv(EnvRequire) == "1" {
 		tb.Fatal(msg)
 	}
-	tb.Skip(msg)
+	skip(tb, "no PostgreSQL: set "+EnvURL+" or start Docker", msg)
 	return ""
 }
 

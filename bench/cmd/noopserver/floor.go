@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/google/uuid"
@@ -49,6 +50,21 @@ func loadFloorSQL(src string) (floorSQL, error) {
 	return q, nil
 }
 
+// qualified returns q naming the table schema-qualified, as the store
+// sends its statements (store_pg_table.go): where the pool's search_path
+// finds it.
+func (q floorSQL) qualified(ctx context.Context, pool *pgxpool.Pool) (floorSQL, error) {
+	var table string
+	if err := pool.QueryRow(ctx, `SELECT format('%s.%I', relnamespace::regnamespace, relname)
+		FROM pg_class WHERE oid = to_regclass('idempotency_keys')`).Scan(&table); err != nil {
+		return floorSQL{}, fmt.Errorf("resolve the table: %w", err)
+	}
+	return floorSQL{tableName.ReplaceAllLiteralString(q.claim, table), tableName.ReplaceAllLiteralString(q.complete, table)}, nil
+}
+
+// tableName matches the table's name in the store's statements.
+var tableName = regexp.MustCompile(`\bidempotency_keys\b`)
+
 // The claim's parameters the middleware derives and the floor fixes: a
 // request hash (the floor hashes nothing; the value is the one load.sh
 // gives pgbench), and the default TTL and lease (idempotency.Config).
@@ -66,8 +82,8 @@ const (
 	colCode     = 4
 	colBody     = 5
 	colHeaders  = 7
-	colWon      = 14
-	claimFields = 15
+	colWon      = 15 // after seal_key_id (8), which the floor never sets
+	claimFields = 16
 )
 
 // newFloorHandler migrates and checks the schema as newHandler does, and
@@ -83,6 +99,9 @@ func newFloorHandler(ctx context.Context, pool *pgxpool.Pool, sqlSrc string) (ht
 		return nil, err
 	}
 	if err := idempotency.NewPostgresStore(pool).Check(mctx); err != nil {
+		return nil, err
+	}
+	if q, err = q.qualified(mctx, pool); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
@@ -137,7 +156,7 @@ func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The handler's answer, recorded before it is sent, as the
 		// middleware does.
 		tag, err := f.pool.Exec(ctx, f.sql.complete, c.id, c.attempt, scope, http.StatusCreated,
-			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes))
+			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes), nil)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("complete: not the owner")
 		}

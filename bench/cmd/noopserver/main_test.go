@@ -110,7 +110,7 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	if status != http.StatusCreated || replayed || body != answerBody {
 		t.Fatalf("new key: %d replayed %v body %q, want a fresh 201 %s", status, replayed, body, answerBody)
 	}
-	if len(miss) != 2 || miss[0].SQL != claimSQL || miss[1].SQL != completeSQL {
+	if len(miss) != 2 || unqualified(miss[0].SQL) != claimSQL || unqualified(miss[1].SQL) != completeSQL {
 		t.Fatalf("new key ran %d statements, want pgClaimSQL then pgCompleteSQL:\n%s", len(miss), strings.Join(sqlOf(miss), "\n---\n"))
 	}
 	claim, complete := miss[0].Args, miss[1].Args
@@ -121,8 +121,11 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	if owner, ok := claim[6].(string); !ok || uuid.Validate(owner) != nil {
 		t.Errorf("claim's owner token %#v, want a UUID's text (pgbench's :owner)", claim[6])
 	}
-	if len(complete) != 7 {
-		t.Fatalf("complete arguments %v, want 7", complete)
+	if len(complete) != 8 {
+		t.Fatalf("complete arguments %v, want 8", complete)
+	}
+	if complete[7] != nil {
+		t.Errorf("complete's seal key id %#v, want NULL (no sealing; pgbench's literal NULL)", complete[7])
 	}
 	if complete[2] != vars["scope"] || complete[3] != 201 || vars["code"] != "201" {
 		t.Errorf("complete's scope and status %v, %v: want %q, 201", complete[2], complete[3], vars["scope"])
@@ -144,7 +147,7 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	if status != http.StatusCreated || !replayed || !strings.Contains(body, `"idempotency_replayed":true`) {
 		t.Fatalf("same key again: %d replayed %v body %q, want the replay", status, replayed, body)
 	}
-	if len(replay) != 1 || replay[0].SQL != claimSQL {
+	if len(replay) != 1 || unqualified(replay[0].SQL) != claimSQL {
 		t.Fatalf("replay ran %d statements, want pgClaimSQL alone:\n%s", len(replay), strings.Join(sqlOf(replay), "\n---\n"))
 	}
 }

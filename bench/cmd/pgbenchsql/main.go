@@ -148,7 +148,7 @@ func run(src, example, out string) error {
 	// body is NULL for a JSON body: a literal, since a pgbench variable
 	// cannot be NULL.
 	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
-	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers"}
+	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
 		return oneLine(bind(claim, args))
@@ -163,7 +163,7 @@ func run(src, example, out string) error {
 	// The claim carries its bounds: the lock wait and the lease as text.
 	claimPipe := oneLine(bind(txClaim, append(claimArgs[:len(claimArgs):len(claimArgs)], "'10ms'", "'30000ms'"))) + ";\n" + oneLine(savepoint) + ";\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
-	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers"})) + ";\n"
+	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL"})) + ";\n"
 	files := map[string]string{
 		"example_schema.sql": schema,
 		"order.sql":          newKey + "BEGIN;\n" + orderWrites + "COMMIT;\n",

@@ -195,7 +195,7 @@ func run(ctx context.Context, o options) (result.Summary, error) {
 		if err != nil || !res.Won {
 			return s, fmt.Errorf("hot key: claim: won %v, %v", res.Won, err)
 		}
-		if err := store.Complete(ctx, res.Record.Fence(), resp); err != nil {
+		if err := store.Complete(ctx, res.Record.Fence(), res.Record, resp); err != nil {
 			return s, fmt.Errorf("hot key: complete: %w", err)
 		}
 	}
@@ -210,7 +210,7 @@ func run(ctx context.Context, o options) (result.Summary, error) {
 		if err != nil || !res.Won || o.mode == "claim" {
 			return err == nil && res.Won, err
 		}
-		return true, store.Complete(ctx, res.Record.Fence(), resp)
+		return true, store.Complete(ctx, res.Record.Fence(), res.Record, resp)
 	}
 
 	s.BackgroundBusyPct = result.Settle(o.settle, 30)

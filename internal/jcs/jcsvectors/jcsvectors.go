@@ -1,7 +1,8 @@
 // Package jcsvectors reads and writes the golden request vectors of
-// internal/jcs/testdata/hash_vectors.json: each a request, its canonical
-// body (none when the body is hashed raw) and its request hash. The jcs
-// tests check the canonical forms, the root package's tests the hashes.
+// testdata/hash_vectors.json, at the top level as the design card names it:
+// each a request, its canonical body (none when the body is hashed raw) and
+// its request hash. The jcs tests check the canonical forms, the root
+// package's tests the hashes.
 package jcsvectors
 
 import (

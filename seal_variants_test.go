@@ -1,0 +1,191 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// The optional interfaces the middleware and the CLI look for, one
+// method set each.
+type (
+	txPart    struct{}
+	ownerPart struct{}
+	keyPart   struct{}
+	checkPart struct{}
+)
+
+var errPart = errors.New("part called")
+
+func (txPart) BeginClaim(context.Context, *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
+	return nil, idempotency.ClaimResult{}, errPart
+}
+
+func (ownerPart) ReleaseOwner(context.Context, idempotency.ClaimRequest) (bool, error) {
+	return false, errPart
+}
+
+func (keyPart) Lookup(context.Context, string, string, string) (idempotency.KeyRows, error) {
+	return idempotency.KeyRows{}, errPart
+}
+
+func (keyPart) ReleaseKey(context.Context, idempotency.Fence) (bool, error) { return false, errPart }
+
+func (checkPart) Check(context.Context) error { return errPart }
+
+type checker interface{ Check(context.Context) error }
+
+// has reports which optional interfaces s implements, in the order
+// TxStore, OwnerReleaser, KeyReleaser, Check.
+func has(s idempotency.Store) [4]bool {
+	_, tx := s.(idempotency.TxStore)
+	_, owner := s.(idempotency.OwnerReleaser)
+	_, key := s.(idempotency.KeyReleaser)
+	_, check := s.(checker)
+	return [4]bool{tx, owner, key, check}
+}
+
+// TestSealingStoreInterfaces: a sealing store implements exactly the
+// optional interfaces its inner store implements, for every combination,
+// and each one reaches the inner store's method.
+func TestSealingStoreInterfaces(t *testing.T) {
+	t.Parallel()
+	var base struct{ idempotency.Store }
+	base.Store = idempotency.NewMemoryStore()
+	type S = idempotency.Store
+	inners := []idempotency.Store{
+		base,
+		struct {
+			S
+			txPart
+		}{base, txPart{}},
+		struct {
+			S
+			ownerPart
+		}{base, ownerPart{}},
+		struct {
+			S
+			txPart
+			ownerPart
+		}{base, txPart{}, ownerPart{}},
+		struct {
+			S
+			keyPart
+		}{base, keyPart{}},
+		struct {
+			S
+			txPart
+			keyPart
+		}{base, txPart{}, keyPart{}},
+		struct {
+			S
+			ownerPart
+			keyPart
+		}{base, ownerPart{}, keyPart{}},
+		struct {
+			S
+			txPart
+			ownerPart
+			keyPart
+		}{base, txPart{}, ownerPart{}, keyPart{}},
+		struct {
+			S
+			checkPart
+		}{base, checkPart{}},
+		struct {
+			S
+			txPart
+			checkPart
+		}{base, txPart{}, checkPart{}},
+		struct {
+			S
+			ownerPart
+			checkPart
+		}{base, ownerPart{}, checkPart{}},
+		struct {
+			S
+			txPart
+			ownerPart
+			checkPart
+		}{base, txPart{}, ownerPart{}, checkPart{}},
+		struct {
+			S
+			keyPart
+			checkPart
+		}{base, keyPart{}, checkPart{}},
+		struct {
+			S
+			txPart
+			keyPart
+			checkPart
+		}{base, txPart{}, keyPart{}, checkPart{}},
+		struct {
+			S
+			ownerPart
+			keyPart
+			checkPart
+		}{base, ownerPart{}, keyPart{}, checkPart{}},
+		struct {
+			S
+			txPart
+			ownerPart
+			keyPart
+			checkPart
+		}{base, txPart{}, ownerPart{}, keyPart{}, checkPart{}},
+	}
+	seen := map[[4]bool]bool{}
+	for _, inner := range inners {
+		want := has(inner)
+		seen[want] = true
+		s := sealing(t, inner, sealKeysOf(t, "k1"))
+		if got := has(s); got != want {
+			t.Errorf("inner %v: sealing store has %v", want, got)
+		}
+		ctx := t.Context()
+		calls := []error{}
+		if ts, ok := s.(idempotency.TxStore); ok {
+			_, _, err := ts.BeginClaim(ctx, nil)
+			calls = append(calls, err)
+		}
+		if o, ok := s.(idempotency.OwnerReleaser); ok {
+			_, err := o.ReleaseOwner(ctx, idempotency.ClaimRequest{})
+			calls = append(calls, err)
+		}
+		if k, ok := s.(idempotency.KeyReleaser); ok {
+			_, err := k.Lookup(ctx, "k", "", "")
+			_, err2 := k.ReleaseKey(ctx, idempotency.Fence{})
+			calls = append(calls, err, err2)
+		}
+		if c, ok := s.(checker); ok {
+			calls = append(calls, c.Check(ctx))
+		}
+		for i, err := range calls {
+			if !errors.Is(err, errPart) {
+				t.Errorf("inner %v: call %d did not reach the inner store: %v", want, i, err)
+			}
+		}
+	}
+	if len(seen) != 16 {
+		t.Fatalf("%d combinations tested, want 16", len(seen))
+	}
+
+	// The stores of this package.
+	for name, c := range map[string]struct {
+		inner idempotency.Store
+		want  [4]bool
+	}{
+		"memory":   {idempotency.NewMemoryStore(), [4]bool{false, true, true, false}},
+		"postgres": {idempotency.NewPostgresStore(testdb.New(t)), [4]bool{true, true, true, true}},
+	} {
+		if got := has(c.inner); got != c.want {
+			t.Fatalf("%s store: %v, want %v", name, got, c.want)
+		}
+		if got := has(sealing(t, c.inner, sealKeysOf(t, "k1"))); got != c.want {
+			t.Errorf("sealing %s store: %s", name, fmt.Sprint(got))
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package idempotency
+
+// How PostgresStore names its table. Every statement is written once,
+// naming idempotency_keys; the store sends it with the table
+// schema-qualified, in the schema where the pool's search_path found the
+// table when the store resolved it. A connection whose search_path changed
+// later (a handler's plain SET search_path outlives its transaction on the
+// pooled connection) can then never send a claim to another schema's table
+// of that name, a second copy of every key.
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgTable is the table's name as the statements are written.
+const pgTable = "idempotency_keys"
+
+// pgTableSQL resolves $1, a table name, as a statement naming it would
+// (through the connection's search_path), to its schema-qualified name,
+// quoted where needed. No row: no such table.
+const pgTableSQL = `SELECT format('%s.%I', relnamespace::regnamespace, relname) FROM pg_class WHERE oid = to_regclass($1)`
+
+// pgTableName matches the table's name where a statement names it: as an
+// identifier, or as a literal (pg_get_serial_sequence's argument).
+var pgTableName = regexp.MustCompile(`'` + pgTable + `'|\b` + pgTable + `\b`)
+
+// qualify returns sql naming table wherever it names pgTable.
+func qualify(sql, table string) string {
+	return pgTableName.ReplaceAllStringFunc(sql, func(m string) string {
+		if m[0] == '\'' {
+			return "'" + strings.ReplaceAll(table, "'", "''") + "'"
+		}
+		return table
+	})
+}
+
+// pgStatements is every SQL statement the Postgres store sends, by the
+// name of its constant, but for Check's privilege probe (pgProbe): the
+// ones sent with the table qualified, and the ones the Citus rules check
+// (store_pg_sql_test.go). TestPostgresStatementsListed keeps it complete.
+var pgStatements = map[string]string{
+	"pgClaimSQL":               pgClaimSQL,
+	"pgTakeoverSQL":            pgTakeoverSQL,
+	"pgCompleteSQL":            pgCompleteSQL,
+	"pgFailSQL":                pgFailSQL,
+	"pgReleaseSQL":             pgReleaseSQL,
+	"pgReleaseOwnerSQL":        pgReleaseOwnerSQL,
+	"pgExpiredBatchSQL":        pgExpiredBatchSQL,
+	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
+	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
+	"pgExportScopeSQL":         pgExportScopeSQL,
+	"pgTxSessionSQL":           pgTxSessionSQL,
+	"pgTxBoundsSQL":            pgTxBoundsSQL,
+	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
+	"pgTxRestoreSQL":           pgTxRestoreSQL,
+	"pgSessionRestoreSQL":      pgSessionRestoreSQL,
+	"pgSavepointSQL":           pgSavepointSQL,
+	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
+	"pgImmediateSQL":           pgImmediateSQL,
+	"pgTxCompleteSQL":          pgTxCompleteSQL,
+	"pgTxFailSQL":              pgTxFailSQL,
+	"pgCommitSQL":              pgCommitSQL,
+	"pgCheckSQL":               pgCheckSQL,
+	"pgTableSQL":               pgTableSQL,
+	"pgTxClaimSQL":             pgTxClaimSQL,
+	"pgTxReadSQL":              pgTxReadSQL,
+	"pgLookupSQL":              pgLookupSQL,
+	"pgNowSQL":                 pgNowSQL,
+	"pgStatsSQL":               pgStatsSQL,
+	"pgCountCleanupSQL":        pgCountCleanupSQL,
+	"pgReleaseKeySQL":          pgReleaseKeySQL,
+}
+
+// pgQualified is pgStatements with the table's name qualified.
+type pgQualified struct {
+	table string            // the qualified name, such as app.idempotency_keys
+	sql   map[string]string // a statement as written -> as sent
+}
+
+func newPgQualified(table string) *pgQualified {
+	q := &pgQualified{table: table, sql: make(map[string]string, len(pgStatements)+len(pgProbe))}
+	for _, s := range pgStatements {
+		q.sql[s] = qualify(s, table)
+	}
+	for _, p := range pgProbe {
+		q.sql[p.sql] = qualify(p.sql, table)
+	}
+	return q
+}
+
+// of returns sql as sent: qualified when it is one of pgStatements (and q
+// is not nil), else unchanged.
+func (q *pgQualified) of(sql string) string {
+	if q != nil {
+		if s, ok := q.sql[sql]; ok {
+			return s
+		}
+	}
+	return sql
+}
+
+// batch qualifies b's statements in place.
+func (q *pgQualified) batch(b *pgx.Batch) {
+	for _, qq := range b.QueuedQueries {
+		qq.SQL = q.of(qq.SQL)
+	}
+}
+
+// pgPool is the store's pool: pgxpool's, whose Query, QueryRow, Exec,
+// SendBatch and BeginTx (and the transaction BeginTx returns) send each of
+// pgStatements with the table qualified, as do the connections the store
+// acquires (PostgresStore.conn). Other SQL passes unchanged, and what is
+// sent on a connection of pgxpool's own (Acquire) is sent as it is.
+//
+// The table is resolved once per store: by Check (the schema it checked),
+// or, when Check was never called, by the store's first statement, one
+// statement more on its connection, under that call's deadline. Until a
+// table is found the statements go unqualified, and the server answers
+// for the missing table.
+type pgPool struct {
+	*pgxpool.Pool
+	qualified atomic.Pointer[pgQualified]
+}
+
+// rowQuerier runs a statement returning one row.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// resolved returns the qualified statements, resolving the table on db
+// first when no statement has yet: nil (statements sent as written) while
+// there is no table.
+func (p *pgPool) resolved(ctx context.Context, db rowQuerier) (*pgQualified, error) {
+	if q := p.qualified.Load(); q != nil {
+		return q, nil
+	}
+	var table string
+	err := db.QueryRow(ctx, pgTableSQL, pgTable).Scan(&table)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return p.resolve(table), nil
+}
+
+// resolve records table as the store's table unless one is recorded
+// already, and returns the statements for the one recorded.
+func (p *pgPool) resolve(table string) *pgQualified {
+	p.qualified.CompareAndSwap(nil, newPgQualified(table))
+	return p.qualified.Load()
+}
+
+// table is the name Check looks up: the resolved table, else the name as
+// the search_path finds it.
+func (p *pgPool) table() string {
+	if q := p.qualified.Load(); q != nil {
+		return q.table
+	}
+	return pgTable
+}
+
+func (p *pgPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	q, err := p.resolved(ctx, p.Pool)
+	if err != nil {
+		return nil, err
+	}
+	return p.Pool.Query(ctx, q.of(sql), args...)
+}
+
+func (p *pgPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	q, err := p.resolved(ctx, p.Pool)
+	if err != nil {
+		return errRow{err}
+	}
+	return p.Pool.QueryRow(ctx, q.of(sql), args...)
+}
+
+func (p *pgPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q, err := p.resolved(ctx, p.Pool)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return p.Pool.Exec(ctx, q.of(sql), args...)
+}
+
+func (p *pgPool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	q, err := p.resolved(ctx, p.Pool)
+	if err != nil {
+		return errBatch{err}
+	}
+	q.batch(b)
+	return p.Pool.SendBatch(ctx, b)
+}
+
+func (p *pgPool) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	q, err := p.resolved(ctx, p.Pool)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := p.Pool.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pgQualifiedTx{tx, q}, nil
+}

@@ -1,0 +1,1 @@
+SELECT set_config('lock_timeout', $1, true)

@@ -1,0 +1,1 @@
+SELECT set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)
