@@ -37,11 +37,11 @@ FROM (SELECT current_setting('role'), current_setting('search_path'), current_se
 	current_setting('statement_timeout') AS st, current_setting('lock_timeout'),
 	current_setting('idle_in_transaction_session_timeout') AS it, current_user::text OFFSET 0) AS session`
 
-// pgTxColumns are the columns a transactional claim or takeover returns
-// for the row it now owns: fresh, so neither expired nor past its lease
-// (constants, not now(): RETURNING).
+// pgTxColumns are the columns a transactional claim returns for the row
+// it now owns: fresh, so neither expired nor past its lease (constants,
+// not now(): RETURNING).
 const pgTxColumns = `request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at,
 	false AS expired, false AS lease_over`
 
@@ -74,24 +74,29 @@ const pgTxReadSQL = `SELECT ` + pgClaimColumns + `, false AS won FROM idempotenc
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`
 
 // pgTxTakeoverSQL is pgTakeoverSQL inside a transactional route's
-// transaction, returning pgTxColumns (TestTxTakeoverMatchesTakeover keeps
-// the UPDATE the same as pgTakeoverSQL's).
-const pgTxTakeoverSQL = `UPDATE idempotency_keys SET
-	attempt = attempt + 1,
-	request_hash = $4,
-	status = 'in_flight',
-	response_code = NULL,
-	response_body = NULL,
-	response_body_raw = NULL,
-	response_headers = NULL,
-	created_at = now(),
-	locked_at = now(),
-	locked_until = now() + $6::interval,
-	expires_at = now() + $5::interval,
-	owner_token = $7::uuid
-WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
-	AND NOT (status = 'in_flight' AND locked_until >= now())
-RETURNING id, idem_key, scope_user_id, scope_endpoint, ` + pgTxColumns
+// transaction (TestTxTakeoverMatchesTakeover keeps its UPDATE the same as
+// pgTakeoverSQL's): the row it returns is fresh, so its flags are
+// constants, as in pgTxColumns.
+const pgTxTakeoverSQL = `WITH taken AS (
+	UPDATE idempotency_keys SET
+		attempt = attempt + 1,
+		request_hash = $4,
+		status = 'in_flight',
+		response_code = NULL,
+		response_body = NULL,
+		response_body_raw = NULL,
+		response_headers = NULL,
+		seal_key_id = NULL,
+		created_at = now(),
+		locked_at = now(),
+		locked_until = now() + $6::interval,
+		expires_at = now() + $5::interval,
+		owner_token = $7::uuid
+	WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
+		AND NOT (status = 'in_flight' AND locked_until >= now())
+	RETURNING ` + pgStoredColumns + `
+)
+SELECT ` + pgStoredColumns + `, false AS expired, false AS lease_over FROM taken`
 
 // pgTxRestoreSQL puts back, for the rest of the transaction, the claim's
 // statement_timeout (first: the statements after it run under it), the
