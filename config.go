@@ -176,7 +176,8 @@ type RouteConfig struct {
 	// TxLockWait, on a transactional route, bounds how long a claim (the
 	// takeover and the re-read too, not the handler's statements) waits for
 	// another open transaction that holds the key before answering 409 in
-	// flight. Defaults to DefaultTxLockWait.
+	// flight; five times it must stay below Config.StoreTimeout. Defaults to
+	// DefaultTxLockWait.
 	TxLockWait time.Duration
 	// ReleaseOnError, on a transactional route, releases the key when the
 	// handler fails (>= 500 or panic) instead of marking it failed: the
@@ -248,8 +249,8 @@ func (rc RouteConfig) withDefaults() RouteConfig {
 }
 
 // validate checks a route's policy, defaults filled, under a middleware
-// whose lease is lease.
-func (rc *RouteConfig) validate(lease time.Duration) error {
+// whose lease is lease and whose store calls are bounded by storeTimeout.
+func (rc *RouteConfig) validate(lease, storeTimeout time.Duration) error {
 	floor := max(minTTL, 2*lease)
 	switch {
 	case !storable(rc.Name):
@@ -264,6 +265,12 @@ func (rc *RouteConfig) validate(lease time.Duration) error {
 		return fmt.Errorf("idempotency: RouteConfig.MaxResponseBytes must be positive, got %d", rc.MaxResponseBytes)
 	case rc.TxLockWait < time.Millisecond:
 		return fmt.Errorf("idempotency: RouteConfig.TxLockWait must be at least 1ms, got %v", rc.TxLockWait)
+	case rc.Transactional && txWaitBudget(rc.TxLockWait) >= storeTimeout:
+		// Each of the claim's tries may wait the bound out once, all in
+		// one store call: past the store timeout, a duplicate of a key in
+		// flight gets 503 instead of 409.
+		return fmt.Errorf("idempotency: RouteConfig.TxLockWait (%v) times the claim's %d tries must be below Config.StoreTimeout (%v)",
+			rc.TxLockWait, pgRetries, storeTimeout)
 	case rc.ReleaseOnError && !rc.Transactional:
 		return errors.New("idempotency: RouteConfig.ReleaseOnError needs RouteConfig.Transactional")
 	case rc.Transactional && rc.FailOpen:
@@ -272,6 +279,13 @@ func (rc *RouteConfig) validate(lease time.Duration) error {
 		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
 	}
 	return nil
+}
+
+// txWaitBudget is how long one transactional claim may spend waiting on
+// locks with the bound wait: PostgreSQL's bound (whole milliseconds,
+// rounded up) once per try.
+func txWaitBudget(wait time.Duration) time.Duration {
+	return time.Duration(pgMillis(wait)) * time.Millisecond * pgRetries
 }
 
 // txStore returns the TxStore a transactional route needs, nil for any

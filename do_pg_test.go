@@ -257,8 +257,9 @@ func TestDoCrash(t *testing.T) {
 	_ = child.Wait()
 
 	// The retry waits on the dead session's row only until the server has
-	// rolled it back (TxLockWait), never for the lease.
-	op := newOp(t, idempotency.NewPostgresStore(pool), idempotency.Config{StoreTimeout: 10 * time.Second, Lease: time.Minute},
+	// rolled it back (TxLockWait), never for the lease. Its five tries
+	// may each wait the bound out inside the store timeout.
+	op := newOp(t, idempotency.NewPostgresStore(pool), idempotency.Config{StoreTimeout: 30 * time.Second, Lease: time.Minute},
 		idempotency.RouteConfig{Transactional: true, TxLockWait: 5 * time.Second})
 	start := time.Now()
 	v, info, err := idempotency.Do(t.Context(), op, payment(key), func(ctx context.Context) (receipt, error) {

@@ -136,16 +136,23 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 }
 
 // commit commits the run's transaction with settlement s (nil: unclaimed).
-// When the handler's writes violate a deferred constraint, the writes are
-// undone and the key recorded failed: the client gets 409
-// idempotency_previous_failed, as every retry will. When the commit fails
-// (or its reply is lost), everything is rolled back, and the client gets
-// 503: the handler ran, and the row decides whether it committed.
+// When the record fails before COMMIT with the transaction still open,
+// whatever the handler left behind caused it (a deferred constraint it
+// violated, a trigger's error, a read-only transaction, a row of the key
+// it changed): the writes are undone and the key recorded failed, and the
+// client gets 409 idempotency_previous_failed, as every retry will; never
+// a 503 whose retry would run the handler again. When even that record
+// cannot be written, or the commit fails (or its reply is lost),
+// everything is rolled back, and the client gets 503: the row decides
+// whether the handler's writes committed.
 func (x *execution) commit(s *Settlement) bool {
 	err := x.commitOnce(s)
-	if err != nil && s != nil && errors.Is(err, ErrDeferredConstraint) {
-		x.m.log.ErrorContext(x.ctx, "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed",
-			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
+	if x.handlerCaused(s, err) {
+		msg := "idempotency: the record failed on the state the handler left its transaction in; writes rolled back, key failed"
+		if errors.Is(err, ErrDeferredConstraint) {
+			msg = "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed"
+		}
+		x.m.log.ErrorContext(x.ctx, msg, "endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
 		if err = x.commitOnce(&Settlement{Fence: s.Fence, Owner: s.Owner, Failed: true, Undo: true}); err == nil {
 			x.answer(answerPreviousFailed)
 			return false
@@ -154,26 +161,56 @@ func (x *execution) commit(s *Settlement) bool {
 	if err == nil {
 		return true
 	}
+	unwritable := s != nil && x.txLive()
 	x.abort()
-	if x.owned {
+	switch {
+	case unwritable:
+		x.m.log.ErrorContext(x.ctx, "idempotency: the key's record cannot be written; everything rolled back, the retry executes",
+			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
+	case x.owned:
 		x.m.log.ErrorContext(x.ctx, "idempotency: commit failed; the handler ran, the retry replays if it committed and executes if not",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
+	default:
+		x.m.log.ErrorContext(x.ctx, "idempotency: commit failed", "endpoint", x.label, "error", err)
+	}
+	if x.owned {
 		x.rm.settleFailures.Inc()
 		x.recordFailed = true
-	} else {
-		x.m.log.ErrorContext(x.ctx, "idempotency: commit failed", "endpoint", x.label, "error", err)
 	}
 	x.cause = err
 	x.answer(answerUnavailable)
 	return false
 }
 
-// commitOnce runs RouteTx.Commit as the store call "commit".
+// commitOnce runs RouteTx.Commit as the store call "commit". A record
+// that fails before COMMIT with the transaction still open is not counted
+// as a store error: the handler's state caused it, unless the failed
+// record that follows fails too.
 func (x *execution) commitOnce(s *Settlement) error {
-	_, err := storeCall(x.request, "commit", func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, x.tx.Commit(ctx, s)
+	var err error
+	_, _ = storeCall(x.request, "commit", func(ctx context.Context) (struct{}, error) {
+		if err = x.tx.Commit(ctx, s); x.handlerCaused(s, err) {
+			return struct{}{}, nil
+		}
+		return struct{}{}, err
 	})
 	return err
+}
+
+// handlerCaused reports a record of s that failed on the state the
+// handler left its transaction in: before COMMIT, the transaction still
+// live. A response that could not be sealed is the key source's failure,
+// not the handler's: it commits nothing, as an outage does.
+func (x *execution) handlerCaused(s *Settlement, err error) bool {
+	return err != nil && s != nil && !s.Failed && storeReason(err) != ReasonSeal && x.txLive()
+}
+
+// txLive reports a transaction still open after a failed Commit: its
+// COMMIT was never sent (one that failed ends the transaction, one whose
+// reply was lost closes the connection).
+func (x *execution) txLive() bool {
+	state := x.tx.State()
+	return state == TxOpen || state == TxAborted
 }
 
 // checkState reads how the handler left its transaction and logs what it

@@ -45,18 +45,24 @@ func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConf
 		`CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, execution BIGINT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	return f, f.route(t, f.pool, cfg, rc)
+}
+
+// route is the fixture's order route over a store on pool.
+func (f *txFixture) route(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempotency.RouteConfig) http.Handler {
+	t.Helper()
 	cfg.Registerer, cfg.Logger = f.reg, cmp.Or(cfg.Logger, quiet)
 	cfg.Enabled = func(ctx context.Context) bool {
 		r, _ := idempotency.RequestFromContext(ctx)
 		return r.Header.Get("X-Disabled") == ""
 	}
-	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rc.Transactional = true
 	rc.Name = "orders"
-	h := mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := f.calls.Add(1)
 		tx, ok := idempotency.TxFromContext(r.Context())
 		if !ok {
@@ -77,7 +83,6 @@ func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConf
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d,"execution":%d}`, id, n)
 	}))
-	return f, h
 }
 
 func (f *txFixture) orders(t *testing.T) int {

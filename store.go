@@ -218,8 +218,8 @@ type RouteTx interface {
 	// Lend returns ctx carrying the handler's view of the transaction, which
 	// the store's context getter returns (TxFromContext for PostgresStore):
 	// its Commit and Rollback are refused (ErrTxManaged). The function it
-	// returns ends the loan once the handler returned: every later use of the
-	// view is refused.
+	// returns ends the loan once the handler returned: it waits for the
+	// view's calls under way, and refuses every later one.
 	Lend(ctx context.Context) (context.Context, func())
 	// State reports how the handler left the transaction.
 	State() TxState
@@ -232,9 +232,9 @@ type RouteTx interface {
 	// on s.Fence, and commits. With s.Undo it first rolls back to the
 	// savepoint (the handler's writes vanish, the claim stays). Before the
 	// record it checks every deferred constraint (SET CONSTRAINTS ALL
-	// IMMEDIATE): a violation returns an error that errors.Is
-	// ErrDeferredConstraint, with the transaction still open at the
-	// savepoint, so the caller can Commit again with Undo and Failed. With
+	// IMMEDIATE; a violation errors.Is ErrDeferredConstraint). An error
+	// before COMMIT leaves the transaction open (State: TxOpen or
+	// TxAborted), so the caller can Commit again with Undo and Failed. With
 	// a nil s it commits the transaction alone. The caller calls Abort
 	// after any other error.
 	Commit(ctx context.Context, s *Settlement) error
