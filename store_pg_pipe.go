@@ -21,7 +21,9 @@ type pgStep struct {
 // simple protocol, as a few: each alone step a batch of its own, the
 // others grouped between them. Each next batch is sent once the previous
 // one is read, and only if it succeeded, so an error skips what follows it
-// as one pipeline's error would. It reads like one pgx.BatchResults.
+// as one pipeline's error would. It reads like one pgx.BatchResults. The
+// table's name goes out qualified (pgQualified), whatever search_path the
+// handler left.
 type pgPipe struct {
 	ctx  context.Context
 	conn *pgx.Conn
@@ -32,9 +34,9 @@ type pgPipe struct {
 	err  error // the first error of a batch, returned from then on
 }
 
-// sendPipe sends steps on conn, the first batch beginning a transaction
-// when begin is set.
-func sendPipe(ctx context.Context, conn *pgx.Conn, begin bool, steps ...pgStep) *pgPipe {
+// sendPipe sends steps on conn, qualified by q, the first batch beginning
+// a transaction when begin is set.
+func sendPipe(ctx context.Context, conn *pgx.Conn, q *pgQualified, begin bool, steps ...pgStep) *pgPipe {
 	simple := queryMode(conn) == pgx.QueryExecModeSimpleProtocol
 	p := &pgPipe{ctx: ctx, conn: conn}
 	b := &pgx.Batch{}
@@ -46,7 +48,7 @@ func sendPipe(ctx context.Context, conn *pgx.Conn, begin bool, steps ...pgStep) 
 			p.segs = append(p.segs, b)
 			b = &pgx.Batch{}
 		}
-		b.Queue(s.sql, s.args...)
+		b.Queue(q.of(s.sql), s.args...)
 	}
 	p.segs = append(p.segs, b)
 	p.send()

@@ -77,13 +77,21 @@ func beginFailed(err error) error {
 
 // begin takes a connection and sends BEGIN and the session's state read
 // (pgTxSessionSQL, or pgTxBoundsSQL with the claim's bounds), pipelined
-// with req's claim (nil: no claim). When no transaction began
-// (no connection, BEGIN failed) it returns a nil pgRouteTx, the connection
-// given back; any later error comes with the pgRouteTx to end. A claim
-// that lost reads the existing row (claimLost).
+// with req's claim (nil: no claim). Each of the store's statements in the
+// transaction names the table qualified (pgPool.resolved, on this
+// connection when no statement has resolved it yet), so a search_path
+// the handler sets cannot redirect the record. When no transaction began
+// (no connection, the table's lookup or BEGIN failed) it returns a nil
+// pgRouteTx, the connection given back; any later error comes with the
+// pgRouteTx to end. A claim that lost reads the existing row (claimLost).
 func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, lease string) (*pgRouteTx, ClaimResult, error) {
 	c, err := s.acquire(ctx)
 	if err != nil {
+		return nil, ClaimResult{}, err
+	}
+	q, err := s.pool.resolved(ctx, c)
+	if err != nil {
+		release(c)
 		return nil, ClaimResult{}, err
 	}
 	// The session's lock_timeout, as last read on this connection, goes
@@ -94,8 +102,8 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 		steps[0] = pgStep{sql: pgTxBoundsSQL, args: []any{lease}}
 		steps = append(steps, claimSteps(*req, wait, restored)...)
 	}
-	p := sendPipe(ctx, c.Conn(), true, steps...)
-	t := &pgRouteTx{c: c, tx: p.Tx()}
+	p := sendPipe(ctx, c.Conn(), q, true, steps...)
+	t := &pgRouteTx{c: c, tx: pgQualifiedTx{p.Tx(), q}, q: q}
 	if _, err = p.Exec(); err != nil {
 		_ = p.Close()
 		t.end(ctx)
@@ -240,7 +248,7 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait string
 		case !errors.Is(err, pgx.ErrNoRows):
 			return ClaimResult{}, err
 		}
-		p := sendPipe(ctx, t.tx.Conn(), false, claimSteps(req, wait, t.session.lock)...)
+		p := t.pipe(ctx, claimSteps(req, wait, t.session.lock)...)
 		res, err := readClaim(p, req)
 		if err = closeBatch(p, err); !errors.Is(err, pgx.ErrNoRows) {
 			return res, err

@@ -83,7 +83,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 // session's state read, and reads their results.
 func (t *pgRouteTx) commit(ctx context.Context, op string, steps []pgStep, n int) error {
 	steps = append(steps, pgStep{sql: pgCommitSQL}, pgStep{sql: pgTxSessionSQL})
-	p := sendPipe(ctx, t.tx.Conn(), false, steps...)
+	p := t.pipe(ctx, steps...)
 	var err error
 	for i := 0; i < len(steps)-2 && err == nil; i++ {
 		_, err = p.Exec()

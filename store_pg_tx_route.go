@@ -16,11 +16,17 @@ import (
 // tx out again once the handler returned (handlerTx), may hold it.
 type pgRouteTx struct {
 	c       *pgxpool.Conn // nil once given back
-	tx      pgx.Tx
-	session pgSession // the session's state at BEGIN
+	tx      pgx.Tx        // qualifies what it sends (pgQualifiedTx)
+	q       *pgQualified  // the store's table, as its statements name it
+	session pgSession     // the session's state at BEGIN
 	// bounds are statement_timeout and idle_in_transaction_session_timeout
 	// as the claim bounded them (pgTxBoundsSQL); unclaimed, the session's.
 	bounds [2]string
+}
+
+// pipe sends steps in the transaction (sendPipe), qualified.
+func (t *pgRouteTx) pipe(ctx context.Context, steps ...pgStep) *pgPipe {
+	return sendPipe(ctx, t.tx.Conn(), t.q, false, steps...)
 }
 
 // Tx implements RouteTx: the pgx.Tx.
@@ -53,7 +59,7 @@ func (t *pgRouteTx) State() TxState {
 // row's: another open transaction is taking it over.
 func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	var rec Record
-	p := sendPipe(ctx, t.tx.Conn(), false,
+	p := t.pipe(ctx,
 		pgStep{sql: pgSetLocal("lock_timeout", pgInterval(cmpWait(req.LockWait))), alone: true},
 		pgStep{sql: pgTxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}},
 		pgStep{sql: pgSavepointSQL},

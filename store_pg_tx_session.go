@@ -108,7 +108,7 @@ func (t *pgRouteTx) beforeRecord(ctx context.Context, op string) ([]pgStep, erro
 	case mode == pgx.QueryExecModeExec:
 	case mode == pgx.QueryExecModeDescribeExec, conn.PgConn().CustomData()[parsedKey+op] == nil:
 		steps := t.restoreSteps(nil)
-		p := sendPipe(ctx, conn, false, steps...)
+		p := sendPipe(ctx, conn, t.q, false, steps...)
 		var err error
 		for range steps {
 			if _, err = p.Exec(); err != nil {
@@ -143,7 +143,7 @@ func (t *pgRouteTx) afterCommit(ctx context.Context, now *pgSession) {
 // checks it took.
 func (t *pgRouteTx) restoreSession(ctx context.Context) error {
 	s := t.session
-	p := sendPipe(ctx, t.c.Conn(), false,
+	p := sendPipe(ctx, t.c.Conn(), t.q, false,
 		pgStep{sql: pgSetRole("SET ", s.role)},
 		pgStep{sql: pgSessionRestoreSQL, args: []any{s.searchPath, s.statement, s.idle}},
 		pgStep{sql: pgSet("SET ", "synchronous_commit", s.syncCommit)},
