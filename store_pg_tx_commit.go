@@ -181,10 +181,11 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	return nil
 }
 
-// release gives the connection back to the pool, once.
+// release gives the connection back to the pool, once; one pgx closed
+// (a deadline interrupted a statement) leaves the pool at once (release).
 func (t *pgRouteTx) release() {
 	if t.c != nil {
-		t.c.Release()
+		release(t.c)
 		t.c = nil
 	}
 }
