@@ -127,10 +127,12 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 // a 503 whose retry would run the handler again. When even that record
 // cannot be written, or the commit fails (or its reply is lost),
 // everything is rolled back, and the client gets 503: the row decides
-// whether the handler's writes committed.
+// whether the handler's writes committed. So does a response that cannot
+// be sealed (sealingTx): the keys failed, not the handler, and the retry
+// executes once they work.
 func (x *execution) commit(s *Settlement) bool {
 	err := x.commitOnce(s)
-	if err != nil && s != nil && !s.Failed && x.txLive() {
+	if x.handlersRecordFailure(s, err) {
 		msg := "idempotency: the record failed on the state the handler left its transaction in; writes rolled back, key failed"
 		if errors.Is(err, ErrDeferredConstraint) {
 			msg = "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed"
@@ -173,12 +175,20 @@ func (x *execution) commit(s *Settlement) bool {
 func (x *execution) commitOnce(s *Settlement) error {
 	var err error
 	_, _ = storeCall(&x.request, "commit", func(ctx context.Context) (struct{}, error) {
-		if err = x.tx.Commit(ctx, s); err != nil && s != nil && !s.Failed && x.txLive() {
+		if err = x.tx.Commit(ctx, s); x.handlersRecordFailure(s, err) {
 			return struct{}{}, nil
 		}
 		return struct{}{}, err
 	})
 	return err
+}
+
+// handlersRecordFailure reports a completed record s that failed with err
+// before COMMIT, the transaction still open: the state the handler left
+// caused it, and the key is recorded failed instead. Not a response that
+// could not be sealed, which fails before the store is asked.
+func (x *execution) handlersRecordFailure(s *Settlement, err error) bool {
+	return err != nil && s != nil && !s.Failed && storeReason(err) != ReasonSeal && x.txLive()
 }
 
 // txLive reports a transaction still open after a failed Commit: its
