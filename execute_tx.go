@@ -144,10 +144,12 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 // a 503 whose retry would run the handler again. When even that record
 // cannot be written, or the commit fails (or its reply is lost),
 // everything is rolled back, and the client gets 503: the row decides
-// whether the handler's writes committed.
+// whether the handler's writes committed. So does a response that cannot
+// be sealed (sealingTx): the keys failed, not the handler, and the retry
+// executes once they work.
 func (x *execution) commit(s *Settlement) bool {
 	err := x.commitOnce(s)
-	if x.handlerCaused(s, err) {
+	if x.handlersRecordFailure(s, err) {
 		msg := "idempotency: the record failed on the state the handler left its transaction in; writes rolled back, key failed"
 		if errors.Is(err, ErrDeferredConstraint) {
 			msg = "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed"
@@ -189,7 +191,7 @@ func (x *execution) commit(s *Settlement) bool {
 func (x *execution) commitOnce(s *Settlement) error {
 	var err error
 	_, _ = storeCall(x.request, "commit", func(ctx context.Context) (struct{}, error) {
-		if err = x.tx.Commit(ctx, s); x.handlerCaused(s, err) {
+		if err = x.tx.Commit(ctx, s); x.handlersRecordFailure(s, err) {
 			return struct{}{}, nil
 		}
 		return struct{}{}, err
@@ -197,11 +199,11 @@ func (x *execution) commitOnce(s *Settlement) error {
 	return err
 }
 
-// handlerCaused reports a record of s that failed on the state the
-// handler left its transaction in: before COMMIT, the transaction still
-// live. A response that could not be sealed is the key source's failure,
-// not the handler's: it commits nothing, as an outage does.
-func (x *execution) handlerCaused(s *Settlement, err error) bool {
+// handlersRecordFailure reports a completed record s that failed with err
+// before COMMIT, the transaction still open: the state the handler left
+// caused it, and the key is recorded failed instead. Not a response that
+// could not be sealed, which fails before the store is asked.
+func (x *execution) handlersRecordFailure(s *Settlement, err error) bool {
 	return err != nil && s != nil && !s.Failed && storeReason(err) != ReasonSeal && x.txLive()
 }
 

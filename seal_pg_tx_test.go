@@ -53,6 +53,9 @@ func TestSealedPostgresTransactional(t *testing.T) {
 	if n := gathered(t, rg.reg, "idempotency_record_failures_total", "orders"); n != 1 {
 		t.Fatalf("%v record failures, want 1", n)
 	}
+	if n := gathered(t, rg.reg, "idempotency_store_errors_total", "commit", idempotency.ReasonSeal); n != 1 {
+		t.Fatalf("%v seal errors of the commit, want 1", n)
+	}
 	keys.failSeal.Store(false)
 	before := rg.calls.Load()
 	retry := sealSend(rg.tx, lost, "s2")

@@ -58,7 +58,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 			return pgStoreError(op, err)
 		}
 	}
-	steps, err := t.beforeRecord(ctx, op)
+	steps, err := t.beforeRecord(ctx)
 	if err != nil {
 		return pgStoreError(op, err)
 	}
@@ -67,15 +67,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 	// its row.
 	n := len(steps)
 	steps = append(steps, pgStep{sql: pgImmediateSQL}, pgStep{sql: sql, args: args})
-	// pgx drops a failed batch's statements from its cache: parsed again
-	// next time, they go after the restore in a round trip of their own.
-	data := t.tx.Conn().PgConn().CustomData()
-	if err = t.commit(ctx, op, steps, n); err == nil {
-		data[parsedKey+op] = true
-	} else {
-		delete(data, parsedKey+op)
-	}
-	return err
+	return t.commit(ctx, op, steps, n)
 }
 
 // commit sends steps (the first n of them restore the claim's state, the
@@ -181,10 +173,11 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	return nil
 }
 
-// release gives the connection back to the pool, once.
+// release gives the connection back to the pool, once; one pgx closed
+// (a deadline interrupted a statement) leaves the pool at once (release).
 func (t *pgRouteTx) release() {
 	if t.c != nil {
-		t.c.Release()
+		release(t.c)
 		t.c = nil
 	}
 }

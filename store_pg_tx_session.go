@@ -85,39 +85,20 @@ func (t *pgRouteTx) restoreSteps(now *pgSession) []pgStep {
 	return steps
 }
 
-// parsedKey, followed by the record's op, marks in a connection's
-// CustomData that it ran that record: pgx has its statement cached.
-const parsedKey = "idempotency.parsed."
-
 // beforeRecord returns the steps that put the claim's state back before
-// op's record. Under pgx's simple protocol it reads the state first and
-// sends each SET LOCAL that changed alone. When pgx would parse the
-// record before running the batch (its statement not cached yet on this
-// connection, or QueryExecModeDescribeExec, which describes every batch
-// first), the state goes back in a round trip of its own first: the
-// record is then parsed with the search_path the claim found.
-func (t *pgRouteTx) beforeRecord(ctx context.Context, op string) ([]pgStep, error) {
-	conn := t.tx.Conn()
-	switch mode := queryMode(conn); {
-	case mode == pgx.QueryExecModeSimpleProtocol:
-		var now pgSession
-		if err := now.scan(t.tx.QueryRow(ctx, pgTxSessionSQL)); err != nil {
-			return nil, err
-		}
-		return t.restoreSteps(&now), nil
-	case mode == pgx.QueryExecModeExec:
-	case mode == pgx.QueryExecModeDescribeExec, conn.PgConn().CustomData()[parsedKey+op] == nil:
-		steps := t.restoreSteps(nil)
-		p := sendPipe(ctx, conn, t.q, false, steps...)
-		var err error
-		for range steps {
-			if _, err = p.Exec(); err != nil {
-				break
-			}
-		}
-		return nil, closeBatch(p, err)
+// the record, pipelined with it. The record names the table qualified
+// (pgQualified), so pgx may parse it under whatever search_path the
+// handler set. Under pgx's simple protocol it reads the state first, and
+// only the settings that changed go back, each SET LOCAL alone.
+func (t *pgRouteTx) beforeRecord(ctx context.Context) ([]pgStep, error) {
+	if queryMode(t.tx.Conn()) != pgx.QueryExecModeSimpleProtocol {
+		return t.restoreSteps(nil), nil
 	}
-	return t.restoreSteps(nil), nil
+	var now pgSession
+	if err := now.scan(t.tx.QueryRow(ctx, pgTxSessionSQL)); err != nil {
+		return nil, err
+	}
+	return t.restoreSteps(&now), nil
 }
 
 // afterCommit puts the session back as BEGIN found it when the committed
