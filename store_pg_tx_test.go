@@ -51,6 +51,8 @@ var txStatements = map[string]string{
 	"pgSessionRestoreSQL":      pgSessionRestoreSQL,
 	"the lock wait":            pgSetLocal("lock_timeout", "10ms"),
 	"the lock wait's end":      pgSetLocal("lock_timeout", "0"),
+	"the role put back":        pgSetRole("SET LOCAL ", "app"),
+	"synchronous_commit back":  pgSetLocal("synchronous_commit", "on"),
 }
 
 var (
@@ -67,9 +69,14 @@ var (
 // a function that is not IMMUTABLE, or reads a setting, in its RETURNING
 // list (Citus refuses the first with 0A000; a worker cannot see a
 // coordinator's setting, 42704), and none sets the lock wait with
-// set_config, which never reaches the workers.
+// set_config, which never reaches the workers; each passes the Citus
+// rules of every statement (citusProblems), the ones built at run time
+// too.
 func TestTxStatementsCitusReady(t *testing.T) {
 	for name, sql := range txStatements {
+		for _, p := range citusProblems(sql) {
+			t.Errorf("%s breaks rule %s: %s\n%s", name, p.rule, p.detail, sql)
+		}
 		if lockWaitByFunction.MatchString(sql) {
 			t.Errorf("%s sets lock_timeout with set_config:\n%s", name, sql)
 		}
