@@ -45,15 +45,24 @@ func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConf
 		`CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, idem_key TEXT NOT NULL, execution BIGINT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	return f, f.route(t, f.pool, cfg, rc)
+}
+
+// route is the fixture's order route over a store on pool.
+func (f *txFixture) route(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempotency.RouteConfig) http.Handler {
+	t.Helper()
 	cfg.Registerer, cfg.Logger = f.reg, cmp.Or(cfg.Logger, quiet)
-	cfg.Enabled = func(r *http.Request) bool { return r.Header.Get("X-Disabled") == "" }
-	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
+	cfg.Enabled = func(ctx context.Context) bool {
+		r, _ := idempotency.RequestFromContext(ctx)
+		return r.Header.Get("X-Disabled") == ""
+	}
+	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rc.Transactional = true
 	rc.Name = "orders"
-	h := mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := f.calls.Add(1)
 		tx, ok := idempotency.TxFromContext(r.Context())
 		if !ok {
@@ -74,7 +83,6 @@ func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConf
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d,"execution":%d}`, id, n)
 	}))
-	return f, h
 }
 
 func (f *txFixture) orders(t *testing.T) int {
@@ -444,7 +452,7 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{Lease: lease, StoreTimeout: storeTimeout,
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +546,7 @@ func TestTxNeverRerunsAnOrdinaryClaim(t *testing.T) {
 	key := uuid.NewString()
 	// The ordinary route claims the key and its handler outlives the lease.
 	stuck := make(chan struct{})
-	cfg.Registerer, cfg.Logger, cfg.Enabled = prometheus.NewRegistry(), quiet, func(*http.Request) bool { return true }
+	cfg.Registerer, cfg.Logger, cfg.Enabled = prometheus.NewRegistry(), quiet, func(context.Context) bool { return true }
 	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -70,12 +70,11 @@ func TestPostgresStoreResolvesWithoutCheck(t *testing.T) {
 	}
 }
 
-// TestPostgresTxQualifiedTable: a transactional route's claim and record
-// reach the resolved table too, whatever the connections' search_path.
+// TestPostgresTxQualifiedTable: a transactional route's claim, record,
+// loser's read, takeover and failed record reach the resolved table too,
+// whatever the connections' search_path.
 func TestPostgresTxQualifiedTable(t *testing.T) {
 	t.Parallel()
-	t.Skip("pending the merge with r-tx: BeginClaim's batch and transaction (store_pg_tx.go begin) must be qualified " +
-		"with pgPool.resolved, q.batch and pgQualifiedTx (store_pg_table.go); remove this skip then")
 	decoyPool := testdb.New(t, testdb.MaxConns(1))
 	sent := &sqlLog{}
 	pool := testdb.New(t, testdb.MaxConns(2), testdb.Tracer(sent))
@@ -88,6 +87,7 @@ func TestPostgresTxQualifiedTable(t *testing.T) {
 	sent.reset()
 	req := idempotencytest.Request("u", time.Hour, time.Minute)
 	tx, res, err := s.BeginClaim(ctx, &req)
+	abortAtEnd(t, tx)
 	if err != nil || !res.Won {
 		t.Fatalf("BeginClaim: won %v, %v", res.Won, err)
 	}
@@ -95,11 +95,40 @@ func TestPostgresTxQualifiedTable(t *testing.T) {
 		Response: idempotency.Response{Status: 201, BodyKind: idempotency.BodyNone}}); err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
+	// The row expires: a second claim loses, reads it and takes it over,
+	// then records it failed after undoing to the savepoint.
+	if _, err := pool.Exec(ctx, `UPDATE `+schemaOf(pool)+`.idempotency_keys SET expires_at = now() - interval '1s'`); err != nil {
+		t.Fatal(err)
+	}
+	tx, res, err = s.BeginClaim(ctx, &req)
+	abortAtEnd(t, tx)
+	if err != nil || res.Won || res.Record.Status != idempotency.StatusCompleted || !res.Record.Expired {
+		t.Fatalf("BeginClaim of the expired key: won %v, %s, expired %v, %v", res.Won, res.Record.Status, res.Record.Expired, err)
+	}
+	taken, err := tx.Takeover(ctx, res.Record.Fence(), req)
+	if err != nil || !taken.Won {
+		t.Fatalf("Takeover: won %v, %v", taken.Won, err)
+	}
+	if err := tx.Commit(ctx, &idempotency.Settlement{Fence: taken.Record.Fence(), Failed: true, Undo: true}); err != nil {
+		t.Fatalf("Commit failed: %v", err)
+	}
 	mustBeEmpty(t, decoyPool)
-	if rec := idempotencytest.Read(t, s, req); rec.Status != idempotency.StatusCompleted {
-		t.Errorf("the key reads %s, want completed", rec.Status)
+	if rec := idempotencytest.Read(t, s, req); rec.Status != idempotency.StatusFailed || rec.Attempt != 2 {
+		t.Errorf("the key reads %s at attempt %d, want failed at 2", rec.Status, rec.Attempt)
+	}
+	if n := sent.count(regexp.MustCompile(`^INSERT INTO ` + regexp.QuoteMeta(schemaOf(pool)) + `\.idempotency_keys\b`)); n != 2 {
+		t.Errorf("%d transactional claims (pgTxClaimSQL, sent in a batch) seen qualified, want 2", n)
 	}
 	sent.mustQualify(t, schemaOf(pool))
+}
+
+// abortAtEnd ends tx (nil: none) when the test ends, so that a test that
+// failed with it open still gives its connection back (a no-op once it
+// committed).
+func abortAtEnd(t *testing.T, tx idempotency.RouteTx) {
+	if tx != nil {
+		t.Cleanup(func() { _ = tx.Abort(context.Background()) })
+	}
 }
 
 // schemaOf is the schema testdb gave pool.
@@ -140,7 +169,7 @@ func mustBeEmpty(t *testing.T, pool *pgxpool.Pool) {
 	}
 }
 
-// sqlLog records every statement a pool sends.
+// sqlLog records every statement a pool sends, alone or in a batch.
 type sqlLog struct {
 	mu  sync.Mutex
 	sql []string
@@ -154,6 +183,19 @@ func (l *sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQu
 }
 
 func (l *sqlLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceBatchQuery records each statement of a batch, as its result is read.
+func (l *sqlLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = append(l.sql, d.SQL)
+}
+
+func (l *sqlLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (l *sqlLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (l *sqlLog) reset() {
 	l.mu.Lock()

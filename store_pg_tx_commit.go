@@ -14,10 +14,13 @@ import (
 )
 
 // Commit implements RouteTx. Settled: the rollback to the savepoint
-// (Undo), then one pipelined batch of SET CONSTRAINTS ALL IMMEDIATE, the
-// fenced record (pgTxCompleteSQL or pgTxFailSQL) and COMMIT. Unclaimed
-// (s nil): COMMIT alone, pgx's Commit. The connection goes back to the pool once
-// committed; on an error the caller ends the transaction (Abort).
+// (Undo), then one pipelined batch that puts back the state the claim
+// found (restoreSteps: whatever the handler set with SET LOCAL), SET
+// CONSTRAINTS ALL IMMEDIATE, the fenced record (pgTxCompleteSQL or
+// pgTxFailSQL), COMMIT and the session's state read. Unclaimed (s nil):
+// COMMIT and the read. The connection goes back to the pool once
+// committed, as BEGIN found it (afterCommit); on an error the caller ends
+// the transaction (Abort).
 func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 	if t.c == nil {
 		return pgStoreError("commit", pgx.ErrTxClosed)
@@ -25,8 +28,8 @@ func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 	var err error
 	if s != nil {
 		err = t.record(ctx, s)
-	} else if err = t.tx.Commit(ctx); err != nil {
-		err = pgStoreError("commit", err)
+	} else {
+		err = t.commit(ctx, "commit", nil, 0)
 	}
 	if err == nil {
 		t.release()
@@ -55,30 +58,48 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 			return pgStoreError(op, err)
 		}
 	}
+	steps, err := t.beforeRecord(ctx)
+	if err != nil {
+		return pgStoreError(op, err)
+	}
 	// One batch: an error skips the rest of it, so COMMIT runs only after
-	// the constraints held and the record found its row.
-	b := &pgx.Batch{}
-	b.Queue(pgImmediateSQL)
-	b.Queue(sql, args...)
-	b.Queue(pgCommitSQL)
-	br := t.tx.SendBatch(ctx, b)
-	_, err := br.Exec()
-	if isIntegrityViolation(err) {
-		err = errors.Join(ErrDeferredConstraint, err)
+	// the state was put back, the constraints held and the record found
+	// its row.
+	n := len(steps)
+	steps = append(steps, pgStep{sql: pgImmediateSQL}, pgStep{sql: sql, args: args})
+	return t.commit(ctx, op, steps, n)
+}
+
+// commit sends steps (the first n of them restore the claim's state, the
+// next two check the constraints and record), then COMMIT and the
+// session's state read, and reads their results.
+func (t *pgRouteTx) commit(ctx context.Context, op string, steps []pgStep, n int) error {
+	steps = append(steps, pgStep{sql: pgCommitSQL}, pgStep{sql: pgTxSessionSQL})
+	p := t.pipe(ctx, steps...)
+	var err error
+	for i := 0; i < len(steps)-2 && err == nil; i++ {
+		_, err = p.Exec()
+		if i == n && isIntegrityViolation(err) {
+			err = errors.Join(ErrDeferredConstraint, err)
+		}
 	}
-	recorded := false
-	if err == nil {
-		_, err = br.Exec()
-		recorded = err == nil
-	}
-	var tag pgconn.CommandTag
+	recorded := err == nil
 	if recorded {
-		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
+		var tag pgconn.CommandTag
+		if tag, err = p.Exec(); err == nil && tag.String() != "COMMIT" {
 			err = pgx.ErrTxCommitRollback
 		}
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	var now *pgSession
+	if recorded && err == nil {
+		now = new(pgSession)
+		if now.scan(p.QueryRow()) != nil {
+			now = nil
+		}
+	}
+	cerr := p.Close()
+	if err == nil && now != nil && cerr != nil {
+		now = nil // the read failed after COMMIT: the commit stands
 	}
 	switch {
 	case errors.Is(err, ErrDeferredConstraint):
@@ -90,6 +111,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 	case err != nil:
 		return pgStoreError("commit", err)
 	}
+	t.afterCommit(ctx, now)
 	return nil
 }
 
@@ -129,7 +151,20 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	}
 	defer t.release()
 	pc := t.c.Conn().PgConn()
-	if pc.IsClosed() || pc.TxStatus() == 'I' {
+	switch {
+	case pc.IsClosed():
+		return nil
+	case pc.TxStatus() == 'I' && t.session == (pgSession{}):
+		return nil // no transaction began
+	case pc.TxStatus() == 'I':
+		// The handler ended the transaction itself (or a COMMIT failed):
+		// what it committed may have changed the session.
+		var now pgSession
+		if err := now.scan(t.c.Conn().QueryRow(ctx, pgTxSessionSQL)); err != nil {
+			t.afterCommit(ctx, nil)
+		} else {
+			t.afterCommit(ctx, &now)
+		}
 		return nil
 	}
 	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
@@ -138,10 +173,11 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 	return nil
 }
 
-// release gives the connection back to the pool, once.
+// release gives the connection back to the pool, once; one pgx closed
+// (a deadline interrupted a statement) leaves the pool at once (release).
 func (t *pgRouteTx) release() {
 	if t.c != nil {
-		t.c.Release()
+		release(t.c)
 		t.c = nil
 	}
 }

@@ -122,7 +122,9 @@ func main() {
 }
 
 func run(src, example, out string) error {
-	consts, err := gosrc.StringConsts(src)
+	// The transactional statements are in store_pg_tx_sql.go beside it.
+	txSrc := filepath.Join(filepath.Dir(src), "store_pg_tx_sql.go")
+	consts, err := gosrc.StringConsts(src, txSrc)
 	if err != nil {
 		return err
 	}
@@ -140,7 +142,7 @@ func run(src, example, out string) error {
 	}
 	txClaim, savepoint, immediate := consts["pgTxClaimSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
 	if txClaim == "" || savepoint == "" || immediate == "" {
-		return fmt.Errorf("%s: the transactional claim's statements (pgTxClaimSQL, pgSavepointSQL, pgImmediateSQL) not found", src)
+		return fmt.Errorf("%s: the transactional claim's statements (pgTxClaimSQL, pgSavepointSQL, pgImmediateSQL) not found", txSrc)
 	}
 	// As the middleware sends them: every claim carries an owner token (a
 	// new one per request; one fixed token here, which no row's status

@@ -12,15 +12,20 @@ import (
 	"strconv"
 )
 
-// StringConsts evaluates the file's string constants made of literals and
-// other constants joined with +.
-func StringConsts(path string) (map[string]string, error) {
-	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-	if err != nil {
-		return nil, err
+// StringConsts evaluates the string constants of the files (one package's:
+// a constant may use another file's) made of literals and other constants
+// joined with +.
+func StringConsts(paths ...string) (map[string]string, error) {
+	var decls []ast.Decl
+	for _, path := range paths {
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return nil, err
+		}
+		decls = append(decls, f.Decls...)
 	}
 	exprs := map[string]ast.Expr{}
-	for _, d := range f.Decls {
+	for _, d := range decls {
 		gd, ok := d.(*ast.GenDecl)
 		if !ok || gd.Tok != token.CONST {
 			continue

@@ -1,0 +1,195 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The results a handler's transaction hands out (handler_tx.go), behind
+// its gate: once the handler returned they refuse every call, and the
+// gate closes those the handler left open.
+
+// gatedRows is a pgx.Rows of the handler's transaction.
+type gatedRows struct {
+	g         *txGate
+	rows      pgx.Rows
+	abandoned bool // closed by the gate, not by the handler
+}
+
+// rows returns rows behind the gate, tracked until closed.
+func (g *txGate) rows(rows pgx.Rows) *gatedRows {
+	r := &gatedRows{g: g, rows: rows}
+	g.track(r)
+	return r
+}
+
+func (r *gatedRows) abandon() {
+	r.abandoned = true
+	r.rows.Close()
+}
+
+// Close closes the rows.
+func (r *gatedRows) Close() {
+	if !r.g.enter() {
+		return
+	}
+	defer r.g.leave()
+	r.rows.Close()
+	r.g.untrack(r)
+}
+
+// Err is the rows' error; pgx.ErrTxClosed for rows the handler left open
+// when it returned.
+func (r *gatedRows) Err() error {
+	if !r.g.enter() {
+		if r.abandoned {
+			return pgx.ErrTxClosed
+		}
+		return r.rows.Err()
+	}
+	defer r.g.leave()
+	return r.rows.Err()
+}
+
+// CommandTag is the rows' command tag.
+func (r *gatedRows) CommandTag() pgconn.CommandTag {
+	if !r.g.enter() {
+		return pgconn.CommandTag{}
+	}
+	defer r.g.leave()
+	return r.rows.CommandTag()
+}
+
+// FieldDescriptions describes the rows' columns.
+func (r *gatedRows) FieldDescriptions() []pgconn.FieldDescription {
+	if !r.g.enter() {
+		return nil
+	}
+	defer r.g.leave()
+	return r.rows.FieldDescriptions()
+}
+
+// Next reads the next row.
+func (r *gatedRows) Next() bool {
+	if !r.g.enter() {
+		return false
+	}
+	defer r.g.leave()
+	return r.rows.Next()
+}
+
+// Scan reads the current row into dest.
+func (r *gatedRows) Scan(dest ...any) error {
+	if !r.g.enter() {
+		return pgx.ErrTxClosed
+	}
+	defer r.g.leave()
+	return r.rows.Scan(dest...)
+}
+
+// Values returns the current row's values.
+func (r *gatedRows) Values() ([]any, error) {
+	if !r.g.enter() {
+		return nil, pgx.ErrTxClosed
+	}
+	defer r.g.leave()
+	return r.rows.Values()
+}
+
+// RawValues returns the current row's values as the server sent them.
+func (r *gatedRows) RawValues() [][]byte {
+	if !r.g.enter() {
+		return nil
+	}
+	defer r.g.leave()
+	return r.rows.RawValues()
+}
+
+// Conn returns the rows' connection (pgx's own, not guarded).
+func (r *gatedRows) Conn() *pgx.Conn { return r.rows.Conn() }
+
+// TypeMap returns the map the rows' values are decoded with.
+func (r *gatedRows) TypeMap() *pgtype.Map { return r.rows.TypeMap() }
+
+// gatedRow is a pgx.Row of the handler's transaction: Scan reads the one
+// row as pgx's QueryRow does, and closes the rows.
+type gatedRow struct{ rows pgx.Rows }
+
+// Scan reads the row into dest: pgx.ErrNoRows when there is none.
+func (r gatedRow) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if err := r.rows.Err(); err != nil {
+		return err
+	}
+	for _, d := range dest {
+		if _, ok := d.(*pgtype.DriverBytes); ok {
+			return fmt.Errorf("cannot scan into *pgtype.DriverBytes from QueryRow")
+		}
+	}
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+// gatedBatch is a pgx.BatchResults of the handler's transaction.
+type gatedBatch struct {
+	g     *txGate
+	batch pgx.BatchResults
+}
+
+func (b *gatedBatch) abandon() { _ = b.batch.Close() }
+
+// Exec reads the next statement's result.
+func (b *gatedBatch) Exec() (pgconn.CommandTag, error) {
+	if !b.g.enter() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	defer b.g.leave()
+	return b.batch.Exec()
+}
+
+// Query reads the next statement's rows.
+func (b *gatedBatch) Query() (pgx.Rows, error) {
+	if !b.g.enter() {
+		return closedTx.Query(context.Background(), noStatement)
+	}
+	defer b.g.leave()
+	rows, err := b.batch.Query()
+	return b.g.rows(rows), err
+}
+
+// QueryRow reads the next statement's row.
+func (b *gatedBatch) QueryRow() pgx.Row {
+	rows, _ := b.Query() // the error is the row's too
+	return gatedRow{rows}
+}
+
+// Close reads what is left of the batch.
+func (b *gatedBatch) Close() error {
+	if !b.g.enter() {
+		return pgx.ErrTxClosed
+	}
+	defer b.g.leave()
+	b.g.untrack(b)
+	return b.batch.Close()
+}
+
+// Tx is nil: a batch sent in a transaction cannot begin one.
+func (b *gatedBatch) Tx() pgx.Tx { return nil }
+
+// noStatement is what a closed batch's Query asks of closedTx, which
+// refuses before anything is sent (pgx.ErrTxClosed): no SQL of the store's
+// (TestStatementsAreConstants).
+const noStatement = ""
