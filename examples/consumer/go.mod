@@ -9,6 +9,7 @@ require (
 	github.com/idemkit/idempotency v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/examples/consumer/payment"
 )
@@ -38,10 +39,18 @@ var bin struct {
 	err      error
 }
 
+// TestMain removes the built binaries and fails a run that leaves
+// goroutines behind (goleak).
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if bin.dir != "" {
 		os.RemoveAll(bin.dir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }

@@ -32,8 +32,8 @@ const brokerTimeout = 5 * time.Second
 // handle settles one delivery and does what its verdict says.
 func (c *consumer) handle(msg jetstream.Msg) {
 	meta, err := msg.Metadata()
-	if err != nil { // not a JetStream delivery: nothing to ack it with
-		c.log.Error("not a JetStream message; dropped", "subject", msg.Subject(), "error", err)
+	if err != nil { // not a JetStream delivery: nothing to ack or nack it with
+		c.log.Error("not a JetStream message; ignored", "subject", msg.Subject(), "error", err)
 		return
 	}
 	key := msg.Headers().Get(jetstream.MsgIDHeader)

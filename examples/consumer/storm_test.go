@@ -35,18 +35,30 @@ func TestRedeliveryStorm(t *testing.T) {
 		e.publishWithCommand(t, "-id", "pay-declined-currency", "-currency", "XXX")...)
 	poison := e.publishPoison(t) // reason -> the dead letter's original id ("" for none)
 
+	st := e.storm(t, append(append(append([]string{}, good...), declined...), values(poison)...))
+	e.settled(t)
+	t.Logf("%d deliveries (%d redeliveries) for %d messages: %d replays, %d in-flight nacks, %d chaos events, %d payments handled by two processes or more",
+		st.deliveries, st.redeliveries, stormPayments+len(declined)+len(poison), st.replays, st.inFlight, st.chaos, st.shared())
+	if st.replays == 0 || st.redeliveries == 0 || st.shared() == 0 {
+		t.Errorf("no storm: %d replays, %d redeliveries, %d payments seen by two processes", st.replays, st.redeliveries, st.shared())
+	}
+	e.checkLedger(t, good, declined)
+	e.checkDeadLetters(t, poison)
+}
+
+// storm runs the two chaotic consumers (a, killed -9 after a quarter of
+// the acks and replaced by a2, and b) until the durable consumer holds
+// nothing, and counts what they logged. The logs tell the progress; the
+// broker tells the end: a message that the killed process acked just
+// before its SIGKILL has no log line.
+func (e *env) storm(t *testing.T, ids []string) stormStats {
+	t.Helper()
 	f := newFleet(t)
 	chaos := []string{"EXAMPLE_CONSUMER_CHAOS=0.3"}
 	a := f.start("a", e.flags("a"), append(chaos, "EXAMPLE_CONSUMER_SEED=1")...)
 	f.start("b", e.flags("b"), append(chaos, "EXAMPLE_CONSUMER_SEED=2")...)
-
-	// The logs tell the progress; the broker tells the end: a message that
-	// the killed process acked just before its SIGKILL has no log line.
 	want := map[string]bool{} // keys without a logged final verdict
-	for _, id := range append(append([]string{}, good...), declined...) {
-		want[id] = true
-	}
-	for _, id := range poison {
+	for _, id := range ids {
 		want[id] = true
 	}
 	st := stormStats{procs: map[string]map[string]bool{}}
@@ -78,14 +90,7 @@ func TestRedeliveryStorm(t *testing.T) {
 	if len(want) > 0 {
 		t.Logf("%d messages settled with no log line (acked by a as it was killed): %v", len(want), keys(want))
 	}
-	e.settled(t)
-	t.Logf("%d deliveries (%d redeliveries) for %d messages: %d replays, %d in-flight nacks, %d chaos events, %d payments handled by two processes or more",
-		st.deliveries, st.redeliveries, stormPayments+len(declined)+len(poison), st.replays, st.inFlight, st.chaos, st.shared())
-	if st.replays == 0 || st.redeliveries == 0 || st.shared() == 0 {
-		t.Errorf("no storm: %d replays, %d redeliveries, %d payments seen by two processes", st.replays, st.redeliveries, st.shared())
-	}
-	e.checkLedger(t, good, declined)
-	e.checkDeadLetters(t, poison)
+	return st
 }
 
 // stormStats counts what the consumers logged.
@@ -130,6 +135,14 @@ func (s *stormStats) shared() int {
 		}
 	}
 	return n
+}
+
+func values(m map[string]string) []string {
+	var vs []string
+	for _, v := range m {
+		vs = append(vs, v)
+	}
+	return vs
 }
 
 func keys(m map[string]bool) []string {
