@@ -124,6 +124,7 @@ type opCall struct {
 	fn    func(context.Context) Response
 	res   Response // fn's result
 	limit int64    // how much of res.Body is recorded (0: all)
+	held  bool     // a transactional run: res waits for the commit
 	out   Response // delivered: fn's result, or the stored one
 	info  CallInfo
 	err   error // delivered: an answer instead
@@ -193,8 +194,8 @@ func (oc *opCall) pass(key string) {
 	oc.out = oc.fn(ctx)
 }
 
-func (oc *opCall) handle(ctx context.Context, limit int64, _ bool) {
-	oc.limit = limit
+func (oc *opCall) handle(ctx context.Context, limit int64, held bool) {
+	oc.limit, oc.held = limit, held
 	oc.res = oc.fn(ctx)
 }
 
@@ -218,7 +219,11 @@ func (oc *opCall) status() int {
 // outcome.
 const outcomeHeader = ":outcome"
 
-func (oc *opCall) tooLarge() bool { return false }
+// tooLarge reports a transactional result over the cap an HTTP route's
+// buffer has, so every adapter answers it alike (rolled back, 500).
+func (oc *opCall) tooLarge() bool {
+	return oc.held && oc.limit > 0 && int64(len(oc.res.Body)) > bufferCap(oc.limit)
+}
 
 // result is fn's result as recorded: without its body when that is over
 // the limit.

@@ -13,10 +13,10 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // staleStore answers a claim of a key starting "stale-" with an in-flight

@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // svc is the test service: each method takes a SimpleRequest and answers a
@@ -202,3 +202,14 @@ func replayed(header metadata.MD) bool {
 
 // errStop is what a test handler returns when told to stop.
 var errStop = errors.New("stopped")
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func atoi(t testing.TB, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
