@@ -58,4 +58,3 @@ func discardUnknown(m protoreflect.Message) {
 	}
 	eachMessage(m, func(m protoreflect.Message) bool { discardUnknown(m); return true })
 }
-
