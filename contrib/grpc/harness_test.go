@@ -2,7 +2,6 @@ package idemgrpc_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -199,9 +198,6 @@ func wantAnswer(t testing.TB, what string, err error, code codes.Code, reason st
 func replayed(header metadata.MD) bool {
 	return strings.Join(header.Get(idemgrpc.ReplayedKey), ",") == "true"
 }
-
-// errStop is what a test handler returns when told to stop.
-var errStop = errors.New("stopped")
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
