@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -103,7 +104,8 @@ func reservedName(name string) bool {
 // HTTP status does (below 500 completes, except 429, which releases the
 // key; 500 and above, or a panic, fails it); a replay returns the stored
 // Response. Its Header may carry an adapter's metadata under names that
-// start with ':'. Everything else is as Do.
+// start with ':'; ":outcome" ("complete", "fail" or "release") decides in
+// place of Status, and is not stored. Everything else is as Do.
 func (op *Operation) Exec(ctx context.Context, c Call, fn func(context.Context) Response) (Response, CallInfo, error) {
 	oc := &opCall{op: op, fn: fn}
 	oc.request = request{rt: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
@@ -122,6 +124,7 @@ type opCall struct {
 	fn    func(context.Context) Response
 	res   Response // fn's result
 	limit int64    // how much of res.Body is recorded (0: all)
+	held  bool     // a transactional run: res waits for the commit
 	out   Response // delivered: fn's result, or the stored one
 	info  CallInfo
 	err   error // delivered: an answer instead
@@ -133,6 +136,10 @@ func (oc *opCall) admit(c Call) bool {
 	if !oc.m.cfg.Enabled(oc.ctx) {
 		oc.info.Bypassed = true
 		oc.switchedOff()
+		return false
+	}
+	if c.Key == "" {
+		oc.answer(answerMissingKey)
 		return false
 	}
 	if !validCallKey(c.Key, oc.op.minKey) {
@@ -187,32 +194,53 @@ func (oc *opCall) pass(key string) {
 	oc.out = oc.fn(ctx)
 }
 
-func (oc *opCall) handle(ctx context.Context, limit int64, _ bool) {
-	oc.limit = limit
+func (oc *opCall) handle(ctx context.Context, limit int64, held bool) {
+	oc.limit, oc.held = limit, held
 	oc.res = oc.fn(ctx)
 }
 
+// status is the status whose class decides the outcome: fn's, or one of
+// the class its ":outcome" names.
 func (oc *opCall) status() int {
-	if oc.res.Status == 0 {
+	status := cmp.Or(oc.res.Status, 200)
+	switch named := oc.res.Header[outcomeHeader]; {
+	case len(named) != 1:
+	case named[0] == "complete" && (status >= 500 || status == statusTooManyRequests):
 		return 200
+	case named[0] == "fail" && status < 500:
+		return 500
+	case named[0] == "release":
+		return statusTooManyRequests
 	}
-	return oc.res.Status
+	return status
 }
 
-func (oc *opCall) tooLarge() bool { return false }
+// outcomeHeader is the reserved name under which an Exec result names its
+// outcome.
+const outcomeHeader = ":outcome"
+
+// tooLarge reports a transactional result over the cap an HTTP route's
+// buffer has, so every adapter answers it alike (rolled back, 500).
+func (oc *opCall) tooLarge() bool {
+	return oc.held && oc.limit > 0 && int64(len(oc.res.Body)) > bufferCap(oc.limit)
+}
 
 // result is fn's result as recorded: without its body when that is over
 // the limit.
 func (oc *opCall) result() Response {
 	r := oc.res
-	r.Status = oc.status()
+	r.Status = cmp.Or(r.Status, 200)
+	if _, ok := r.Header[outcomeHeader]; ok {
+		r.Header = r.Header.Clone()
+		delete(r.Header, outcomeHeader)
+	}
 	if oc.limit > 0 && int64(len(r.Body)) > oc.limit {
 		r.Body, r.BodyKind = nil, BodyNone
 	}
 	return r
 }
 
-func (oc *opCall) send()                         { oc.out, oc.out.Status = oc.res, oc.status() }
+func (oc *opCall) send()                         { oc.out, oc.out.Status = oc.res, cmp.Or(oc.res.Status, 200) }
 func (oc *opCall) replay(resp Response)          { oc.out, oc.info.Replayed = resp, true }
 func (oc *opCall) auditContext() context.Context { return oc.ctx }
 
