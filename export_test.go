@@ -42,5 +42,5 @@ func CompleteArgsForTest(f Fence, resp Response) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers}, nil
+	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID)}, nil
 }
