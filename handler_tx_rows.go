@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -163,7 +162,7 @@ func (b *gatedBatch) Exec() (pgconn.CommandTag, error) {
 // Query reads the next statement's rows.
 func (b *gatedBatch) Query() (pgx.Rows, error) {
 	if !b.g.enter() {
-		return closedTx.Query(context.Background(), "")
+		return pgx.FailedBatchResults(&pgx.Batch{}, pgx.ErrTxClosed).Query()
 	}
 	defer b.g.leave()
 	rows, err := b.batch.Query()
