@@ -12,26 +12,13 @@ import (
 	"strconv"
 )
 
-// StringConsts evaluates the file's string constants made of literals and
-// other constants joined with +.
-func StringConsts(path string) (map[string]string, error) {
-	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-	if err != nil {
-		return nil, err
-	}
+// StringConsts evaluates the files' string constants made of literals and
+// other constants (of any of the files) joined with +.
+func StringConsts(paths ...string) (map[string]string, error) {
 	exprs := map[string]ast.Expr{}
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, name := range vs.Names {
-				if i < len(vs.Values) {
-					exprs[name.Name] = vs.Values[i]
-				}
-			}
+	for _, path := range paths {
+		if err := declaredConsts(path, exprs); err != nil {
+			return nil, err
 		}
 	}
 	out := map[string]string{}
@@ -73,4 +60,27 @@ func StringConsts(path string) (map[string]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// declaredConsts adds the constants the file at path declares to exprs.
+func declaredConsts(path string, exprs map[string]ast.Expr) error {
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	if err != nil {
+		return err
+	}
+	for _, d := range f.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if i < len(vs.Values) {
+					exprs[name.Name] = vs.Values[i]
+				}
+			}
+		}
+	}
+	return nil
 }
