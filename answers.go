@@ -35,10 +35,11 @@ const (
 	countTooLarge                 // idempotency_response_too_large_total{endpoint}
 )
 
-// answers is the contract's table of answers (README "How it works"). code
-// is the body's "error" member; problem is the last segment of its
-// problem+json type URI, an idempotency_... code either way, so a client
-// finds the code in both forms.
+// answers is the contract's table of answers (README "How it works"), which
+// each adapter maps to its transport: code is the HTTP body's "error"
+// member; problem is the last segment of its problem+json type URI, an
+// idempotency_... code either way, so a client finds the code in both
+// forms; err is Do's error.
 var answers = [numAnswers]struct {
 	status       int
 	code         string
@@ -49,20 +50,21 @@ var answers = [numAnswers]struct {
 	close        bool   // Connection: close: the request body was not read whole
 	counter      counted
 	reason       string
+	err          error // what the answer stands for, as Do and Exec return it (ErrorAnswer.Unwrap)
 }{
-	answerMissingKey:       {400, "Idempotency-Key header is required", "idempotency_key_required", "Idempotency-Key header is required", "", 0, false, countRejection, reasonMissingKey},
-	answerInvalidKey:       {400, "Idempotency-Key must be a UUID string", "idempotency_key_invalid", "Idempotency-Key must be a UUID string", "", 0, false, countRejection, reasonInvalidKey},
-	answerInvalidOpaqueKey: {400, "Idempotency-Key must be 1-255 characters", "idempotency_key_invalid", "Idempotency-Key must be 1-255 characters", "", 0, false, countRejection, reasonInvalidKey},
-	answerInvalidScope:     {400, "idempotency_scope_invalid", "idempotency_scope_invalid", "The request's scope or endpoint cannot be stored", "", 0, false, countRejection, reasonInvalidScope},
-	answerBodyTooLarge:     {413, "idempotency_body_too_large", "idempotency_body_too_large", "Request body over the route's limit", "", 0, true, countRejection, reasonBodyTooLarge},
-	answerBodyUnreadable:   {400, "idempotency_body_unreadable", "idempotency_body_unreadable", "Request body could not be read whole", "", 0, true, countRejection, reasonBodyUnreadable},
-	answerUnavailable:      {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonStoreUnavailable},
-	answerInFlight:         {409, "idempotency_in_flight", "idempotency_in_flight", "A request with this key is in flight; retry the same key", "5", 5000, false, countConflict, reasonInFlight},
-	answerMismatch:         {422, "idempotency_key_body_mismatch", "idempotency_key_body_mismatch", "Idempotency-Key was used for another request", "", 0, false, countConflict, reasonBodyMismatch},
-	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed},
-	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown},
-	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored},
-	answerResponseTooLarge: {500, "idempotency_response_too_large", "idempotency_response_too_large", "Response over the transactional route's buffer; rolled back", "", 0, false, countTooLarge, ""},
+	answerMissingKey:       {400, "Idempotency-Key header is required", "idempotency_key_required", "Idempotency-Key header is required", "", 0, false, countRejection, reasonMissingKey, ErrInvalidKey},
+	answerInvalidKey:       {400, "Idempotency-Key must be a UUID string", "idempotency_key_invalid", "Idempotency-Key must be a UUID string", "", 0, false, countRejection, reasonInvalidKey, ErrInvalidKey},
+	answerInvalidOpaqueKey: {400, "Idempotency-Key must be 1-255 characters", "idempotency_key_invalid", "Idempotency-Key must be 1-255 characters", "", 0, false, countRejection, reasonInvalidKey, ErrInvalidKey},
+	answerInvalidScope:     {400, "idempotency_scope_invalid", "idempotency_scope_invalid", "The request's scope or endpoint cannot be stored", "", 0, false, countRejection, reasonInvalidScope, ErrInvalidScope},
+	answerBodyTooLarge:     {413, "idempotency_body_too_large", "idempotency_body_too_large", "Request body over the route's limit", "", 0, true, countRejection, reasonBodyTooLarge, nil},
+	answerBodyUnreadable:   {400, "idempotency_body_unreadable", "idempotency_body_unreadable", "Request body could not be read whole", "", 0, true, countRejection, reasonBodyUnreadable, nil},
+	answerUnavailable:      {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonStoreUnavailable, ErrStoreUnavailable},
+	answerInFlight:         {409, "idempotency_in_flight", "idempotency_in_flight", "A request with this key is in flight; retry the same key", "5", 5000, false, countConflict, reasonInFlight, ErrInFlight},
+	answerMismatch:         {422, "idempotency_key_body_mismatch", "idempotency_key_body_mismatch", "Idempotency-Key was used for another request", "", 0, false, countConflict, reasonBodyMismatch, ErrMismatch},
+	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed, ErrPreviousFailed},
+	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown, ErrOutcomeUnknown},
+	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored, ErrResponseNotStored},
+	answerResponseTooLarge: {500, "idempotency_response_too_large", "idempotency_response_too_large", "Response over the transactional route's buffer; rolled back", "", 0, false, countTooLarge, "", nil},
 }
 
 // ErrorFormat is the body form of the contract's error answers.
@@ -80,25 +82,23 @@ const (
 	ErrorProblem
 )
 
-// ErrorAnswer is one of the contract's error answers, as Config.ErrorWriter
-// receives it.
+// ErrorAnswer is one of the contract's error answers: what
+// Config.ErrorWriter receives, and the error (*ErrorAnswer) that Do and
+// Operation.Exec return instead of running the function.
 type ErrorAnswer struct {
-	// Status is the contract's status: 400, 409, 413, 422, 500 or 503.
-	Status int
+	Status int // the contract's status: 400, 409, 413, 422, 500 or 503
 	// Code is the "error" member of the default body: an idempotency_...
 	// code, or for a missing or malformed key the contract's sentence.
 	Code string
-	// Type is the problem type URI: Config.ProblemTypeBase followed by an
-	// idempotency_... code (idempotency_key_required and
-	// idempotency_key_invalid for the two key sentences).
-	Type string
-	// Title is a short human-readable summary.
-	Title string
-	// RetryAfterMS is 5000 on idempotency_in_flight, else 0.
-	RetryAfterMS int
-	// OriginalStatus is the recorded status on
-	// idempotency_response_not_stored, else 0.
-	OriginalStatus int
+	// Type is the problem type URI: Config.ProblemTypeBase and an
+	// idempotency_... code (idempotency_key_required or _invalid for the
+	// key sentences).
+	Type           string
+	Title          string // a short human-readable summary
+	RetryAfterMS   int    // 5000 on idempotency_in_flight, else 0
+	OriginalStatus int    // the recorded status on idempotency_response_not_stored, else 0
+
+	err error // what it stands for (Unwrap)
 }
 
 // JSON returns the default body of e: {"error":...} and its extra members.
@@ -158,11 +158,12 @@ func (m *Middleware) render(e ErrorAnswer) []byte {
 	return e.JSON()
 }
 
-// answer sends a and counts it.
+// answer counts a and has the adapter deliver it.
 func (rq *request) answer(a answer) { rq.answerWith(a, 0) }
 
-// answerWith sends a, naming the original status of answerNotStored, and
-// counts it.
+// answerWith counts answer a, reports it, and has the adapter deliver it
+// (naming the original status of answerNotStored): the only way the
+// contract's answers reach a caller.
 func (rq *request) answerWith(a answer, original int) {
 	ans := &answers[a]
 	switch ans.counter {
@@ -174,31 +175,7 @@ func (rq *request) answerWith(a answer, original int) {
 		rq.m.metrics.tooLarge.WithLabelValues(rq.label).Inc()
 	}
 	rq.observeAnswer(a)
-	h := rq.w.Header()
-	if ans.close {
-		// The rest of the body stays unread: the connection cannot carry
-		// another request.
-		h.Set("Connection", "close")
-	}
-	if ans.retryAfter != "" {
-		h.Set("Retry-After", ans.retryAfter)
-	}
-	if rq.m.cfg.ErrorWriter != nil {
-		rq.m.cfg.ErrorWriter(rq.w, rq.r, rq.m.errorAnswer(a, original))
-		return
-	}
-	body := rq.m.bodies[a]
-	if original != 0 {
-		body = rq.m.render(rq.m.errorAnswer(a, original))
-	}
-	contentType := "application/json"
-	if rq.m.cfg.ErrorFormat == ErrorProblem {
-		contentType = "application/problem+json"
-	}
-	h.Set("Content-Type", contentType)
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	rq.w.WriteHeader(ans.status)
-	_, _ = rq.w.Write(body)
+	rq.t.deliver(a, original)
 }
 
 // answerDuplicate answers a request whose key belongs to a live record.
@@ -217,7 +194,7 @@ func (rq *request) answerDuplicate(rec Record) {
 	case !rec.LeaseOver:
 		rq.answer(answerInFlight)
 	default:
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: stale in-flight key, outcome unknown",
+		rq.m.log.WarnContext(rq.ctx, "idempotency: stale in-flight key, outcome unknown",
 			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "locked_at", rec.LockedAt)
 		rq.answer(answerOutcomeUnknown)
 	}

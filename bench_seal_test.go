@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -85,7 +86,7 @@ func benchSealing(b *testing.B, backend string, replay bool) {
 // order.
 func benchRouteOn(b *testing.B, store idempotency.Store) http.Handler {
 	mw, err := idempotency.New(store, idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		b.Fatal(err)
 	}

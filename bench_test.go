@@ -42,7 +42,7 @@ func (d *discardWriter) check(b *testing.B, replayed bool) {
 }
 
 func benchRoute(b *testing.B) http.Handler {
-	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{Enabled: func(*http.Request) bool { return true },
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{Enabled: func(context.Context) bool { return true },
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
@@ -169,7 +169,7 @@ func warm(b *testing.B, pool *pgxpool.Pool) {
 
 func benchMiddleware(b *testing.B, pool *pgxpool.Pool) http.Handler {
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		b.Fatal(err)
 	}

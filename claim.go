@@ -135,7 +135,7 @@ func (rq *request) claimKeyTx() (claimed, error) {
 // fails leaves nothing behind: the server rolls back when the connection
 // goes.
 func (rq *request) endTx(tx RouteTx) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(rq.r.Context()), rq.m.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rq.ctx), rq.m.cfg.StoreTimeout)
 	defer cancel()
 	_ = tx.Abort(ctx)
 }

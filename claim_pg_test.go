@@ -82,7 +82,7 @@ func TestPostgresContentionIsInFlight(t *testing.T) {
 			}))
 			reg := prometheus.NewRegistry()
 			mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-				Registerer: reg, Logger: quiet, Enabled: func(*http.Request) bool { return true },
+				Registerer: reg, Logger: quiet, Enabled: func(context.Context) bool { return true },
 				StoreTimeout: 10 * time.Second, Lease: time.Minute})
 			if err != nil {
 				t.Fatal(err)
@@ -148,7 +148,7 @@ func TestPostgresContentionIsInFlight(t *testing.T) {
 func TestPostgresMismatchCheckedBeforeStatus(t *testing.T) {
 	t.Parallel()
 	mw, err := idempotency.New(idempotency.NewPostgresStore(testdb.New(t)), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

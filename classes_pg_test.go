@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -38,8 +39,11 @@ func newClassRoutes(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration
 	c.logs = buf
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
 		StoreTimeout: storeTimeout, Lease: 10 * storeTimeout, Registerer: c.reg, Logger: logger,
-		Enabled: func(*http.Request) bool { return true },
-		Scope:   func(r *http.Request) string { return r.Header.Get("X-User") },
+		Enabled: func(context.Context) bool { return true },
+		Scope: func(ctx context.Context) string {
+			r, _ := idempotency.RequestFromContext(ctx)
+			return r.Header.Get("X-User")
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ import (
 func TestClientRetriesACutBody(t *testing.T) {
 	t.Parallel()
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{Logger: quiet,
-		Enabled: func(*http.Request) bool { return true }})
+		Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,171 +39,153 @@ const DefaultProblemTypeBase = "https://github.com/idemkit/idempotency/blob/main
 // a default.
 type Config struct {
 	// Lease is how long a claim owns its key. A handler gets Lease minus
-	// StoreTimeout to run, so its response can always be recorded within
-	// the lease; an in_flight key whose lease is over is stale. Defaults to
-	// 30s. Must exceed StoreTimeout.
+	// StoreTimeout to run, so its outcome can always be recorded within the
+	// lease; an in_flight key whose lease is over is stale. Must exceed
+	// StoreTimeout. Defaults to 30s.
 	Lease time.Duration
 	// StoreTimeout bounds every store call; a store that does not answer in
 	// time is unavailable. Defaults to 2s.
 	StoreTimeout time.Duration
 	// BodyTimeout bounds reading a keyed request's body, where the
-	// connection supports read deadlines (http.ResponseController). A body
-	// not read whole in time is answered 400 idempotency_body_unreadable
-	// with Connection: close, and nothing more of it is read. Defaults to
-	// 10s.
+	// connection supports read deadlines: a body not read whole in time is
+	// a 400 idempotency_body_unreadable with Connection: close, and nothing
+	// more of it is read. Defaults to 10s.
 	BodyTimeout time.Duration
-	// Scope returns the user scope of a request: keys of different scopes
-	// never meet. "" means unscoped. Run the middleware after the session
-	// middleware so the user is known. Defaults to a function returning "".
-	// A scope that is not valid UTF-8, holds a NUL byte or is longer than
-	// 1024 bytes is refused with 400 idempotency_scope_invalid before any
-	// claim: the store could not hold it.
-	Scope func(*http.Request) string
-	// RouteName, when set, names a request's route when its RouteConfig.Name
-	// is empty, before r.Pattern is consulted: for routers that do not set
-	// r.Pattern (gorilla/mux, gin, echo) or set it only partly. It must
-	// return the route's template (for example "POST /accounts/{id}/orders"),
-	// never the raw path: the name becomes a metrics label and the key's
-	// scope_endpoint, so a path with ids in it would explode the label set
-	// and scope one key per path. "" falls through to r.Pattern. The
-	// contrib modules provide one per framework. Defaults to nil.
-	RouteName func(*http.Request) string
-	// Enabled is the kill-switch, asked on every request: false makes every
-	// route a pure pass-through. Defaults to EnabledFromEnv.
-	Enabled func(*http.Request) bool
-	// OnReplay, when set, is called synchronously before every replay is
-	// sent, so the host can write its own audit row. Its context is
-	// detached from the client and bounded by StoreTimeout. When it returns
-	// an error the replay is not sent on a fail-closed route, which answers
-	// 503 idempotency_store_unavailable (the client retries the same key),
-	// and is sent anyway on a fail-open route, with a WARN log. Defaults to
-	// nil.
+	// Scope returns the user scope of a call from its context (an HTTP
+	// route's request is RequestFromContext's): keys of different scopes
+	// never meet; "" is unscoped. Run the middleware after the session
+	// middleware. Do asks it only for a Call without a Scope. A scope the
+	// store cannot hold (not UTF-8, a NUL byte, over 1024 bytes) is a 400
+	// idempotency_scope_invalid (ErrInvalidScope) before any claim.
+	// Defaults to a function returning "".
+	Scope func(ctx context.Context) string
+	// RouteName, when set, names an HTTP route (RequestFromContext) whose
+	// RouteConfig.Name is empty, before r.Pattern, for routers that do not
+	// set r.Pattern; the contrib modules provide one per framework. It must
+	// return the route's template ("POST /accounts/{id}/orders"), never the
+	// raw path: the name is a metrics label and the key's scope_endpoint.
+	// "" falls through to r.Pattern. Defaults to nil.
+	RouteName func(ctx context.Context) string
+	// Enabled is the kill-switch, asked on every call with its context:
+	// false makes every route a pure pass-through and every Do run its
+	// function. Defaults to EnabledFromEnv.
+	Enabled func(ctx context.Context) bool
+	// OnReplay, when set, is called synchronously before every replay, so
+	// the host can write its own audit row, with the call's context
+	// (RequestFromContext on HTTP) detached from the client and bounded by
+	// StoreTimeout. An error refuses the replay on a fail-closed route (503
+	// idempotency_store_unavailable; the client retries the same key); a
+	// fail-open route replays anyway, with a WARN log. Defaults to nil.
 	OnReplay func(context.Context, ReplayEvent) error
-	// Logger receives WARN and ERROR events, each with the request's
-	// context (trace correlation); bodies are never logged. Defaults to
-	// slog.Default().
+	// Logger receives WARN and ERROR events, each with the call's context;
+	// bodies are never logged. Defaults to slog.Default().
 	Logger *slog.Logger
-	// OmitIdentifiers leaves idempotency keys and user scopes out of logs
-	// and Observations. Defaults to false: they are logged as they are
-	// (or as HMACs with IdentifierSecret).
+	// OmitIdentifiers leaves keys and user scopes out of logs and
+	// Observations. Defaults to false.
 	OmitIdentifiers bool
 	// IdentifierSecret, when set, logs keys and scopes as "key_hmac" and
 	// "scope_hmac", their HMAC-SHA256 (hex) under this secret, and gives
-	// Observers the scope's HMAC: records of one user still correlate, but
-	// a reader without the secret cannot recover the user (a plain hash of
-	// a user id is reversed by hashing every id). At least 16 bytes; keep
-	// it out of the code. Defaults to nil.
+	// Observers the scope's HMAC: records still correlate, but no reader
+	// without the secret recovers a user. At least 16 bytes. Defaults to nil.
 	IdentifierSecret []byte
-	// Observer, when set, is called synchronously once per decided
-	// request with the request's context (its trace span) and an
-	// Observation: outcome, endpoint, scope (or its HMAC), status and
-	// durations. It must be fast and must not write to the response.
-	// contrib/otel provides one for OpenTelemetry. Defaults to nil.
-	Observer func(ctx context.Context, o Observation)
-	// ErrorFormat is the body form of the contract's error answers:
-	// ErrorJSON ({"error":"<code>"}, application/json) or ErrorProblem (RFC
-	// 9457 application/problem+json with the same "error" member). Defaults
-	// to ErrorJSON.
-	ErrorFormat ErrorFormat
-	// ProblemTypeBase prefixes each problem+json "type" URI; the URI ends
-	// with the answer's idempotency_... code (clients such as idemclient
-	// read it there). It must be an absolute URI of printable ASCII ending
-	// in '/', '#' or ':'. Defaults to DefaultProblemTypeBase.
-	ProblemTypeBase string
-	// ErrorWriter, when set, writes every error answer of the contract
-	// instead of ErrorFormat's body: it must set Content-Type, write
-	// e.Status and a body. Retry-After and Connection: close are already
-	// set when it is called; the metrics are counted whatever it writes.
-	// Clients rely on the status and on finding e.Code, so keep both.
+	// Observer, when set, is called synchronously once per decided call
+	// with its context and an Observation. It must be fast and must not
+	// write to the response; contrib/otel provides one for OpenTelemetry.
 	// Defaults to nil.
+	Observer func(ctx context.Context, o Observation)
+	// ErrorFormat is the body form of the contract's HTTP error answers:
+	// ErrorJSON or ErrorProblem. Defaults to ErrorJSON.
+	ErrorFormat ErrorFormat
+	// ProblemTypeBase prefixes each problem+json "type" URI, which ends with
+	// the answer's idempotency_... code: an absolute URI of printable ASCII
+	// ending in '/', '#' or ':'. Defaults to DefaultProblemTypeBase.
+	ProblemTypeBase string
+	// ErrorWriter, when set, writes every HTTP error answer instead of
+	// ErrorFormat's body: it sets Content-Type and writes e.Status and a body
+	// that keeps e.Code. Retry-After and Connection: close are already set;
+	// the metrics count whatever it writes. Defaults to nil.
 	ErrorWriter func(w http.ResponseWriter, r *http.Request, e ErrorAnswer)
-	// Registerer receives the metrics. Defaults to nil: metrics are counted
-	// but registered nowhere (never the global registry).
+	// Registerer receives the metrics. Defaults to nil: counted, registered
+	// nowhere (never the global registry).
 	Registerer prometheus.Registerer
 }
 
-// RouteConfig is one route's policy. The zero value is a fail-closed route
-// with the defaults below.
+// RouteConfig is one route's or Operation's policy. The zero value is a
+// fail-closed route with the defaults below.
 type RouteConfig struct {
 	// Name is the endpoint name: the key's scope_endpoint and the metrics
-	// label. Defaults to Config.RouteName's answer, then to the ServeMux
-	// pattern that matched (r.Pattern); with
-	// none, keys are scoped by method and path and the label is
-	// "unnamed" (a path longer than 1 KiB is then refused with 400
-	// idempotency_scope_invalid). At most 1024 bytes of UTF-8.
+	// label, at most 1024 bytes of UTF-8. Defaults to Config.RouteName's
+	// answer, then to the ServeMux pattern (r.Pattern); with none, keys are
+	// scoped by method and path (over 1 KiB: 400 idempotency_scope_invalid)
+	// and the label is "unnamed".
 	Name string
 	// KeyFormat is the form of Idempotency-Key the route accepts: KeyUUID
 	// (the ADR) or KeyOpaque (1 to 255 visible ASCII characters or spaces,
-	// compared exactly, as Stripe and the IETF draft allow). A refused key
-	// is answered 400 "Idempotency-Key must be a UUID string" or, on an
-	// opaque route, "Idempotency-Key must be 1-255 characters". An opaque
-	// route needs Config.Scope or a MinKeyLength of at least 16: unscoped
-	// short keys are guessable. Defaults to KeyUUID.
+	// compared exactly). A refused key is a 400 "Idempotency-Key must be a
+	// UUID string" ("... must be 1-255 characters" on an opaque route). An
+	// opaque route needs Config.Scope or a MinKeyLength of at least 16:
+	// unscoped short keys are guessable. Defaults to KeyUUID.
 	KeyFormat KeyFormat
 	// MinKeyLength is the shortest key, in bytes, an opaque route (KeyOpaque
-	// or ParseKey) accepts; shorter keys get the 400. Defaults to 0 (1 byte),
-	// which needs Config.Scope.
+	// or ParseKey) or an Operation accepts. Defaults to 0 (1 byte).
 	MinKeyLength int
 	// ParseKey, when set, parses the route's Idempotency-Key header values
-	// instead of KeyFormat: it returns the key to store, compared exactly,
-	// or an error for a value to refuse with 400 (worded as for opaque
-	// keys). A returned key must be 1 to 255 bytes of valid UTF-8 without NUL
-	// and at least MinKeyLength, else it is refused too. The route is an
-	// opaque route: it needs Config.Scope or MinKeyLength. Defaults to nil.
+	// instead of KeyFormat: the key to store (1 to 255 bytes of UTF-8
+	// without NUL, at least MinKeyLength), or an error for a 400. The route
+	// is an opaque route. Defaults to nil.
 	ParseKey func(value string) (string, error)
 	// FailOpen runs the handler without deduplication when the store is
 	// unavailable (billing, account mutations). Defaults to false: the route
 	// fails closed with 503 and the handler does not run (orders).
 	FailOpen bool
-	// TTL is how long a key is remembered. Defaults to 24h; at most 7 days,
-	// at least the larger of 1 minute and twice the lease.
+	// TTL is how long a key is remembered: at most 7 days, at least the
+	// larger of 1 minute and twice the lease. Defaults to 24h.
 	TTL time.Duration
 	// RequireKey answers 400 to requests without an Idempotency-Key.
 	// Defaults to false: such requests pass through.
 	RequireKey bool
-	// MaxBodyBytes limits a keyed request's body; larger bodies get 413.
-	// The body is held in memory while it is hashed. math.MaxInt64 means no
-	// limit but memory: values above math.MaxInt64-1 are clamped to it, so
-	// one byte past the limit can still be read and seen. Defaults to 1 MiB.
+	// MaxBodyBytes limits a keyed request's body, held in memory while it is
+	// hashed; larger bodies get 413. math.MaxInt64 means no limit but
+	// memory. Defaults to 1 MiB.
 	MaxBodyBytes int64
-	// MaxResponseBytes limits the response body that is recorded; a larger
-	// response is sent as it is and recorded without its body, so
-	// duplicates get 409 idempotency_response_not_stored. Defaults to 1 MiB.
+	// MaxResponseBytes limits the response body (or Do's encoded value)
+	// that is recorded; a larger one is sent as it is and recorded without
+	// it, so duplicates get 409 idempotency_response_not_stored. Defaults to
+	// 1 MiB.
 	MaxResponseBytes int64
-	// ReplayHeaders are response headers replayed in addition to
-	// Content-Type, Content-Encoding, Location and Content-Language. Set-Cookie,
+	// ReplayHeaders are response headers replayed besides Content-Type,
+	// Content-Encoding, Location and Content-Language. Set-Cookie,
 	// Authorization, WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and
 	// Content-Length are refused. Defaults to none.
 	ReplayHeaders []string
-	// NoReplayMarker leaves a replayed JSON object as it was recorded,
-	// without the added "idempotency_replayed": true member, for clients
-	// whose schemas refuse unknown members; the Idempotent-Replayed: true
-	// header still marks every replay. Defaults to false: the member is
-	// added.
+	// NoReplayMarker replays a JSON object as recorded, without the added
+	// "idempotency_replayed": true member (the Idempotent-Replayed header
+	// stays). Defaults to false.
 	NoReplayMarker bool
 	// NoStore never records response bodies, for responses that carry
-	// personal data: concurrent duplicates get 409 in flight, and on
-	// completion the key is released, so a later retry executes again. The
-	// route gives up at-most-once for sequential retries. Defaults to false.
+	// personal data: concurrent duplicates get 409 in flight, and a
+	// completed key is released, so a later retry executes again: the route
+	// gives up at-most-once for sequential retries. Defaults to false.
 	NoStore bool
-	// Transactional claims the key inside a database transaction and hands
-	// that transaction to the handler (TxFromContext): the claim, the
-	// handler's writes and the record commit together, so a process that
-	// dies mid-handler leaves nothing behind and the retry executes at once.
-	// Requires a store that implements TxStore (PostgresStore does) and a
-	// fail-closed route. Defaults to false.
+	// Transactional claims the key inside a database transaction and lends
+	// it to the handler (TxFromContext): the claim, the handler's writes and
+	// the record commit together, so a process that dies mid-handler leaves
+	// nothing behind and the retry executes at once. Needs a TxStore (such
+	// as PostgresStore) and a fail-closed route. Defaults to false.
 	Transactional bool
-	// TxLockWait, on a transactional route, bounds how long a claim waits
-	// for another open transaction that holds the same key (its owner is
-	// mid-handler) before answering 409 in flight; five times it must stay
-	// below Config.StoreTimeout. Only the claim, the takeover and the re-read
-	// wait, not the handler's statements. Defaults to DefaultTxLockWait.
+	// TxLockWait, on a transactional route, bounds how long a claim (the
+	// takeover and the re-read too, not the handler's statements) waits for
+	// another open transaction that holds the key before answering 409 in
+	// flight; five times it must stay below Config.StoreTimeout. Defaults to
+	// DefaultTxLockWait.
 	TxLockWait time.Duration
 	// ReleaseOnError, on a transactional route, releases the key when the
 	// handler fails (>= 500 or panic) instead of marking it failed: the
-	// rollback proves nothing happened, so a retry may execute. Defaults to
-	// false.
+	// rollback proves nothing happened. Defaults to false.
 	ReleaseOnError bool
+	// Codec, on an Operation, encodes the values Do stores. Defaults to
+	// encoding/json.
+	Codec Codec
 }
 
 // withDefaults returns cfg with every unset field at its default.
@@ -212,7 +194,7 @@ func (c Config) withDefaults() Config {
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
 	c.BodyTimeout = cmp.Or(c.BodyTimeout, DefaultBodyTimeout)
 	if c.Scope == nil {
-		c.Scope = func(*http.Request) string { return "" }
+		c.Scope = func(context.Context) string { return "" }
 	}
 	if c.Enabled == nil {
 		c.Enabled = EnabledFromEnv

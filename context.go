@@ -13,7 +13,17 @@ type ctxKey int
 const (
 	keyCtxKey ctxKey = iota
 	txCtxKey
+	requestCtxKey
 )
+
+// RequestFromContext returns the HTTP request a route is deciding, inside
+// Config's hooks (Scope, RouteName, Enabled, OnReplay), which take the
+// call's context so that one hook serves HTTP routes and Do alike. It
+// reports false for a call that did not come over HTTP.
+func RequestFromContext(ctx context.Context) (*http.Request, bool) {
+	r, ok := ctx.Value(requestCtxKey).(*http.Request)
+	return r, ok
+}
 
 // KeyFromContext returns the request's normalised idempotency key inside a
 // wrapped handler, for example to forward it to a broker as its client
@@ -22,11 +32,6 @@ const (
 func KeyFromContext(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(keyCtxKey).(string)
 	return k, ok
-}
-
-// withKey returns r with its idempotency key in the context.
-func withKey(r *http.Request, key string) *http.Request {
-	return r.WithContext(context.WithValue(r.Context(), keyCtxKey, key))
 }
 
 // TxFromContext returns the transaction a transactional route began for its

@@ -10,7 +10,8 @@ import (
 // heavyModules are the import path prefixes a consumer of the root package
 // must not get: golang-migrate (the migrations package's), testcontainers
 // and the OpenTelemetry modules the Docker client pulls in (the nested
-// module internal/testdb/pgcontainer's), and routers (contrib/*'s).
+// module internal/testdb/pgcontainer's), routers (contrib/*'s) and the
+// broker client (the nested module examples/consumer's).
 var heavyModules = []string{
 	"github.com/golang-migrate/",
 	"github.com/testcontainers/",
@@ -19,11 +20,13 @@ var heavyModules = []string{
 	"github.com/gin-gonic/",
 	"github.com/go-chi/",
 	"github.com/gorilla/",
+	"github.com/nats-io/",
 }
 
 // TestRootPackageStaysLean pins the promise that a program importing only
-// the root package never builds golang-migrate, testcontainers or a
-// framework: those live in the migrations package, the tests and contrib/.
+// the root package never builds golang-migrate, testcontainers, a framework
+// or a broker client: those live in the migrations package, the tests,
+// contrib/ and examples/consumer.
 func TestRootPackageStaysLean(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the go command")
@@ -42,9 +45,9 @@ func TestRootPackageStaysLean(t *testing.T) {
 }
 
 // TestRootGoModStaysLean pins that the root module's go.mod requires no
-// testcontainers, OpenTelemetry or router module, not even as indirect: a
-// consumer's module graph (go list -m all) holds every module the root
-// go.mod lists. golang-migrate is required, by the migrations package.
+// testcontainers, OpenTelemetry, router or broker module, not even as
+// indirect: a consumer's module graph (go list -m all) holds every module
+// the root go.mod lists. golang-migrate is required, by the migrations package.
 func TestRootGoModStaysLean(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the go command")

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -29,7 +30,7 @@ func Example_orderRoute() {
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
 		// The user scope: run the idempotency middleware after the session
 		// middleware, and return the session's user here.
-		Scope: func(r *http.Request) string { return "42" },
+		Scope: func(ctx context.Context) string { return "42" },
 	})
 	if err != nil {
 		panic(err)
@@ -127,7 +128,7 @@ func Example_transactionalRoute() {
 // response.
 func Example_opaqueKeysProblemJSON() {
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
-		Scope:           func(r *http.Request) string { return "42" },
+		Scope:           func(ctx context.Context) string { return "42" },
 		ErrorFormat:     idempotency.ErrorProblem,
 		ProblemTypeBase: "https://api.example.com/problems/",
 	})
@@ -153,4 +154,55 @@ func Example_opaqueKeysProblemJSON() {
 	// 200  {"charge":2}
 	// 422  {"type":"https://api.example.com/problems/idempotency_key_body_mismatch","title":"Idempotency-Key was used for another request","status":422,"error":"idempotency_key_body_mismatch"}
 	// charges: 2
+}
+
+// Consume payment messages with Do, keyed by the message's own id: a
+// redelivered message gets the first run's result, never a second payment.
+// What the consumer does with the message follows from the error.
+func ExampleDo() {
+	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{})
+	if err != nil {
+		panic(err)
+	}
+	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{})
+	if err != nil {
+		panic(err)
+	}
+	type receipt struct{ Ledger int }
+	ledger := 0
+	consume := func(msgID, body string) {
+		r, info, err := idempotency.Do(context.Background(), settle,
+			idempotency.Call{Key: msgID, Scope: "user-42", Request: []byte(body)},
+			func(ctx context.Context) (receipt, error) {
+				if strings.Contains(body, `"amount":0`) {
+					return receipt{}, &idempotency.PermanentError{Code: "invalid_amount", Message: "amount must be positive"}
+				}
+				ledger++
+				return receipt{Ledger: ledger}, nil
+			})
+		var rejected *idempotency.PermanentError
+		switch {
+		case err == nil:
+			fmt.Println(msgID, "ack, ledger", r.Ledger, "replayed:", info.Replayed)
+		case errors.As(err, &rejected):
+			fmt.Println(msgID, "ack, rejected:", rejected.Code, "replayed:", info.Replayed)
+		case errors.Is(err, idempotency.ErrInFlight), errors.Is(err, idempotency.ErrStoreUnavailable):
+			fmt.Println(msgID, "nack, redeliver later")
+		default: // ErrMismatch, ErrPreviousFailed, ErrOutcomeUnknown, ...
+			fmt.Println(msgID, "dead-letter:", err)
+		}
+	}
+	consume("msg-1", `{"amount":100}`)
+	consume("msg-1", `{"amount":100}`) // redelivered
+	consume("msg-2", `{"amount":0}`)
+	consume("msg-2", `{"amount":0}`)
+	consume("msg-1", `{"amount":999}`) // the same id on another payment
+	fmt.Println("ledger rows:", ledger)
+	// Output:
+	// msg-1 ack, ledger 1 replayed: false
+	// msg-1 ack, ledger 1 replayed: true
+	// msg-2 ack, rejected: invalid_amount replayed: false
+	// msg-2 ack, rejected: invalid_amount replayed: true
+	// msg-1 dead-letter: idempotency: the key was used for another request (idempotency_key_body_mismatch)
+	// ledger rows: 1
 }

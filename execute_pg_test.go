@@ -25,7 +25,7 @@ func TestPostgresTooLateReleaseRetried(t *testing.T) {
 	pool := testdb.New(t)
 	s := &slowThenFailingStore{PostgresStore: idempotency.NewPostgresStore(pool), delay: 150 * time.Millisecond}
 	mw, err := idempotency.New(s, idempotency.Config{Lease: 300 * time.Millisecond, StoreTimeout: 200 * time.Millisecond,
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestPostgresTooLateReleaseOutlastsAnOutage(t *testing.T) {
 	s := &stuckReleaseStore{PostgresStore: idempotency.NewPostgresStore(pool), delay: 450 * time.Millisecond,
 		healed: make(chan struct{}), released: make(chan struct{})}
 	mw, err := idempotency.New(s, idempotency.Config{Lease: 600 * time.Millisecond, StoreTimeout: 200 * time.Millisecond,
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,27 +3,46 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"net/http"
 )
 
-// The transactional difference of a run (README "Transactional
-// routes"): the claim was made inside the transaction the handler writes
-// through (claimKeyTx), and the record commits with the handler's writes.
-// Failure paths roll back to the savepoint taken after the claim and
-// record in the same transaction, so the key is never free for a waiting
-// duplicate; only 429 and the release option roll back whole. Nothing is
-// sent before the commit, and nothing touches the transaction while the
-// handler may still use it.
+// transactional is the settlement of a transactional route (README
+// "Transactional routes"): the claim was made inside the transaction the
+// handler writes through (claimKeyTx), and the record commits with the
+// handler's writes. Failure paths roll back to the savepoint taken after
+// the claim and record in the same transaction, so the key is never free
+// for a waiting duplicate; only 429 and the release option roll back
+// whole. Nothing is delivered before the commit, and nothing touches the
+// transaction while the handler may still use it.
+type transactional struct{}
+
+// free rolls the claim back with the transaction.
+func (transactional) free(x *execution) { x.abort() }
+
+// panicked settles a handler that panicked: failed, back to the savepoint
+// (or released under the release option).
+func (transactional) panicked(x *execution) {
+	o := x.failed()
+	if x.checkState() == TxEnded {
+		o = outcomeFail // what it committed itself stays: never free the key
+	}
+	x.settleTx(o, Response{})
+	if x.owned {
+		x.observe(OutcomeExecuted, settledReason(o), 0)
+	}
+}
+
+// conclude settles a handler that returned (concludeTx).
+func (transactional) conclude(x *execution) { x.concludeTx() }
 
 // begin starts the transaction of an unclaimed run (no key, or the
 // kill-switch off): a BEGIN that fails answers 503.
 func (x *execution) begin() bool {
 	tx, _, err := storeCallTx(x, "begin", nil)
 	if err == nil {
-		x.tx, x.before = tx, x.w.Header().Clone()
+		x.tx = tx
 		return true
 	}
-	x.m.log.WarnContext(x.r.Context(), "idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
+	x.m.log.WarnContext(x.ctx, "idempotency: cannot begin the route's transaction", "endpoint", x.label, "error", err)
 	x.answer(answerUnavailable)
 	return false
 }
@@ -31,7 +50,7 @@ func (x *execution) begin() bool {
 // storeCallTx runs BeginClaim for req as the store call op.
 func storeCallTx(x *execution, op string, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	var tx RouteTx
-	res, err := storeCall(&x.request, op, func(ctx context.Context) (ClaimResult, error) {
+	res, err := storeCall(x.request, op, func(ctx context.Context) (ClaimResult, error) {
 		t, r, err := x.rt.txStore.BeginClaim(ctx, req)
 		tx = t
 		return r, err
@@ -57,31 +76,30 @@ func (x *execution) concludeTx() {
 		// The server rolled everything back, the claim included: the key
 		// is free, and the retry executes.
 		x.abort()
-		restoreHeader(x.w.Header(), x.before)
 		x.answer(answerUnavailable)
 		return
-	case x.buf.tooLarge: // nothing was sent
+	case x.t.tooLarge(): // nothing was sent
 		if x.settleTx(outcomeFail, Response{}) {
 			x.answerTooLarge()
 		}
 		return
 	}
-	o := x.classify(x.buf.statusCode(), state)
+	o := x.classify(x.t.status(), state)
 	resp := Response{}
 	if o == outcomeComplete {
-		resp = x.buf.response(x.rt.replayHeaders)
+		resp = x.t.result()
 	}
 	if x.settleTx(o, resp) {
-		x.buf.finish()
+		x.t.send()
 		if x.owned {
-			x.observe(OutcomeExecuted, settledReason(o), x.buf.statusCode())
+			x.observe(OutcomeExecuted, settledReason(o), x.t.status())
 		}
 	}
 }
 
 // settleTx settles outcome o of a transactional run and reports whether
-// the handler's own response may be sent; when it may not, the client has
-// its answer already.
+// the handler's own result may be delivered; when it may not, the caller
+// has its answer already.
 //
 // Completed from an open transaction: the record and COMMIT. Failed, or
 // any answer from an aborted transaction: back to the savepoint, then the
@@ -95,7 +113,6 @@ func (x *execution) settleTx(o outcome, resp Response) bool {
 		// The server rolled everything back; the rollback on the dead
 		// connection fails harmlessly and gives it back to the pool.
 		x.abort()
-		restoreHeader(x.w.Header(), x.before)
 		x.answer(answerUnavailable)
 		return false
 	case !x.owned && o == outcomeComplete && state == TxOpen:
@@ -137,9 +154,8 @@ func (x *execution) commit(s *Settlement) bool {
 		if errors.Is(err, ErrDeferredConstraint) {
 			msg = "idempotency: the handler's writes violate a deferred constraint; writes rolled back, key failed"
 		}
-		x.m.log.ErrorContext(x.r.Context(), msg, "endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
+		x.m.log.ErrorContext(x.ctx, msg, "endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "error", err)
 		if err = x.commitOnce(&Settlement{Fence: s.Fence, Owner: s.Owner, Failed: true, Undo: true}); err == nil {
-			restoreHeader(x.w.Header(), x.before)
 			x.answer(answerPreviousFailed)
 			return false
 		}
@@ -149,21 +165,21 @@ func (x *execution) commit(s *Settlement) bool {
 	}
 	unwritable := s != nil && x.txLive()
 	x.abort()
-	restoreHeader(x.w.Header(), x.before)
 	switch {
 	case unwritable:
-		x.m.log.ErrorContext(x.r.Context(), "idempotency: the key's record cannot be written; everything rolled back, the retry executes",
+		x.m.log.ErrorContext(x.ctx, "idempotency: the key's record cannot be written; everything rolled back, the retry executes",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
 	case x.owned:
-		x.m.log.ErrorContext(x.r.Context(), "idempotency: commit failed; the handler ran, the retry replays if it committed and executes if not",
+		x.m.log.ErrorContext(x.ctx, "idempotency: commit failed; the handler ran, the retry replays if it committed and executes if not",
 			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
 	default:
-		x.m.log.ErrorContext(x.r.Context(), "idempotency: commit failed", "endpoint", x.label, "error", err)
+		x.m.log.ErrorContext(x.ctx, "idempotency: commit failed", "endpoint", x.label, "error", err)
 	}
 	if x.owned {
 		x.rm.settleFailures.Inc()
 		x.recordFailed = true
 	}
+	x.cause = err
 	x.answer(answerUnavailable)
 	return false
 }
@@ -174,7 +190,7 @@ func (x *execution) commit(s *Settlement) bool {
 // record that follows fails too.
 func (x *execution) commitOnce(s *Settlement) error {
 	var err error
-	_, _ = storeCall(&x.request, "commit", func(ctx context.Context) (struct{}, error) {
+	_, _ = storeCall(x.request, "commit", func(ctx context.Context) (struct{}, error) {
 		if err = x.tx.Commit(ctx, s); x.handlersRecordFailure(s, err) {
 			return struct{}{}, nil
 		}
@@ -206,16 +222,16 @@ func (x *execution) txLive() bool {
 // returned, so nothing else uses the connection.
 func (x *execution) checkState() TxState {
 	state := x.tx.State()
-	status := x.buf.statusCode()
+	status := x.t.status()
 	switch {
 	case state == TxEnded:
-		x.m.log.ErrorContext(x.r.Context(), "idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
+		x.m.log.ErrorContext(x.ctx, "idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
 			"its writes escaped the key's fence", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
-	case state == TxAborted && status < 400 && !x.buf.tooLarge:
-		x.m.log.WarnContext(x.r.Context(), "idempotency: the handler answered success from an aborted transaction; its writes did not happen",
+	case state == TxAborted && status < 400 && !x.t.tooLarge():
+		x.m.log.WarnContext(x.ctx, "idempotency: the handler answered success from an aborted transaction; its writes did not happen",
 			"endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	case state == TxClosed:
-		x.m.log.WarnContext(x.r.Context(), "idempotency: the route's connection closed while its handler ran (a statement past its deadline, or the session ended); "+
+		x.m.log.WarnContext(x.ctx, "idempotency: the route's connection closed while its handler ran (a statement past its deadline, or the session ended); "+
 			"everything rolled back, the claim included", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	}
 	return state
@@ -224,18 +240,7 @@ func (x *execution) checkState() TxState {
 // answerTooLarge answers a transactional response over the buffer cap,
 // whose writes were rolled back.
 func (x *execution) answerTooLarge() {
-	x.m.log.ErrorContext(x.r.Context(), "idempotency: response over the transactional route's buffer cap; writes rolled back",
+	x.m.log.ErrorContext(x.ctx, "idempotency: response over the transactional route's buffer cap; writes rolled back",
 		"endpoint", x.label, "cap_bytes", bufferCap(x.rt.maxResponse))
-	restoreHeader(x.w.Header(), x.before)
 	x.answer(answerResponseTooLarge)
-}
-
-// restoreHeader drops every header the handler set, keeping those set
-// before it ran (CORS, request ids, HSTS from outer middleware), before the
-// middleware answers instead of the handler.
-func restoreHeader(h, before http.Header) {
-	clear(h)
-	for k, v := range before {
-		h[k] = v
-	}
 }

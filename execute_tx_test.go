@@ -52,7 +52,10 @@ func newTxFixture(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConf
 func (f *txFixture) route(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempotency.RouteConfig) http.Handler {
 	t.Helper()
 	cfg.Registerer, cfg.Logger = f.reg, cmp.Or(cfg.Logger, quiet)
-	cfg.Enabled = func(r *http.Request) bool { return r.Header.Get("X-Disabled") == "" }
+	cfg.Enabled = func(ctx context.Context) bool {
+		r, _ := idempotency.RequestFromContext(ctx)
+		return r.Header.Get("X-Disabled") == ""
+	}
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +452,7 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{Lease: lease, StoreTimeout: storeTimeout,
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +546,7 @@ func TestTxNeverRerunsAnOrdinaryClaim(t *testing.T) {
 	key := uuid.NewString()
 	// The ordinary route claims the key and its handler outlives the lease.
 	stuck := make(chan struct{})
-	cfg.Registerer, cfg.Logger, cfg.Enabled = prometheus.NewRegistry(), quiet, func(*http.Request) bool { return true }
+	cfg.Registerer, cfg.Logger, cfg.Enabled = prometheus.NewRegistry(), quiet, func(context.Context) bool { return true }
 	mw, err := idempotency.New(idempotency.NewPostgresStore(f.pool), cfg)
 	if err != nil {
 		t.Fatal(err)

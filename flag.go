@@ -1,7 +1,7 @@
 package idempotency
 
 import (
-	"net/http"
+	"context"
 	"os"
 	"strings"
 )
@@ -14,14 +14,8 @@ const FlagEnv = "FLAG_IDEMPOTENCY_MIDDLEWARE"
 // FLAG_IDEMPOTENCY_MIDDLEWARE is "0", "false", "off" or "no" (any case,
 // surrounding white space ignored), and true when it is unset or anything
 // else.
-func EnabledFromEnv(*http.Request) bool {
+func EnabledFromEnv(context.Context) bool {
 	return flagEnabled(os.Getenv(FlagEnv))
-}
-
-// EnabledFrom is EnabledFromEnv reading FLAG_IDEMPOTENCY_MIDDLEWARE through
-// getenv (a flag service, a test's environment) on every request.
-func EnabledFrom(getenv func(string) string) func(*http.Request) bool {
-	return func(*http.Request) bool { return flagEnabled(getenv(FlagEnv)) }
 }
 
 func flagEnabled(v string) bool {

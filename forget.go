@@ -71,10 +71,10 @@ func (x *execution) releaseUnrun(claimedAt time.Time) {
 		defer func() { x.storeTime += time.Since(start) }()
 		return release(ctx)
 	}
-	if _, answered := x.m.forget(context.WithoutCancel(x.r.Context()), "release", timed, time.Time{}, time.Now().Add(2*x.m.cfg.StoreTimeout)); answered {
+	if _, answered := x.m.forget(context.WithoutCancel(x.ctx), "release", timed, time.Time{}, time.Now().Add(2*x.m.cfg.StoreTimeout)); answered {
 		return
 	}
-	x.m.log.WarnContext(x.r.Context(), "idempotency: could not release a key whose handler never ran; retrying in the background",
+	x.m.log.WarnContext(x.ctx, "idempotency: could not release a key whose handler never ran; retrying in the background",
 		"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
 	x.inBackground("release", release, time.Time{}, claimedAt.Add(x.claim.TTL),
 		"idempotency: released in the background a key whose handler never ran",
@@ -88,11 +88,11 @@ func (rq *request) inBackground(op string, free func(context.Context) (bool, err
 	select {
 	case rq.m.forgetting <- struct{}{}:
 	default:
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: too many keys to free in the background; this key may stay in flight",
+		rq.m.log.WarnContext(rq.ctx, "idempotency: too many keys to free in the background; this key may stay in flight",
 			"endpoint", rq.label, "scope", rq.claim.Scope, "key", rq.claim.Key)
 		return
 	}
-	m, req, ctx := rq.m, rq.claim, context.WithoutCancel(rq.r.Context())
+	m, req, ctx := rq.m, rq.claim, context.WithoutCancel(rq.ctx)
 	go func() {
 		defer func() { <-m.forgetting }()
 		switch freed, answered := m.forget(ctx, op, free, noneAfter, until); {

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -162,7 +163,7 @@ func (b *gatedBatch) Exec() (pgconn.CommandTag, error) {
 // Query reads the next statement's rows.
 func (b *gatedBatch) Query() (pgx.Rows, error) {
 	if !b.g.enter() {
-		return pgx.FailedBatchResults(&pgx.Batch{}, pgx.ErrTxClosed).Query()
+		return closedTx.Query(context.Background(), noStatement)
 	}
 	defer b.g.leave()
 	rows, err := b.batch.Query()
@@ -187,3 +188,8 @@ func (b *gatedBatch) Close() error {
 
 // Tx is nil: a batch sent in a transaction cannot begin one.
 func (b *gatedBatch) Tx() pgx.Tx { return nil }
+
+// noStatement is what a closed batch's Query asks of closedTx, which
+// refuses before anything is sent (pgx.ErrTxClosed): no SQL of the store's
+// (TestStatementsAreConstants).
+const noStatement = ""

@@ -38,7 +38,7 @@ func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempo
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer, cfg.Logger = reg, quiet
-	cfg.Enabled = func(*http.Request) bool { return true }
+	cfg.Enabled = func(context.Context) bool { return true }
 	store := idempotency.NewPostgresStore(pool)
 	if err := store.Check(t.Context()); err != nil { // as a service does at start-up
 		t.Fatal(err)
@@ -339,7 +339,7 @@ func fidelityRoute(t *testing.T, store idempotency.Store, name string, hf http.H
 	t.Helper()
 	mw, err := idempotency.New(store, idempotency.Config{
 		Registerer: prometheus.NewRegistry(), Logger: quiet,
-		Enabled: func(*http.Request) bool { return true },
+		Enabled: func(context.Context) bool { return true },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -398,7 +398,7 @@ func orderRoute(t *testing.T, s idempotency.Store, log *slog.Logger, calls *atom
 	t.Helper()
 	mw, err := idempotency.New(s, idempotency.Config{
 		Registerer: prometheus.NewRegistry(), Logger: log,
-		Enabled: func(*http.Request) bool { return true },
+		Enabled: func(context.Context) bool { return true },
 	})
 	if err != nil {
 		t.Fatal(err)

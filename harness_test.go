@@ -98,14 +98,17 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	h.store = &countingStore{MemoryStore: ms}
 	cfg.Registerer = h.reg
 	if cfg.Scope == nil {
-		cfg.Scope = func(r *http.Request) string { return r.Header.Get("X-User") }
+		cfg.Scope = func(ctx context.Context) string { r, _ := RequestFromContext(ctx); return r.Header.Get("X-User") }
 	}
 	if cfg.Enabled == nil {
-		cfg.Enabled = func(*http.Request) bool { return h.enabled.Load() }
+		cfg.Enabled = func(context.Context) bool { return h.enabled.Load() }
 	}
 	cfg.OnReplay = func(ctx context.Context, ev ReplayEvent) error {
 		if _, ok := ctx.Deadline(); !ok {
 			h.t.Error("the replay hook got no deadline")
+		}
+		if r, ok := RequestFromContext(ctx); !ok || r.Header.Get(HeaderKey) == "" || ev.Adapter != "http" {
+			h.t.Errorf("the replay hook's context carries no keyed request (%v), or adapter %q, want http", ok, ev.Adapter)
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -247,7 +250,7 @@ func newHooked(t *testing.T, s Store, cfg Config) *Middleware {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	cfg.Enabled = func(*http.Request) bool { return true }
+	cfg.Enabled = func(context.Context) bool { return true }
 	mw, err := New(s, cfg)
 	if err != nil {
 		t.Fatal(err)

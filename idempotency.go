@@ -19,13 +19,14 @@ const (
 // Middleware wraps routes with idempotency keys. Build one with New, then
 // wrap each route with Route. It is safe for concurrent use.
 type Middleware struct {
-	store   Store
-	cfg     Config
-	log     *slog.Logger
-	metrics *metrics
-	ops     storeOps
-	bodies  [numAnswers][]byte // each answer's body in cfg.ErrorFormat
-	scoped  bool               // Config.Scope was set: opaque keys are guarded by it
+	store     Store
+	cfg       Config
+	log       *slog.Logger
+	metrics   *metrics
+	ops       storeOps
+	bodies    [numAnswers][]byte // each answer's body in cfg.ErrorFormat
+	scoped    bool               // Config.Scope was set: opaque keys are guarded by it
+	ownSwitch bool               // Config.Enabled was set: the host's own kill-switch
 
 	routeMetrics sync.Map      // endpoint label -> *routeMetrics
 	forgetting   chan struct{} // one token per claim of unknown outcome being freed (forget.go)
@@ -37,7 +38,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	if store == nil {
 		return nil, errors.New("idempotency: store is nil")
 	}
-	scoped := cfg.Scope != nil
+	scoped, ownSwitch := cfg.Scope != nil, cfg.Enabled != nil
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -48,7 +49,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 	}
 	m := &Middleware{store: store, cfg: cfg, log: newLogger(&cfg), metrics: met, ops: newStoreOps(met),
 		forgetting: make(chan struct{}, maxForgetting)}
-	m.scoped = scoped
+	m.scoped, m.ownSwitch = scoped, ownSwitch
 	m.errorBodies()
 	return m, nil
 }
@@ -77,59 +78,85 @@ func (m *Middleware) MustRoute(rc RouteConfig) func(http.Handler) http.Handler {
 	return mw
 }
 
-// route is one wrapped handler with its validated policy.
-type route struct {
-	m              *Middleware
-	next           http.Handler
-	name           string
+// policy is the engine's part of a validated RouteConfig: what every entry
+// point (an HTTP route, an Operation) applies to its calls.
+type policy struct {
 	failOpen       bool
 	ttl            time.Duration
-	requireKey     bool
-	maxBody        int64
 	maxResponse    int64
-	replayHeaders  []string // canonical names, allow-list for recording
 	noStore        bool
-	parseKey       keyParser
-	invalidKey     answer  // the 400 of a refused key, worded for the route's format
-	marker         bool    // add "idempotency_replayed": true to replayed JSON objects
 	txStore        TxStore // non-nil on transactional routes
 	txLockWait     time.Duration
 	releaseOnError bool
 }
 
+// newPolicy validates rc, defaults filled, and returns its policy.
+func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
+	if err := rc.validate(m.cfg.Lease, m.cfg.StoreTimeout); err != nil {
+		return policy{}, err
+	}
+	ts, err := rc.txStore(m.store)
+	if err != nil {
+		return policy{}, err
+	}
+	return policy{
+		failOpen:       rc.FailOpen,
+		ttl:            rc.TTL,
+		maxResponse:    rc.MaxResponseBytes,
+		noStore:        rc.NoStore,
+		txStore:        ts,
+		txLockWait:     rc.TxLockWait,
+		releaseOnError: rc.ReleaseOnError,
+	}, nil
+}
+
+// route is one wrapped handler: the HTTP adapter's part of its policy
+// beside the engine's.
+type route struct {
+	policy
+	m             *Middleware
+	next          http.Handler
+	name          string
+	requireKey    bool
+	maxBody       int64
+	replayHeaders []string // canonical names, allow-list for recording
+	parseKey      keyParser
+	invalidKey    answer // the 400 of a refused key, worded for the route's format
+	marker        bool   // add "idempotency_replayed": true to replayed JSON objects
+	plain         bool   // no transaction, no Observer, the key optional: a keyless request just passes (passKeyless)
+}
+
 func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	rc = rc.withDefaults()
-	if err := rc.validate(m.cfg.Lease, m.cfg.StoreTimeout); err != nil {
+	p, err := m.newPolicy(rc)
+	if err != nil {
 		return nil, err
 	}
 	headers, err := replayAllowList(rc.ReplayHeaders)
 	if err != nil {
 		return nil, err
 	}
-	ts, err := rc.txStore(m.store)
-	if err != nil {
-		return nil, err
+	if rc.Codec != nil {
+		return nil, errors.New("idempotency: RouteConfig.Codec applies to Operations only")
+	}
+	if reservedName(rc.Name) {
+		return nil, errors.New("idempotency: RouteConfig.Name may not look like an Operation's endpoint (do:<name>, or scheme:/path)")
 	}
 	if err := rc.validateKeys(m.scoped); err != nil {
 		return nil, err
 	}
 	parse, invalid := rc.newKeyParser()
 	return &route{
-		m:              m,
-		name:           rc.Name,
-		failOpen:       rc.FailOpen,
-		ttl:            rc.TTL,
-		requireKey:     rc.RequireKey,
-		maxBody:        rc.MaxBodyBytes,
-		maxResponse:    rc.MaxResponseBytes,
-		replayHeaders:  headers,
-		noStore:        rc.NoStore,
-		parseKey:       parse,
-		invalidKey:     invalid,
-		marker:         !rc.NoReplayMarker,
-		txStore:        ts,
-		txLockWait:     rc.TxLockWait,
-		releaseOnError: rc.ReleaseOnError,
+		policy:        p,
+		m:             m,
+		name:          rc.Name,
+		requireKey:    rc.RequireKey,
+		maxBody:       rc.MaxBodyBytes,
+		replayHeaders: headers,
+		parseKey:      parse,
+		invalidKey:    invalid,
+		marker:        !rc.NoReplayMarker,
+		plain:         p.txStore == nil && !rc.RequireKey && m.cfg.Observer == nil,
 	}, nil
 }
 

@@ -18,11 +18,9 @@ const (
 	// in lower case (the ADR). The default.
 	KeyUUID KeyFormat = iota
 	// KeyOpaque accepts 1 to MaxKeyLength visible ASCII characters or
-	// spaces (the content of a structured-field string), bare or as a
-	// structured-field string with \" and \\ escapes, and compares them
-	// exactly: "AbC" and "abc" are two keys. Stripe's and the IETF draft's
-	// keys fit. Such keys may be guessable ("all", "admin"), so a route
-	// that accepts them needs a user scope (Config.Scope) or
+	// spaces, bare or as a structured-field string (\" and \\ escapes),
+	// compared exactly: "AbC" and "abc" are two keys (Stripe's keys fit).
+	// Such keys may be guessable ("all"), so the route needs Config.Scope or
 	// RouteConfig.MinKeyLength.
 	KeyOpaque
 )

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -86,7 +87,7 @@ func stripeKey() string {
 // guarded by length alone (no user scope).
 func TestStripeKeys(t *testing.T) {
 	t.Parallel()
-	mw, err := New(NewMemoryStore(), Config{Enabled: func(*http.Request) bool { return true }})
+	mw, err := New(NewMemoryStore(), Config{Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestStripeKeys(t *testing.T) {
 func TestOpaqueKeysGuard(t *testing.T) {
 	t.Parallel()
 	unscoped, _ := New(NewMemoryStore(), Config{})
-	scoped, _ := New(NewMemoryStore(), Config{Scope: func(*http.Request) string { return "u" }})
+	scoped, _ := New(NewMemoryStore(), Config{Scope: func(context.Context) string { return "u" }})
 	parse := func(v string) (string, error) { return v, nil }
 	for _, c := range []struct {
 		mw   *Middleware

@@ -1,91 +1,39 @@
 package idempotency
 
 import (
-	"cmp"
 	"context"
 	"time"
 )
 
-// Maintenance of a Store, shared by the Middleware (Cleanup, Erase,
-// RunJanitor), the example server and the operator CLI.
+// Maintenance of a Store through the Middleware: Cleanup, RunJanitor and
+// Erase, each store call timed and counted like a request's.
 
-// DefaultCleanupBatch is how many rows one cleanup batch deletes at most,
-// unless told otherwise.
-const DefaultCleanupBatch = 1000
-
-// CleanupOptions configures Cleanup.
-type CleanupOptions struct {
-	// Batch is the most rows one store call deletes. Defaults to
-	// DefaultCleanupBatch.
-	Batch int
-	// Timeout bounds each batch's store call, together with the caller's
-	// context. Defaults to DefaultStoreTimeout.
-	Timeout time.Duration
-	// Progress, when set, is called after each batch with the rows deleted
-	// and the batches run so far. Defaults to nil.
-	Progress func(deleted, batches int64)
-}
-
-// Cleanup deletes the expired rows of store, batch after batch, until a
-// batch comes back short or ctx ends, and returns how many rows it deleted.
-// In-flight rows whose lease still runs are never deleted.
-func Cleanup(ctx context.Context, store Store, opts CleanupOptions) (int64, error) {
-	timeout := cmp.Or(opts.Timeout, DefaultStoreTimeout)
-	return cleanup(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		return store.Cleanup(ctx, batch)
-	})
-}
-
-// cleanup is Cleanup's loop over one batch call.
-func cleanup(ctx context.Context, opts CleanupOptions, call func(context.Context, int) (int64, error)) (int64, error) {
-	batch := opts.Batch
-	if batch <= 0 {
-		batch = DefaultCleanupBatch
-	}
-	var total, batches int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		n, err := call(ctx, batch)
-		total += n
-		batches++
-		if err != nil {
-			return total, err
-		}
-		if opts.Progress != nil {
-			opts.Progress(total, batches)
-		}
-		if n < int64(batch) {
-			return total, nil
-		}
-	}
-}
-
-// Erase deletes every row of a user scope of store except in_flight rows
-// still inside their lease, which it returns (the GDPR erasure step), under
-// ctx and timeout (DefaultStoreTimeout when 0), whichever ends first. A key
-// retried after erasure is new.
-func Erase(ctx context.Context, store Store, scope string, timeout time.Duration) (ErasureResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, DefaultStoreTimeout))
-	defer cancel()
-	return store.Erase(ctx, scope)
-}
+// defaultCleanupBatch is how many rows one cleanup batch deletes at most
+// when Cleanup is not told otherwise.
+const defaultCleanupBatch = 1000
 
 // Cleanup deletes expired rows in batches of batch rows (1000 when batch <=
 // 0), each under ctx and the store timeout, until a batch comes back short
 // or ctx ends. It returns how many rows it deleted. In-flight rows whose
 // lease still runs are never deleted.
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
-	return cleanup(ctx, CleanupOptions{Batch: batch}, func(ctx context.Context, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = defaultCleanupBatch
+	}
+	var total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
 		n, err := timedCall(m, ctx, "cleanup", func(c context.Context) (int64, error) {
 			return m.store.Cleanup(c, batch)
 		})
 		m.metrics.cleanupDeleted.Add(float64(n))
-		return n, err
-	})
+		total += n
+		if err != nil || n < int64(batch) {
+			return total, err
+		}
+	}
 }
 
 // RunJanitor calls Cleanup every interval until ctx is done, logging

@@ -30,8 +30,11 @@ func TestPostgresMaintenanceRacingClaims(t *testing.T) {
 	store := idempotency.NewPostgresStore(pool)
 	mw, err := idempotency.New(store, idempotency.Config{StoreTimeout: 20 * time.Second, Lease: time.Minute,
 		Registerer: prometheus.NewRegistry(), Logger: quiet,
-		Scope:   func(r *http.Request) string { return r.Header.Get("X-User") },
-		Enabled: func(*http.Request) bool { return true }})
+		Scope: func(ctx context.Context) string {
+			r, _ := idempotency.RequestFromContext(ctx)
+			return r.Header.Get("X-User")
+		},
+		Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +159,8 @@ func TestPostgresMaintenanceHonoursItsContext(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true },
-		Scope: func(*http.Request) string { return "42" }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true },
+		Scope: func(context.Context) string { return "42" }})
 	if err != nil {
 		t.Fatal(err)
 	}

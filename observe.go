@@ -35,18 +35,15 @@ const (
 type Observation struct {
 	Outcome  Outcome // how the request was decided
 	Reason   string  // the outcome's reason; "" for pass_through and replayed
-	Endpoint string  // the metrics label: the route's name or pattern, or "unnamed"; never a raw path
-	// Scope is the user scope, or with Config.IdentifierSecret its
-	// HMAC-SHA256 in hex; "" with Config.OmitIdentifiers, and before the
-	// scope is known (pass_through, bypassed "disabled", a refused key or
-	// body).
+	Endpoint string  // the metrics label: a route's name or pattern, "unnamed", or do:<name>
+	// Scope is the user scope (its HMAC under Config.IdentifierSecret; ""
+	// under Config.OmitIdentifiers and before the scope is known).
 	Scope string
-	// Status is the status sent: the contract's answer, the replayed or the
-	// handler's status; 0 when the handler runs after the decision
-	// (pass_through, bypassed) or panicked.
+	// Status is the status sent: the contract's, the replayed or the
+	// handler's; 0 when the handler runs after the decision or panicked.
 	Status int
-	// Duration runs from the request's arrival at the route to the
-	// decision; for executed requests, to the end of the response.
+	// Duration runs from the call's arrival to the decision; for executed
+	// calls, to the end of the response.
 	Duration time.Duration
 	// StoreDuration is the time spent in store calls within Duration.
 	StoreDuration time.Duration
@@ -64,7 +61,7 @@ func (rq *request) observe(o Outcome, reason string, status int) {
 		return
 	}
 	rq.observed = true
-	rq.m.cfg.Observer(rq.r.Context(), Observation{
+	rq.m.cfg.Observer(rq.ctx, Observation{
 		Outcome: o, Reason: reason, Endpoint: rq.label, Scope: rq.m.identifier(rq.claim.Scope), Status: status,
 		Duration: time.Since(rq.start), StoreDuration: rq.storeTime, RecordFailed: rq.recordFailed,
 		Hit: rq.hit, Miss: rq.miss,
@@ -94,15 +91,6 @@ func settledReason(o outcome) string {
 		return "released"
 	}
 	return "completed"
-}
-
-// startClock notes a request's arrival, when an Observer will want its
-// duration.
-func (rt *route) startClock() time.Time {
-	if rt.m.cfg.Observer == nil {
-		return time.Time{}
-	}
-	return time.Now()
 }
 
 // observeUnrun reports a request whose handler runs without a claim.

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -22,7 +23,7 @@ import (
 func TestPostgresReplayInvalidUTF8Header(t *testing.T) {
 	t.Parallel()
 	mw, err := idempotency.New(idempotency.NewPostgresStore(testdb.New(t)), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func TestUnstorableScope(t *testing.T) {
 			t.Parallel()
 			store := NewMemoryStore()
 			mw, err := New(store, Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				Scope: func(*http.Request) string { return c.scope }})
+				Scope: func(context.Context) string { return c.scope }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -344,7 +344,7 @@ func TestBodyBufferFollowsArrivingBytes(t *testing.T) {
 // on a fail-closed route too, before any claim.
 func TestUnstorableScopeFailClosed(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Config{Scope: func(*http.Request) string { return "tenant-\xff" }})
+	h := newHarness(t, Config{Scope: func(context.Context) string { return "tenant-\xff" }})
 	rt := h.route(RouteConfig{Name: "orders"}, orderHandler)
 	assertJSONError(t, send(t, rt, "POST", "/orders", testKey, `{}`), 400, `{"error":"idempotency_scope_invalid"}`)
 	if h.calls.Load() != 0 || h.store.claims.Load() != 0 ||

@@ -23,8 +23,11 @@ func TestRouteName(t *testing.T) {
 	store := idempotency.NewMemoryStore()
 	reg := prometheus.NewRegistry()
 	mw, err := idempotency.New(store, idempotency.Config{
-		RouteName:  func(r *http.Request) string { return r.Header.Get("X-Template") },
-		Enabled:    func(*http.Request) bool { return true },
+		RouteName: func(ctx context.Context) string {
+			r, _ := idempotency.RequestFromContext(ctx)
+			return r.Header.Get("X-Template")
+		},
+		Enabled:    func(context.Context) bool { return true },
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer: reg,
 	})

@@ -36,7 +36,7 @@ func ParseSealKeys(s string) (SealKeys, error) {
 // every policy (ReasonUnseal), whatever store reads it; a plaintext row
 // replays as it is; a failed seal is a record failure (ReasonSeal). The
 // result has exactly inner's optional interfaces (TxStore, OwnerReleaser,
-// KeyReleaser, Check). It fails unless keys gives an active key under ctx.
+// Check). It fails unless keys gives an active key under ctx.
 func NewSealingStore(ctx context.Context, inner Store, keys SealKeys) (Store, error) {
 	if inner == nil || keys == nil {
 		return nil, errors.New("idempotency: NewSealingStore: inner store and keys must not be nil")

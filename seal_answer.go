@@ -20,7 +20,8 @@ func (rq *request) refuseUnsealed(err error) {
 	} else {
 		args = append(args, "error", err)
 	}
-	rq.m.log.ErrorContext(rq.r.Context(), "idempotency: the key's stored response does not open; answering 503, never replaying it or running the handler again", args...)
+	rq.m.log.ErrorContext(rq.ctx, "idempotency: the key's stored response does not open; answering 503, never replaying it or running the handler again", args...)
+	rq.cause = err
 	rq.answer(answerUnavailable)
 }
 

@@ -100,8 +100,11 @@ func newSealRig(t *testing.T, store idempotency.Store, pool *pgxpool.Pool, cfg i
 	t.Helper()
 	rg := &sealRig{store: store, reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	cfg.Registerer, cfg.Logger = rg.reg, slog.New(slog.NewJSONHandler(rg.logs, nil))
-	cfg.Enabled = func(*http.Request) bool { return true }
-	cfg.Scope = func(r *http.Request) string { return r.Header.Get("X-User") }
+	cfg.Enabled = func(context.Context) bool { return true }
+	cfg.Scope = func(ctx context.Context) string {
+		r, _ := idempotency.RequestFromContext(ctx)
+		return r.Header.Get("X-User")
+	}
 	mw, err := idempotency.New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -242,9 +245,23 @@ func readRaw(t testing.TB, inner idempotency.Store, key string) idempotency.Reco
 // readRawAs is readRaw for the user scope user.
 func readRawAs(t testing.TB, inner idempotency.Store, user, key string) idempotency.Record {
 	t.Helper()
-	rows, err := idempotency.LookupKey(context.Background(), inner, key, user, "orders", 0)
+	rows, err := lookupKey(context.Background(), inner, key, user, "orders")
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("lookup %s: %d rows, %v", key, len(rows), err)
 	}
 	return rows[0]
+}
+
+// lookupKey reads the rows of key in scope on endpoint as s stores them
+// (ExportScope: every store has it, and a store that does not seal opens
+// nothing).
+func lookupKey(ctx context.Context, s idempotency.Store, key, scope, endpoint string) ([]idempotency.Record, error) {
+	recs, err := s.ExportScope(ctx, scope)
+	var out []idempotency.Record
+	for _, rec := range recs {
+		if rec.Key == key && rec.Endpoint == endpoint {
+			out = append(out, rec)
+		}
+	}
+	return out, err
 }

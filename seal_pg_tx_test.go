@@ -47,7 +47,7 @@ func TestSealedPostgresTransactional(t *testing.T) {
 	if n := orders(lost); n != 0 {
 		t.Fatalf("%d orders committed without their record", n)
 	}
-	if rows, err := idempotency.LookupKey(ctx, inner, lost, "", "orders", 0); err != nil || len(rows) != 0 {
+	if rows, err := lookupKey(ctx, inner, lost, "", "orders"); err != nil || len(rows) != 0 {
 		t.Fatalf("the key's row after the failed seal: %v, %v (want none: the claim rolled back)", rows, err)
 	}
 	if n := gathered(t, rg.reg, "idempotency_record_failures_total", "orders"); n != 1 {

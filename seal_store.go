@@ -159,23 +159,6 @@ func (w *sealingStore) releaseOwner(ctx context.Context, req ClaimRequest) (bool
 	return w.inner.(OwnerReleaser).ReleaseOwner(ctx, req)
 }
 
-// lookup opens what it can and leaves a row it cannot open sealed
-// (SealKeyID set), so an operator still sees, and may release, the rest.
-func (w *sealingStore) lookup(ctx context.Context, key, scope, endpoint string) (KeyRows, error) {
-	rows, err := w.inner.(KeyReleaser).Lookup(ctx, key, scope, endpoint)
-	for i := range rows.Records {
-		rec := rows.Records[i]
-		if w.open(ctx, "lookup", &rec) == nil {
-			rows.Records[i] = rec
-		}
-	}
-	return rows, err
-}
-
-func (w *sealingStore) releaseKey(ctx context.Context, f Fence) (bool, error) {
-	return w.inner.(KeyReleaser).ReleaseKey(ctx, f)
-}
-
 func (w *sealingStore) check(ctx context.Context) error { return w.inner.(checker).Check(ctx) }
 
 // checker is a store that checks its schema at start-up

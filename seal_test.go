@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -209,7 +210,7 @@ func TestSealedResponseNotStored(t *testing.T) {
 	t.Parallel()
 	inner := idempotency.NewMemoryStore()
 	route := func(s idempotency.Store) http.Handler {
-		mw, err := idempotency.New(s, idempotency.Config{Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		mw, err := idempotency.New(s, idempotency.Config{Logger: quiet, Enabled: func(context.Context) bool { return true }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,21 +1,62 @@
 package idempotency
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/idemkit/idempotency/internal/operator"
+)
 
 // The middleware finds what a store can do by type assertion (TxStore for
 // transactional routes, OwnerReleaser to free a claim whose reply was
-// lost, KeyReleaser for the CLI's release, Check at start-up). A wrapper
-// that lacked one would switch its feature off without a word, and one
-// that claimed one its inner store lacks would fail at run time: so a
-// sealing store is one of sixteen types, each with exactly the optional
-// interfaces of its inner store.
+// lost, Check at start-up). A wrapper that lacked one would switch its
+// feature off without a word, and one that claimed one its inner store
+// lacks would fail at run time: so a sealing store is one of eight types,
+// each with exactly the optional interfaces of its inner store. The CLI's
+// operator access (internal/operator) is resolved through the wrapper to
+// its inner store's, its lookup opening what it can.
+
+func init() {
+	operator.Register(func(store any) (any, bool) {
+		s, ok := store.(interface{ sealing() *sealingStore })
+		if !ok {
+			return nil, false
+		}
+		w := s.sealing()
+		ops, ok := operator.For[Record, Fence](w.inner)
+		if !ok {
+			return nil, false
+		}
+		inner := ops.Lookup
+		ops.Lookup = func(ctx context.Context, key, scope, endpoint string) ([]Record, time.Time, error) {
+			recs, now, err := inner(ctx, key, scope, endpoint)
+			w.openRows(ctx, recs)
+			return recs, now, err
+		}
+		return ops, true
+	})
+}
+
+// sealing returns the sealing store a variant embeds.
+func (w *sealingStore) sealing() *sealingStore { return w }
+
+// openRows opens what it can of recs and leaves a row it cannot open
+// sealed (SealKeyID set), so an operator still sees, and may release, the
+// rest.
+func (w *sealingStore) openRows(ctx context.Context, recs []Record) {
+	for i := range recs {
+		rec := recs[i]
+		if w.open(ctx, "lookup", &rec) == nil {
+			recs[i] = rec
+		}
+	}
+}
 
 // One method set per optional interface, each delegating to the sealing
 // store.
 type (
 	sealTxStore       struct{ w *sealingStore }
 	sealOwnerReleaser struct{ w *sealingStore }
-	sealKeyReleaser   struct{ w *sealingStore }
 	sealChecker       struct{ w *sealingStore }
 )
 
@@ -27,119 +68,59 @@ func (m sealOwnerReleaser) ReleaseOwner(ctx context.Context, req ClaimRequest) (
 	return m.w.releaseOwner(ctx, req)
 }
 
-func (m sealKeyReleaser) Lookup(ctx context.Context, key, scope, endpoint string) (KeyRows, error) {
-	return m.w.lookup(ctx, key, scope, endpoint)
-}
-
-func (m sealKeyReleaser) ReleaseKey(ctx context.Context, f Fence) (bool, error) {
-	return m.w.releaseKey(ctx, f)
-}
-
 func (m sealChecker) Check(ctx context.Context) error { return m.w.check(ctx) }
 
 // withInterfaces returns w as the type whose optional interfaces are
 // exactly those of w.inner.
 func (w *sealingStore) withInterfaces() Store {
 	var mask int
-	for i, has := range []bool{is[TxStore](w.inner), is[OwnerReleaser](w.inner), is[KeyReleaser](w.inner), is[checker](w.inner)} {
+	for i, has := range []bool{is[TxStore](w.inner), is[OwnerReleaser](w.inner), is[checker](w.inner)} {
 		if has {
 			mask |= 1 << i
 		}
 	}
-	t, o, k, c := sealTxStore{w}, sealOwnerReleaser{w}, sealKeyReleaser{w}, sealChecker{w}
+	t, o, c := sealTxStore{w}, sealOwnerReleaser{w}, sealChecker{w}
 	switch mask {
-	case 0b0001:
+	case 0b001:
 		return struct {
 			*sealingStore
 			sealTxStore
 		}{w, t}
-	case 0b0010:
+	case 0b010:
 		return struct {
 			*sealingStore
 			sealOwnerReleaser
 		}{w, o}
-	case 0b0011:
+	case 0b011:
 		return struct {
 			*sealingStore
 			sealTxStore
 			sealOwnerReleaser
 		}{w, t, o}
-	case 0b0100:
-		return struct {
-			*sealingStore
-			sealKeyReleaser
-		}{w, k}
-	case 0b0101:
-		return struct {
-			*sealingStore
-			sealTxStore
-			sealKeyReleaser
-		}{w, t, k}
-	case 0b0110:
-		return struct {
-			*sealingStore
-			sealOwnerReleaser
-			sealKeyReleaser
-		}{w, o, k}
-	case 0b0111:
-		return struct {
-			*sealingStore
-			sealTxStore
-			sealOwnerReleaser
-			sealKeyReleaser
-		}{w, t, o, k}
-	case 0b1000:
+	case 0b100:
 		return struct {
 			*sealingStore
 			sealChecker
 		}{w, c}
-	case 0b1001:
+	case 0b101:
 		return struct {
 			*sealingStore
 			sealTxStore
 			sealChecker
 		}{w, t, c}
-	case 0b1010:
+	case 0b110:
 		return struct {
 			*sealingStore
 			sealOwnerReleaser
 			sealChecker
 		}{w, o, c}
-	case 0b1011:
+	case 0b111:
 		return struct {
 			*sealingStore
 			sealTxStore
 			sealOwnerReleaser
 			sealChecker
 		}{w, t, o, c}
-	case 0b1100:
-		return struct {
-			*sealingStore
-			sealKeyReleaser
-			sealChecker
-		}{w, k, c}
-	case 0b1101:
-		return struct {
-			*sealingStore
-			sealTxStore
-			sealKeyReleaser
-			sealChecker
-		}{w, t, k, c}
-	case 0b1110:
-		return struct {
-			*sealingStore
-			sealOwnerReleaser
-			sealKeyReleaser
-			sealChecker
-		}{w, o, k, c}
-	case 0b1111:
-		return struct {
-			*sealingStore
-			sealTxStore
-			sealOwnerReleaser
-			sealKeyReleaser
-			sealChecker
-		}{w, t, o, k, c}
 	}
 	return w
 }

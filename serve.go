@@ -1,22 +1,13 @@
 package idempotency
 
 import (
-	"errors"
 	"log/slog"
-	"net/http"
 	"time"
-
-	"github.com/google/uuid"
 )
 
-// ServeHTTP takes one request through the route: admit it (the kill-switch,
-// the key, the body, the scope), claim its key, then execute the handler if
-// the claim was won, or answer as the key's record calls for.
-func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rq := rt.newRequest(w, r)
-	if !rq.admit() {
-		return
-	}
+// serve takes an admitted call its way: claim its key, then execute the
+// handler if the claim was won, or answer as the key's record calls for.
+func (rq *request) serve() {
 	res, err := rq.claimKey()
 	switch {
 	case err != nil:
@@ -28,74 +19,6 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		rq.answerDuplicate(res.record)
 	}
-}
-
-// admit decides whether a request is claimed. It reports false when it has
-// already dealt with the request: passed it through (kill-switch off, no
-// key on an optional route) or refused it (400, 413).
-func (rq *request) admit() bool {
-	if !rq.m.cfg.Enabled(rq.r) {
-		rq.name()
-		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonDisabled).Inc()
-		rq.observeUnrun(OutcomeBypassed, reasonDisabled)
-		rq.passThrough()
-		return false
-	}
-	key, present, ok := headerKey(rq.r, rq.rt.parseKey)
-	if !present && !rq.rt.requireKey {
-		if rq.m.cfg.Observer != nil {
-			rq.name()
-			rq.observeUnrun(OutcomePassThrough, "")
-		}
-		rq.passThrough()
-		return false
-	}
-	rq.name()
-	switch {
-	case !present:
-		rq.answer(answerMissingKey)
-		return false
-	case !ok:
-		rq.answer(rq.rt.invalidKey)
-		return false
-	}
-	body, err := readBody(rq.w, rq.r, rq.rt.maxBody, rq.m.cfg.BodyTimeout)
-	switch {
-	case errors.Is(err, errBodyTooLarge):
-		rq.answer(answerBodyTooLarge)
-		return false
-	case err != nil:
-		rq.answer(answerBodyUnreadable)
-		return false
-	}
-	return rq.admitScope(key, body)
-}
-
-// admitScope builds the claim of a keyed request whose body was read, or
-// refuses a scope or endpoint the store could not hold.
-func (rq *request) admitScope(key string, body []byte) bool {
-	scope := rq.m.cfg.Scope(rq.r)
-	if !storable(scope) || !storable(rq.endpoint) {
-		// A value the store cannot hold would fail every claim of this
-		// key alike: refuse it rather than treat it as an outage (which a
-		// fail-open route would run without deduplication, every time).
-		rq.m.log.WarnContext(rq.r.Context(), "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
-			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
-		rq.answer(answerInvalidScope)
-		return false
-	}
-	rq.claim = ClaimRequest{
-		Key:         key,
-		Scope:       scope,
-		Endpoint:    rq.endpoint,
-		RequestHash: requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body),
-		TTL:         rq.rt.ttl,
-		Lease:       rq.m.cfg.Lease,
-		LockWait:    rq.rt.txLockWait,
-		Owner:       uuid.New(), // one per request: the store's retry of this claim knows its own row
-	}
-	rq.rm = rq.m.metricsFor(rq.label)
-	return true
 }
 
 // claimFailed applies the route's policy to a claim the store could not
@@ -131,10 +54,11 @@ func (rq *request) claimFailed(err error) {
 		rq.logClaimFailure(slog.LevelWarn, f.msg+", running without deduplication", reason, err)
 		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
 		rq.observeUnrun(OutcomeBypassed, reasonStoreUnavailable)
-		rq.rt.next.ServeHTTP(rq.w, rq.withKey())
+		rq.t.pass(rq.claim.Key)
 		return
 	}
 	rq.logClaimFailure(f.level, f.msg+", rejecting", reason, err)
+	rq.cause = err
 	rq.answer(answerUnavailable)
 	rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
 }
@@ -177,18 +101,25 @@ func failureOf(reason string) failure {
 // logClaimFailure logs a failed claim with the request's key and scope (as
 // Config allows: the logger redacts them), the reason and the error.
 func (rq *request) logClaimFailure(level slog.Level, msg, reason string, err error) {
-	rq.m.log.Log(rq.r.Context(), level, msg, "endpoint", rq.label, "scope", rq.claim.Scope, "key", rq.claim.Key,
+	rq.m.log.Log(rq.ctx, level, msg, "endpoint", rq.label, "scope", rq.claim.Scope, "key", rq.claim.Key,
 		"operation", storeOp(err), "reason", reason, "error", err)
+}
+
+// switchedOff passes a call through with the kill-switch off, counted as a
+// bypass. The adapter has named the call.
+func (rq *request) switchedOff() {
+	rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonDisabled).Inc()
+	rq.observeUnrun(OutcomeBypassed, reasonDisabled)
+	rq.passThrough()
 }
 
 // passThrough runs the handler with no idempotency tracking. A
 // transactional route still gets its transaction, so the handler has one
-// shape.
+// shape; the adapter has named such a call.
 func (rq *request) passThrough() {
 	if rq.rt.txStore == nil {
-		rq.rt.next.ServeHTTP(rq.w, rq.r)
+		rq.t.pass("")
 		return
 	}
-	rq.name()
 	rq.run(nil, time.Time{}, nil)
 }

@@ -49,7 +49,7 @@ func TestPostgresRoundTripsThroughMiddleware(t *testing.T) {
 
 	// The 409s: a key in flight, then the same key once its handler failed.
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
 // Status is the state of a stored key.
@@ -59,19 +58,15 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL         time.Duration // how long the row lives: expires_at = now + TTL
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
-	// LockWait bounds, for a claim inside a transaction (TxStore), how
-	// long the claim, a takeover and a re-read wait on a row of the key
-	// that another open transaction holds; 0 means DefaultTxLockWait.
-	// Other claims never wait on a lock held by a handler.
+	// LockWait bounds how long a claim inside a transaction (TxStore), its
+	// takeover and re-read wait on a row of the key another open
+	// transaction holds (0: DefaultTxLockWait); other claims never wait.
 	LockWait time.Duration
-	// Owner is the claiming request's random token (uuid.New(), one per
-	// request, never derived from its key or body), stored in the row by
-	// Claim and Takeover; the zero value (uuid.Nil) stores none.
-	// It is not the fencing attempt: it lets the request that made a claim
-	// recognise the claim as its own when the claim's reply was lost. A
-	// Claim that finds the key's row in_flight, inside its lease and
-	// carrying this Owner reports it as won (the store's own retry after a
-	// lost connection does so), and OwnerReleaser frees such a row.
+	// Owner is the claiming call's random token (one per call), stored in
+	// the row by Claim and Takeover (uuid.Nil stores none), so the call
+	// knows the claim as its own when the claim's reply was lost: a Claim
+	// that finds the key's row in_flight, inside its lease and carrying
+	// this Owner reports it as won, and OwnerReleaser frees such a row.
 	Owner uuid.UUID
 }
 
@@ -216,9 +211,16 @@ type TxStore interface {
 // TxStore.BeginClaim and used by one request at a time. Its errors, other
 // than ErrNotOwner, are *StoreError.
 type RouteTx interface {
-	// Tx returns the transaction the handler writes through; TxFromContext
-	// hands it out with Commit and Rollback refused.
-	Tx() pgx.Tx
+	// Tx returns the transaction itself (a pgx.Tx for PostgresStore), for
+	// the store's own tests and idempotencytest.RunTx. Handlers get it
+	// through Lend.
+	Tx() any
+	// Lend returns ctx carrying the handler's view of the transaction, which
+	// the store's context getter returns (TxFromContext for PostgresStore):
+	// its Commit and Rollback are refused (ErrTxManaged). The function it
+	// returns ends the loan once the handler returned: it waits for the
+	// view's calls under way, and refuses every later one.
+	Lend(ctx context.Context) (context.Context, func())
 	// State reports how the handler left the transaction.
 	State() TxState
 	// Takeover takes over the expired row f inside the transaction, as

@@ -9,21 +9,17 @@ import (
 	"github.com/google/uuid"
 )
 
-// MemoryStore is a Store that keeps its keys in the memory of one process.
-// It has the same semantics as the Postgres store (expiry, leases, fencing,
-// cleanup and erasure), with its own clock standing in for the database's
-// now(). It suits tests and single-process programs such as the example
-// server's embedded default; several processes, or several MemoryStores,
-// never see each other's keys, so it gives no protection across replicas,
-// and it loses every key when the process exits.
-//
-// Memory is bounded only by MemoryMaxRows: without it, a client that sends
-// new keys fills the process's memory for the keys' TTL. Cleanup costs in
-// proportion to the rows it deletes, erasure and export to the rows of the
-// scope, never to the whole store.
+// MemoryStore is a Store in the memory of one process, with the Postgres
+// store's semantics (expiry, leases, fencing, cleanup, erasure) and its own
+// clock for the database's now(): for tests and single-process programs.
+// Two processes, or two MemoryStores, never see each other's keys, and a
+// process that exits loses them all. Memory is bounded only by
+// MemoryMaxRows: without it, a client that sends new keys fills the
+// process's memory for the keys' TTL. Cleanup costs in proportion to the
+// rows it deletes, erasure and export to the rows of the scope.
 //
 // A MemoryStore is safe for concurrent use. The zero value is an empty store
-// ready to use, without a cap; NewMemoryStore returns one too.
+// without a cap, as NewMemoryStore returns one.
 type MemoryStore struct {
 	now     func() time.Time // the store's clock; nil means time.Now
 	maxRows int              // 0: no cap
@@ -70,17 +66,13 @@ func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
 // MemoryOption configures a MemoryStore built by NewMemoryStore.
 type MemoryOption func(*MemoryStore)
 
-// MemoryMaxRows caps the rows the store holds at n, expired rows that
-// cleanup has not deleted yet included. When the store is full, a claim of
-// a new key first deletes the row whose time ran out first, if cleanup
-// could delete it; otherwise the claim fails with a *StoreError of reason
-// ReasonFull, which the middleware answers with 503
-// idempotency_store_unavailable on fail-closed and fail-open routes alike:
-// a full store is never bypassed, since any client can fill it on purpose.
-// Keys already stored are still answered (replays, conflicts, takeovers of
-// expired keys). A row takes about 600 bytes plus its recorded response
-// (measured: 540 bytes with a short scope and endpoint). n of 0 means no
-// cap, the default; MemoryMaxRows panics when n is negative.
+// MemoryMaxRows caps the rows the store holds at n, expired rows not yet
+// cleaned up included. A claim of a new key in a full store first deletes
+// the row whose time ran out first, if cleanup could; otherwise it fails
+// with ReasonFull, a 503 idempotency_store_unavailable on every policy
+// (never a bypass: any client can fill the store). Stored keys are still
+// answered. A row takes about 600 bytes plus its recorded response. n of 0
+// means no cap, the default; MemoryMaxRows panics when n is negative.
 func MemoryMaxRows(n int) MemoryOption {
 	if n < 0 {
 		panic(fmt.Sprintf("idempotency: MemoryMaxRows must not be negative, got %d", n))

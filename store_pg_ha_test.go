@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -218,7 +219,7 @@ func TestPgBouncerTxStorm(t *testing.T) {
 	}
 	cfg := raceConfig
 	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), quiet
-	cfg.Enabled = func(*http.Request) bool { return true }
+	cfg.Enabled = func(context.Context) bool { return true }
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
 	if err != nil {
 		t.Fatal(err)

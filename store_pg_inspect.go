@@ -3,44 +3,38 @@ package idempotency
 import (
 	"context"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/operator"
 )
 
 // What an operator reads from the table (the CLI's inspect, stats and
-// cleanup --dry-run): read-only statements, against the database's clock.
+// cleanup --dry-run) and the release of one stuck key: read-only
+// statements, against the database's clock, and one fenced DELETE. The CLI
+// reaches them through internal/operator, where the store registers them.
 
-// KeyRows are the rows of one key in one user scope, as Lookup read them.
-type KeyRows struct {
-	Records []Record  // one per endpoint, ordered by endpoint; empty when the key is unknown
-	Now     time.Time // the database's clock at the read, to judge the records' times by
+func init() {
+	operator.Register(func(store any) (any, bool) {
+		s, ok := store.(*PostgresStore)
+		if !ok {
+			return nil, false
+		}
+		return operator.Store[Record, Fence]{Lookup: s.lookup, ReleaseKey: s.releaseKey, Stats: s.stats, CountCleanup: s.countCleanup}, true
+	})
 }
 
-// TableStats counts the rows of the table in one read; ages are measured
-// against the database's clock.
-type TableStats struct {
-	Total, InFlight, Completed, Failed int64
-	// OldestInFlightAge is how long ago the oldest in_flight row was
-	// claimed (its locked_at); 0 when InFlight is 0.
-	OldestInFlightAge time.Duration
-	// InFlightPastLease counts in_flight rows whose lease is over (stale:
-	// the outcome is unknown).
-	InFlightPastLease int64
-	// AwaitingCleanup counts the rows Cleanup would delete now.
-	AwaitingCleanup int64
-	// OldestExpiredAge is how long the oldest of them has been expired;
-	// 0 when AwaitingCleanup is 0.
-	OldestExpiredAge time.Duration
-}
-
-// Lookup reads the rows of key in scope, on every endpoint, or on endpoint
-// alone when it is not "". Read-only; an unknown key is no error.
-func (s *PostgresStore) Lookup(ctx context.Context, key, scope, endpoint string) (KeyRows, error) {
-	var out KeyRows
+// lookup reads the rows of key in scope, on every endpoint, or on endpoint
+// alone when it is not "" (operator.Store.Lookup), and the database's time.
+func (s *PostgresStore) lookup(ctx context.Context, key, scope, endpoint string) ([]Record, time.Time, error) {
+	var out struct {
+		Records []Record
+		Now     time.Time
+	}
 	var ep *string
 	if endpoint != "" {
 		ep = &endpoint
 	}
 	err := retryConnLoss(ctx, func() error {
-		out = KeyRows{}
+		out.Records, out.Now = nil, time.Time{}
 		rows, err := s.pool.Query(ctx, pgLookupSQL, key, scope, ep)
 		if err != nil {
 			return err
@@ -62,14 +56,14 @@ func (s *PostgresStore) Lookup(ctx context.Context, key, scope, endpoint string)
 		return nil
 	})
 	if err != nil {
-		return KeyRows{}, pgStoreError("lookup", err)
+		return nil, time.Time{}, pgStoreError("lookup", err)
 	}
-	return out, nil
+	return out.Records, out.Now, nil
 }
 
-// Stats counts the table's rows in one scan (pgStatsSQL).
-func (s *PostgresStore) Stats(ctx context.Context) (TableStats, error) {
-	var st TableStats
+// stats counts the table's rows in one scan (pgStatsSQL).
+func (s *PostgresStore) stats(ctx context.Context) (operator.Stats, error) {
+	var st operator.Stats
 	err := retryConnLoss(ctx, func() error {
 		var inFlightAge, expiredAge *float64
 		if err := s.pool.QueryRow(ctx, pgStatsSQL).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
@@ -80,14 +74,14 @@ func (s *PostgresStore) Stats(ctx context.Context) (TableStats, error) {
 		return nil
 	})
 	if err != nil {
-		return TableStats{}, pgStoreError("stats", err)
+		return operator.Stats{}, pgStoreError("stats", err)
 	}
 	return st, nil
 }
 
-// CountCleanup counts the rows Cleanup would delete now (pgCountCleanupSQL),
+// countCleanup counts the rows Cleanup would delete now (pgCountCleanupSQL),
 // reading only the expired end of the expiry index; it deletes nothing.
-func (s *PostgresStore) CountCleanup(ctx context.Context) (int64, error) {
+func (s *PostgresStore) countCleanup(ctx context.Context) (int64, error) {
 	var n int64
 	err := retryConnLoss(ctx, func() error {
 		return s.pool.QueryRow(ctx, pgCountCleanupSQL).Scan(&n)

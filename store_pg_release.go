@@ -11,9 +11,10 @@ const pgReleaseKeySQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $3 AND id = $1 AND attempt = $2
 	AND (status = 'failed' OR (status = 'in_flight' AND locked_until < now()))`
 
-// ReleaseKey implements KeyReleaser with one fenced DELETE, idempotent, so
-// a lost connection is retried.
-func (s *PostgresStore) ReleaseKey(ctx context.Context, f Fence) (bool, error) {
+// releaseKey releases one stuck key for an operator
+// (operator.Store.ReleaseKey) with one fenced DELETE, idempotent, so a lost
+// connection is retried.
+func (s *PostgresStore) releaseKey(ctx context.Context, f Fence) (bool, error) {
 	var n int64
 	err := retryConnLoss(ctx, func() error {
 		tag, err := s.pool.Exec(ctx, pgReleaseKeySQL, f.ID, f.Attempt, f.Scope)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
+	"github.com/idemkit/idempotency/internal/operator"
 	"github.com/idemkit/idempotency/internal/pgmigrate"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/migrations"
@@ -895,22 +896,34 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 }
 
 // TestPostgresLookupAndStats: what the CLI's inspect, stats and cleanup
-// --dry-run read goes through the store: one key's rows by endpoint with
-// the database's clock, the table's counts, and the rows cleanup would
-// delete.
+// --dry-run read goes through the store's operator methods
+// (internal/operator): one key's rows by endpoint with the database's
+// clock, the table's counts, and the rows cleanup would delete.
 func TestPostgresLookupAndStats(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := idempotency.NewPostgresStore(testdb.New(t))
+	ops, ok := operator.For[idempotency.Record, idempotency.Fence](s)
+	if !ok {
+		t.Fatal("the Postgres store registered no operator methods")
+	}
+	type keyRows struct {
+		Records []idempotency.Record
+		Now     time.Time
+	}
+	lookup := func(key, scope, endpoint string) (keyRows, error) {
+		recs, now, err := ops.Lookup(ctx, key, scope, endpoint)
+		return keyRows{recs, now}, err
+	}
 
-	st, err := s.Stats(ctx)
-	if err != nil || st != (idempotency.TableStats{}) {
+	st, err := ops.Stats(ctx)
+	if err != nil || st != (operator.Stats{}) {
 		t.Fatalf("Stats of an empty table = %+v, %v", st, err)
 	}
-	if n, err := s.CountCleanup(ctx); err != nil || n != 0 {
+	if n, err := ops.CountCleanup(ctx); err != nil || n != 0 {
 		t.Errorf("CountCleanup of an empty table = %d, %v", n, err)
 	}
-	unknown, err := s.Lookup(ctx, idempotencytest.NewKey(), "u", "")
+	unknown, err := lookup(idempotencytest.NewKey(), "u", "")
 	if err != nil || len(unknown.Records) != 0 || unknown.Now.IsZero() {
 		t.Fatalf("Lookup of an unknown key = %+v, %v; want no record and the clock", unknown, err)
 	}
@@ -927,7 +940,7 @@ func TestPostgresLookupAndStats(t *testing.T) {
 	idempotencytest.MustClaim(t, s, stale)
 	idempotencytest.WaitFor(t, s, stale, "expired", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
 
-	both, err := s.Lookup(ctx, done.Key, "u", "")
+	both, err := lookup(done.Key, "u", "")
 	if err != nil || len(both.Records) != 2 || both.Records[0].Endpoint != "POST /api/trading/orders" ||
 		both.Records[1].Endpoint != "POST /other" || both.Now.IsZero() {
 		t.Fatalf("Lookup of a key on two endpoints = %+v, %v", both, err)
@@ -936,20 +949,20 @@ func TestPostgresLookupAndStats(t *testing.T) {
 		r.Response.BodyKind != idempotency.BodyJSON || string(r.Response.Body) != `{"a": 1}` {
 		t.Errorf("Lookup's completed row = %+v", r)
 	}
-	one, err := s.Lookup(ctx, done.Key, "u", "POST /other")
+	one, err := lookup(done.Key, "u", "POST /other")
 	if err != nil || len(one.Records) != 1 || one.Records[0].Status != idempotency.StatusInFlight {
 		t.Errorf("Lookup on one endpoint = %+v, %v", one, err)
 	}
-	if none, err := s.Lookup(ctx, done.Key, "v", ""); err != nil || len(none.Records) != 0 {
+	if none, err := lookup(done.Key, "v", ""); err != nil || len(none.Records) != 0 {
 		t.Errorf("Lookup in another scope = %+v, %v", none, err)
 	}
 
-	st, err = s.Stats(ctx)
+	st, err = ops.Stats(ctx)
 	if err != nil || st.Total != 3 || st.InFlight != 2 || st.Completed != 1 || st.Failed != 0 ||
 		st.InFlightPastLease != 1 || st.AwaitingCleanup != 1 || st.OldestInFlightAge <= 0 || st.OldestExpiredAge <= 0 {
 		t.Errorf("Stats = %+v, %v", st, err)
 	}
-	if n, err := s.CountCleanup(ctx); err != nil || n != 1 {
+	if n, err := ops.CountCleanup(ctx); err != nil || n != 1 {
 		t.Errorf("CountCleanup = %d, %v; want 1", n, err)
 	}
 }
@@ -961,7 +974,7 @@ func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(*http.Request) bool { return true }})
+		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

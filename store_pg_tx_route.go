@@ -29,8 +29,12 @@ func (t *pgRouteTx) pipe(ctx context.Context, steps ...pgStep) *pgPipe {
 	return sendPipe(ctx, t.tx.Conn(), t.q, false, steps...)
 }
 
-// Tx implements RouteTx.
-func (t *pgRouteTx) Tx() pgx.Tx { return t.tx }
+// Tx implements RouteTx: the pgx.Tx.
+func (t *pgRouteTx) Tx() any { return t.tx }
+
+// Lend implements RouteTx: the handler's view is a handlerTx behind its
+// gate (handler_tx.go, TxFromContext).
+func (t *pgRouteTx) Lend(ctx context.Context) (context.Context, func()) { return withTx(ctx, t.tx) }
 
 // State implements RouteTx from the connection and the transaction status
 // the server reports after each statement (pgconn's TxStatus).

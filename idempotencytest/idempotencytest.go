@@ -8,6 +8,11 @@
 //		})
 //	}
 //
+// RunTx is the transactional part, for a TxStore: the caller passes a
+// function that writes one row through the route's transaction and one
+// that counts the committed rows, so the same checks run on any database
+// driver.
+//
 // The suite never assumes the store's clock is the caller's: a key given a
 // tiny TTL or lease is polled with Claim until the store itself reports it
 // expired or its lease over. It asserts behaviour, never speed. The
@@ -51,7 +56,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 // the fenced outcomes (Complete, Fail, Release), owner tokens
 // (ClaimRequest.Owner, OwnerReleaser), Takeover, and
 // maintenance (Cleanup, Erase, ExportScope), and an operator's release of
-// one key (KeyReleaser, skipped for stores without it). Every subtest runs in parallel
+// one key (the CLI's; run for this module's stores only). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
 // schema or database), and release it with t.Cleanup.

@@ -1,13 +1,17 @@
 package idempotencytest
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/operator"
 )
 
-// runRelease checks idempotency.KeyReleaser (an operator's release of one
-// stuck key), for stores that implement it.
+// runRelease checks an operator's release of one stuck key (the CLI's
+// release), for the stores of this module that register one in
+// internal/operator.
 func runRelease(t *testing.T, setup setupFunc) {
 	t.Run("KeyRelease", func(t *testing.T) {
 		t.Parallel()
@@ -15,15 +19,41 @@ func runRelease(t *testing.T, setup setupFunc) {
 	})
 }
 
-// releaser returns s as a KeyReleaser, skipping the test when it is not
-// one.
-func releaser(t *testing.T, s idempotency.Store) idempotency.KeyReleaser {
+// keyReleaser is a store's operator lookup and release of one key.
+type keyReleaser struct {
+	ops operator.Store[idempotency.Record, idempotency.Fence]
+}
+
+// keyRows are the rows of one key and the store's time, as Lookup read them.
+type keyRows struct {
+	Records []idempotency.Record
+	Now     time.Time
+}
+
+func (kr keyReleaser) Lookup(ctx context.Context, key, scope, endpoint string) (keyRows, error) {
+	recs, now, err := kr.ops.Lookup(ctx, key, scope, endpoint)
+	return keyRows{recs, now}, err
+}
+
+func (kr keyReleaser) ReleaseKey(ctx context.Context, f idempotency.Fence) (bool, error) {
+	return kr.ops.ReleaseKey(ctx, f)
+}
+
+// releaser returns the operator release of s, skipping the test for a
+// store without one.
+func releaser(t *testing.T, s idempotency.Store) keyReleaser {
 	t.Helper()
-	kr, ok := s.(idempotency.KeyReleaser)
+	ops, ok := operator.For[idempotency.Record, idempotency.Fence](s)
 	if !ok {
-		t.Skipf("%T does not implement idempotency.KeyReleaser", s)
+		t.Skipf("%T registers no operator release", s)
 	}
-	return kr
+	return keyReleaser{ops}
+}
+
+// releasable reports whether an operator may release rec: failed, or in
+// flight past its lease.
+func releasable(rec idempotency.Record) bool {
+	return rec.Status == idempotency.StatusFailed || rec.Status == idempotency.StatusInFlight && rec.LeaseOver
 }
 
 // releaseTests are runRelease's subtests.
@@ -61,7 +91,7 @@ func releaseTests(t *testing.T, setup setupFunc) {
 		}
 		rows, err := kr.Lookup(ctx, req.Key, req.Scope, "")
 		recs := rows.Records
-		if err != nil || len(recs) != 1 || recs[0].Status != idempotency.StatusFailed || !idempotency.Releasable(recs[0]) {
+		if err != nil || len(recs) != 1 || recs[0].Status != idempotency.StatusFailed || !releasable(recs[0]) {
 			t.Fatalf("Lookup: %+v, %v; want one releasable failed row", recs, err)
 		}
 		if ok, err := kr.ReleaseKey(ctx, recs[0].Fence()); err != nil || !ok {

@@ -59,7 +59,7 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 	if *dryRun {
 		sctx, cancel := c.statementContext(ctx)
 		defer cancel()
-		n, err := idempotency.NewPostgresStore(pool).CountCleanup(sctx)
+		n, err := operatorOf(pool).CountCleanup(sctx)
 		if err != nil {
 			return c.dbError(ctx, "count expired keys", err)
 		}
@@ -75,18 +75,12 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 
 	start := time.Now()
 	lastProgress := start
-	var batches int64
-	deleted, err := idempotency.Cleanup(ctx, idempotency.NewPostgresStore(pool), idempotency.CleanupOptions{
-		Batch:   *batch,
-		Timeout: c.g.timeout,
-		Progress: func(deleted, n int64) {
-			batches = n
-			if progress > 0 && time.Since(lastProgress) >= progress {
-				lastProgress = time.Now()
-				fmt.Fprintf(c.stderr, "cleanup: %d %s deleted so far (%d batches, %v)\n",
-					deleted, rows(deleted), batches, time.Since(start).Round(time.Second))
-			}
-		},
+	deleted, batches, err := c.cleanupBatches(ctx, idempotency.NewPostgresStore(pool), *batch, func(deleted, batches int64) {
+		if progress > 0 && time.Since(lastProgress) >= progress {
+			lastProgress = time.Now()
+			fmt.Fprintf(c.stderr, "cleanup: %d %s deleted so far (%d batches, %v)\n",
+				deleted, rows(deleted), batches, time.Since(start).Round(time.Second))
+		}
 	})
 	if err != nil {
 		return c.dbError(ctx, fmt.Sprintf("delete expired keys (after deleting %d %s)", deleted, rows(deleted)), err)
@@ -102,6 +96,30 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 	_, err = fmt.Fprintf(c.stdout, "deleted %d expired %s in %d %s (%v)\n",
 		deleted, rows(deleted), batches, plural(batches, "batch", "batches"), elapsed.Round(time.Millisecond))
 	return err
+}
+
+// cleanupBatches deletes expired rows of store, batch rows per store call,
+// each under --timeout, until a batch comes back short or ctx ends; it
+// calls progress after each batch with the rows deleted and the batches
+// run so far.
+func (c *cli) cleanupBatches(ctx context.Context, store idempotency.Store, batch int, progress func(deleted, batches int64)) (deleted, batches int64, err error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, batches, err
+		}
+		sctx, cancel := c.statementContext(ctx)
+		n, err := store.Cleanup(sctx, batch)
+		cancel()
+		deleted += n
+		batches++
+		if err != nil {
+			return deleted, batches, err
+		}
+		progress(deleted, batches)
+		if n < int64(batch) {
+			return deleted, batches, nil
+		}
+	}
 }
 
 func rows(n int64) string { return plural(n, "row", "rows") }

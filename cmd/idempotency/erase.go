@@ -42,7 +42,9 @@ func runErase(ctx context.Context, c *cli, args []string) error {
 	}
 	defer pool.Close()
 
-	res, err := idempotency.Erase(ctx, idempotency.NewPostgresStore(pool), scope, c.g.timeout)
+	sctx, cancel := c.statementContext(ctx)
+	defer cancel()
+	res, err := idempotency.NewPostgresStore(pool).Erase(sctx, scope)
 	if err != nil {
 		return c.dbError(ctx, "delete the user's keys", err)
 	}

@@ -104,17 +104,17 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		now time.Time
 	)
 	for _, k := range keys { // a UUID's two stored forms
-		found, err := store.(idempotency.KeyReleaser).Lookup(sctx, k, user.v, endpoint.v)
+		found, at, err := operatorFor(store).Lookup(sctx, k, user.v, endpoint.v)
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
-		for _, rec := range found.Records {
+		for _, rec := range found {
 			if endpoint.set && rec.Endpoint != endpoint.v {
 				continue // --endpoint '': Lookup reads every endpoint, the CLI shows none
 			}
 			out = append(out, newInspectRow(rec, *showBody))
 		}
-		now = found.Now
+		now = at
 	}
 	slices.SortStableFunc(out, func(a, b inspectRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	// No committed row: a transactional route's handler may hold the key

@@ -70,11 +70,13 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	store := idempotency.NewPostgresStore(pool)
+	ops := operatorOf(pool)
 
 	var recs []idempotency.Record
 	for _, k := range keys {
-		found, err := idempotency.LookupKey(ctx, store, k, user.v, endpoint.v, c.g.timeout)
+		sctx, cancel := c.statementContext(ctx)
+		found, _, err := ops.Lookup(sctx, k, user.v, endpoint.v)
+		cancel()
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
@@ -103,7 +105,7 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	switch {
 	case rec.Status == idempotency.StatusCompleted:
 		return fmt.Errorf("the key is completed: its retries replay the recorded response; nothing to release")
-	case !idempotency.Releasable(rec):
+	case !releasable(rec):
 		return fmt.Errorf("the key is in flight and its lease runs until %s: a request is running; not released (run again after the lease if it stays in flight)",
 			rec.LockedUntil.UTC().Format(time.RFC3339))
 	}
@@ -113,7 +115,9 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	if !*yes {
 		return usagef("pass --yes to release it")
 	}
-	released, err := idempotency.ReleaseKey(ctx, store, rec, c.g.timeout)
+	sctx, cancel := c.statementContext(ctx)
+	defer cancel()
+	released, err := ops.ReleaseKey(sctx, rec.Fence())
 	if err != nil {
 		return c.dbError(ctx, "release the key", err)
 	}
@@ -132,6 +136,13 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	}
 	_, err = fmt.Fprintf(c.stdout, "released key %s of %s on %q\n", rec.Key, describeUser(rec.Scope), rec.Endpoint)
 	return err
+}
+
+// releasable reports whether an operator may release rec: it is failed, or
+// in_flight with its lease over. A completed key replays and a live one is
+// running: neither is released (the store's fenced DELETE checks it again).
+func releasable(rec idempotency.Record) bool {
+	return rec.Status == idempotency.StatusFailed || rec.Status == idempotency.StatusInFlight && rec.LeaseOver
 }
 
 // printReleaseRow shows the row a release is about (text output only).

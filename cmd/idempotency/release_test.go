@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/idemkit/idempotency"
 )
 
 func TestRelease(t *testing.T) {
@@ -102,15 +100,16 @@ func TestReleaseFenced(t *testing.T) {
 	key := newKey()
 	rec := db.claim(t, key, "7", "POST /x", time.Hour, time.Millisecond)
 	db.waitRows(t, 1, "status = 'in_flight' AND locked_until < now()")
-	recs, err := idempotency.LookupKey(ctx, db.store, key, "7", "", time.Second)
-	if err != nil || len(recs) != 1 || !idempotency.Releasable(recs[0]) {
-		t.Fatalf("LookupKey: %+v, %v", recs, err)
+	ops := operatorOf(db.pool)
+	recs, _, err := ops.Lookup(ctx, key, "7", "")
+	if err != nil || len(recs) != 1 || !releasable(recs[0]) {
+		t.Fatalf("Lookup: %+v, %v", recs, err)
 	}
 	// The owner completes late, after the operator read the row.
 	if err := db.store.Complete(ctx, rec.Fence(), rec, rawResp()); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := idempotency.ReleaseKey(ctx, db.store, recs[0], time.Second); err != nil || ok {
+	if ok, err := ops.ReleaseKey(ctx, recs[0].Fence()); err != nil || ok {
 		t.Fatalf("ReleaseKey of a row completed since it was read: %v, %v; want false", ok, err)
 	}
 	if db.count(t, "idem_key = $1 AND status = 'completed'", key) != 1 {

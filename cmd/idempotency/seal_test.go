@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -87,7 +88,7 @@ func newSealTxApp(t *testing.T, db testDB, runs *keyRuns, tx func(), ids ...stri
 		}
 	}
 	mw, err := idempotency.New(store, idempotency.Config{Registerer: prometheus.NewRegistry(),
-		Enabled: func(*http.Request) bool { return true }})
+		Enabled: func(context.Context) bool { return true }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/operator"
 )
 
 func statsHelp(w io.Writer) {
@@ -65,7 +65,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	st, err := idempotency.NewPostgresStore(pool).Stats(sctx)
+	st, err := operatorOf(pool).Stats(sctx)
 	if err != nil {
 		return c.dbError(ctx, "count keys", err)
 	}
@@ -102,7 +102,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 
 // newStatsJSON converts the store's counts; an age is null when nothing is
 // counted for it.
-func newStatsJSON(st idempotency.TableStats) statsJSON {
+func newStatsJSON(st operator.Stats) statsJSON {
 	var s statsJSON
 	s.Total = st.Total
 	s.ByStatus.InFlight, s.ByStatus.Completed, s.ByStatus.Failed = st.InFlight, st.Completed, st.Failed

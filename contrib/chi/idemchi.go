@@ -10,9 +10,11 @@
 package idemchi
 
 import (
-	"net/http"
+	"context"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/idemkit/idempotency"
 )
 
 // RouteName is a Config.RouteName for chi: the request's method and the
@@ -21,7 +23,11 @@ import (
 // middleware runs. It returns "" outside a chi router or when no route
 // matches (chi answers 404 or 405), so the middleware falls back to
 // r.Pattern, then to "unnamed".
-func RouteName(r *http.Request) string {
+func RouteName(ctx context.Context) string {
+	r, ok := idempotency.RequestFromContext(ctx)
+	if !ok {
+		return ""
+	}
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
 		return ""

@@ -142,7 +142,7 @@ func TestChiRootUse(t *testing.T) {
 // TestRouteNameOutsideChi: no chi context, no name.
 func TestRouteNameOutsideChi(t *testing.T) {
 	t.Parallel()
-	if got := idemchi.RouteName(httptest.NewRequest("POST", "/x", nil)); got != "" {
+	if got := routertest.RouteNameOf(t, idemchi.RouteName, httptest.NewRequest("POST", "/x", nil)); got != "" {
 		t.Fatalf("RouteName = %q outside chi", got)
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"reflect"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/idemkit/idempotency"
 )
 
 type pathKey struct{}
@@ -79,7 +81,11 @@ func isEchoHandler(h echo.HandlerFunc) bool {
 // answers only inside Middleware (echo's path is on its Context, not the
 // request), and "" elsewhere, so the middleware falls back to r.Pattern,
 // then to "unnamed".
-func RouteName(r *http.Request) string {
+func RouteName(ctx context.Context) string {
+	r, ok := idempotency.RequestFromContext(ctx)
+	if !ok {
+		return ""
+	}
 	p, _ := r.Context().Value(pathKey{}).(string)
 	if p == "" {
 		return ""

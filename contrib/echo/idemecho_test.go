@@ -204,7 +204,7 @@ func TestWrapMiddlewareIsNotEnough(t *testing.T) {
 // TestRouteNameOutsideEcho: no adapter, no name.
 func TestRouteNameOutsideEcho(t *testing.T) {
 	t.Parallel()
-	if got := idemecho.RouteName(httptest.NewRequest("POST", "/x", nil)); got != "" {
+	if got := routertest.RouteNameOf(t, idemecho.RouteName, httptest.NewRequest("POST", "/x", nil)); got != "" {
 		t.Fatalf("RouteName = %q outside echo", got)
 	}
 }

@@ -29,7 +29,7 @@ func TestEchoTransactional(t *testing.T) {
 	}
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
 		RouteName: idemecho.RouteName,
-		Enabled:   func(*http.Request) bool { return true },
+		Enabled:   func(context.Context) bool { return true },
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

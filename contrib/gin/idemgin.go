@@ -25,6 +25,8 @@ import (
 	"net/http"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/idemkit/idempotency"
 )
 
 type routeKey struct{}
@@ -71,7 +73,11 @@ func Middleware(mw func(http.Handler) http.Handler) gin.HandlerFunc {
 // inside Middleware (gin's route is on its Context, not the request), and
 // "" elsewhere, so the middleware falls back to r.Pattern, then to
 // "unnamed".
-func RouteName(r *http.Request) string {
+func RouteName(ctx context.Context) string {
+	r, ok := idempotency.RequestFromContext(ctx)
+	if !ok {
+		return ""
+	}
 	p, _ := r.Context().Value(routeKey{}).(string)
 	if p == "" {
 		return ""

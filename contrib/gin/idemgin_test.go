@@ -197,7 +197,7 @@ func TestNaiveAdapterIsNotEnough(t *testing.T) {
 // TestRouteNameOutsideGin: no adapter, no name.
 func TestRouteNameOutsideGin(t *testing.T) {
 	t.Parallel()
-	if got := idemgin.RouteName(httptest.NewRequest("POST", "/x", nil)); got != "" {
+	if got := routertest.RouteNameOf(t, idemgin.RouteName, httptest.NewRequest("POST", "/x", nil)); got != "" {
 		t.Fatalf("RouteName = %q outside gin", got)
 	}
 }

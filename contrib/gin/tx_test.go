@@ -28,7 +28,7 @@ func TestGinTransactionalStatusOnly(t *testing.T) {
 	}
 	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
 		RouteName: idemgin.RouteName,
-		Enabled:   func(*http.Request) bool { return true },
+		Enabled:   func(context.Context) bool { return true },
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

@@ -10,9 +10,11 @@
 package idemgorilla
 
 import (
-	"net/http"
+	"context"
 
 	"github.com/gorilla/mux"
+
+	"github.com/idemkit/idempotency"
 )
 
 // RouteName is a Config.RouteName for gorilla/mux: the request's method and
@@ -20,7 +22,11 @@ import (
 // sub-router's routes carry the full template). It returns "" outside a
 // matched gorilla route or for a route without a path template, so the
 // middleware falls back to r.Pattern, then to "unnamed".
-func RouteName(r *http.Request) string {
+func RouteName(ctx context.Context) string {
+	r, ok := idempotency.RequestFromContext(ctx)
+	if !ok {
+		return ""
+	}
 	route := mux.CurrentRoute(r)
 	if route == nil {
 		return ""

@@ -99,7 +99,7 @@ func TestGorilla(t *testing.T) {
 // TestRouteNameOutsideGorilla: no matched route, no name.
 func TestRouteNameOutsideGorilla(t *testing.T) {
 	t.Parallel()
-	if got := idemgorilla.RouteName(httptest.NewRequest("POST", "/x", nil)); got != "" {
+	if got := routertest.RouteNameOf(t, idemgorilla.RouteName, httptest.NewRequest("POST", "/x", nil)); got != "" {
 		t.Fatalf("RouteName = %q outside gorilla", got)
 	}
 }

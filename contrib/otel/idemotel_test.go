@@ -41,10 +41,13 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{
-		Observer:         obs,
-		Scope:            func(r *http.Request) string { return r.Header.Get("X-User") },
+		Observer: obs,
+		Scope: func(ctx context.Context) string {
+			r, _ := idempotency.RequestFromContext(ctx)
+			return r.Header.Get("X-User")
+		},
 		IdentifierSecret: []byte("0123456789abcdef"),
-		Enabled:          func(*http.Request) bool { return true },
+		Enabled:          func(context.Context) bool { return true },
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -178,7 +181,7 @@ func TestStoreErrorsMirrored(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idempotency.New(saturated{idempotency.NewMemoryStore()}, idempotency.Config{Observer: obs,
-		Enabled: func(*http.Request) bool { return true }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Enabled: func(context.Context) bool { return true }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

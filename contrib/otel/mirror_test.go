@@ -93,7 +93,7 @@ func TestMetricsMirrorPrometheus(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			cfg := c.cfg
 			cfg.Observer, cfg.Registerer = obs, reg
-			cfg.Enabled = func(*http.Request) bool { return true }
+			cfg.Enabled = func(context.Context) bool { return true }
 			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 			store := c.store
 			if store == nil {

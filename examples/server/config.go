@@ -255,6 +255,16 @@ func (cfg *config) readSealKeys(getenv func(string) string) error {
 
 // truthy reports whether an on/off environment value is on: 1, true, yes or
 // on, in any case.
+// falsy reports the kill-switch's off values, as idempotency.EnabledFromEnv
+// reads them: "0", "false", "off" or "no", any case.
+func falsy(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "0", "false", "off", "no":
+		return true
+	}
+	return false
+}
+
 func truthy(v string) bool {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "1", "true", "yes", "on":

@@ -131,11 +131,11 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		StoreTimeout: cfg.storeTimeout,
 		// The session middleware runs first and puts the user in the
 		// context: keys are scoped by user id.
-		Scope: func(r *http.Request) string {
-			uid, _ := userFromContext(r.Context())
+		Scope: func(ctx context.Context) string {
+			uid, _ := userFromContext(ctx)
 			return strconv.FormatInt(uid, 10)
 		},
-		Enabled:    idempotency.EnabledFrom(cfg.getenv),
+		Enabled:    func(context.Context) bool { return !falsy(cfg.getenv(idempotency.FlagEnv)) },
 		OnReplay:   s.auditReplay,
 		Logger:     log,
 		Registerer: s.reg,

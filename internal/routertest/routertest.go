@@ -31,7 +31,7 @@ type Kit struct {
 // are replaced).
 func New(t testing.TB, cfg idempotency.Config) *Kit {
 	t.Helper()
-	cfg.Enabled = func(*http.Request) bool { return true }
+	cfg.Enabled = func(context.Context) bool { return true }
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Registerer = prometheus.NewRegistry()
 	store := idempotency.NewMemoryStore()
@@ -195,4 +195,23 @@ func (k *Kit) Failed(t testing.TB, srv *httptest.Server, method, path, key, body
 	if again.Status != http.StatusConflict || !bytes.Contains(again.Body, []byte("idempotency_previous_failed")) {
 		t.Fatalf("retry of a failed key: %d %q, want 409 idempotency_previous_failed", again.Status, again.Body)
 	}
+}
+
+// RouteNameOf returns what routeName answers for r as the middleware asks
+// it (Config.RouteName, with the request in its context), outside any
+// router: r goes straight to a route with no name.
+func RouteNameOf(t testing.TB, routeName func(context.Context) string, r *http.Request) string {
+	t.Helper()
+	got, asked := "", false
+	kit := New(t, idempotency.Config{RouteName: func(ctx context.Context) string {
+		got, asked = routeName(ctx), true
+		return got
+	}})
+	r.Header.Set(idempotency.HeaderKey, Key())
+	kit.MW.MustRoute(idempotency.RouteConfig{})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).
+		ServeHTTP(httptest.NewRecorder(), r)
+	if !asked {
+		t.Fatal("routertest: the middleware never asked Config.RouteName")
+	}
+	return got
 }

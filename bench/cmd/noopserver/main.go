@@ -182,7 +182,7 @@ func newHandler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (http
 		return nil, err
 	}
 	idem, err := idempotency.New(store, idempotency.Config{
-		Scope:  func(*http.Request) string { return scope },
+		Scope:  func(context.Context) string { return scope },
 		Logger: log,
 	})
 	if err != nil {

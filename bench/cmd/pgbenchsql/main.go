@@ -128,7 +128,9 @@ func main() {
 }
 
 func run(src, example, out string) error {
-	consts, err := gosrc.StringConsts(src, filepath.Join(filepath.Dir(src), "store_pg_tx_sql.go"))
+	// The transactional statements are in store_pg_tx_sql.go beside it.
+	txSrc := filepath.Join(filepath.Dir(src), "store_pg_tx_sql.go")
+	consts, err := gosrc.StringConsts(src, txSrc)
 	if err != nil {
 		return err
 	}
@@ -147,7 +149,7 @@ func run(src, example, out string) error {
 	var tx [7]string
 	for i, name := range []string{"pgTxBoundsSQL", "pgTxClaimSQL", "pgSavepointSQL", "pgTxRestoreSQL", "pgImmediateSQL", "pgTxCompleteSQL", "pgTxSessionSQL"} {
 		if tx[i] = consts[name]; tx[i] == "" {
-			return fmt.Errorf("%s: the transactional statement %s not found (in store_pg_tx_sql.go beside it)", src, name)
+			return fmt.Errorf("%s: the transactional statement %s not found", txSrc, name)
 		}
 	}
 	bounds, txClaim, savepoint, restore, immediate, txComplete, session := tx[0], tx[1], tx[2], tx[3], tx[4], tx[5], tx[6]

@@ -12,13 +12,31 @@ import (
 	"strconv"
 )
 
-// StringConsts evaluates the files' string constants made of literals and
-// other constants (of any of the files) joined with +.
+// StringConsts evaluates the string constants of the files (one package's:
+// a constant may use another file's) made of literals and other constants
+// joined with +.
 func StringConsts(paths ...string) (map[string]string, error) {
-	exprs := map[string]ast.Expr{}
+	var decls []ast.Decl
 	for _, path := range paths {
-		if err := declaredConsts(path, exprs); err != nil {
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
 			return nil, err
+		}
+		decls = append(decls, f.Decls...)
+	}
+	exprs := map[string]ast.Expr{}
+	for _, d := range decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if i < len(vs.Values) {
+					exprs[name.Name] = vs.Values[i]
+				}
+			}
 		}
 	}
 	out := map[string]string{}
@@ -60,27 +78,4 @@ func StringConsts(paths ...string) (map[string]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// declaredConsts adds the constants the file at path declares to exprs.
-func declaredConsts(path string, exprs map[string]ast.Expr) error {
-	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-	if err != nil {
-		return err
-	}
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, name := range vs.Names {
-				if i < len(vs.Values) {
-					exprs[name.Name] = vs.Values[i]
-				}
-			}
-		}
-	}
-	return nil
 }

@@ -2,47 +2,39 @@ package idempotency
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
-	"strings"
 	"time"
-	"unicode/utf8"
 )
 
-// request is one request on its way through a route: what the route knows
-// of it so far, computed once and handed from step to step.
-type request struct {
-	rt *route
-	m  *Middleware
-	w  http.ResponseWriter
-	r  *http.Request
-	// Set by name, once a step needs them:
-	endpoint string // the key's scope_endpoint
-	label    string // the metrics label: a route name or pattern, never a raw path
-	// Set by admit, for a keyed request:
-	claim ClaimRequest  // key, scope, endpoint, request hash, TTL, lease, owner token
-	rm    *routeMetrics // the label's counters
-	// Set by claimKey:
-	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
-	// For Config.Observer:
-	start        time.Time     // when the request reached the route (only with an Observer)
-	storeTime    time.Duration // time spent in store calls
-	recordFailed bool          // an outcome could not be settled
-	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
-	storeReason  string        // the reason of the store error the claim failed with
-	observed     bool          // the decision was reported
+// httpRequest is one HTTP request on its way through a route: the
+// engine's call, and the adapter's side of it (the transport), which
+// writes the engine's decisions to the response.
+type httpRequest struct {
+	request
+	rt   *route
+	w    http.ResponseWriter
+	r    *http.Request
+	hctx requestContext // the hooks' context, carrying the request (hookContext)
+	// Set by handle:
+	buf    *responseBuffer
+	before http.Header // a held (transactional) run: the headers set before the handler ran
 }
 
-func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) request {
-	return request{rt: rt, m: rt.m, w: w, r: r, start: rt.startClock()}
+func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) *httpRequest {
+	rq := &httpRequest{rt: rt, w: w, r: r}
+	rq.request = request{rt: &rt.policy, m: rt.m, ctx: r.Context(), t: rq, adapter: "http", start: rt.m.startClock()}
+	return rq
 }
 
-// endpoint returns the key's scope_endpoint and the metrics label.
-func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
+// endpoint returns the key's scope_endpoint and the metrics label of rq.
+func (rt *route) endpoint(rq *httpRequest) (endpoint, label string) {
+	r := rq.r
 	name := rt.name
 	if name == "" && rt.m.cfg.RouteName != nil {
-		name = rt.m.cfg.RouteName(r)
+		name = rt.m.cfg.RouteName(rq.hookContext(true))
 	}
 	if name == "" {
 		name = r.Pattern
@@ -55,26 +47,38 @@ func (rt *route) endpoint(r *http.Request) (endpoint, label string) {
 
 // name computes the request's endpoint and label, once, when a step needs
 // them: a request passed through untouched never asks Config.RouteName.
-func (rq *request) name() {
+func (rq *httpRequest) name() {
 	if rq.label == "" {
-		rq.endpoint, rq.label = rq.rt.endpoint(rq.r)
+		rq.endpoint, rq.label = rq.rt.endpoint(rq)
 	}
 }
 
-// withKey returns the request with its key in the context, for a handler
-// that runs under it.
-func (rq *request) withKey() *http.Request { return withKey(rq.r, rq.claim.Key) }
+// hookContext is the context a hook of Config gets: the request's, and
+// for a hook of the host's own (own), carrying the request
+// (RequestFromContext), built once per request and only when asked.
+func (rq *httpRequest) hookContext(own bool) context.Context {
+	if !own {
+		return rq.r.Context()
+	}
+	if rq.hctx.r == nil {
+		rq.hctx = requestContext{Context: rq.r.Context(), r: rq.r}
+	}
+	return &rq.hctx
+}
 
-// maxScopeBytes bounds a key's user scope and its endpoint, so that (key,
-// scope, endpoint) always fits the store's unique index (a btree entry
-// holds about 2.7 kB).
-const maxScopeBytes = 1024
+// requestContext is a request's context carrying the request itself
+// (RequestFromContext), kept in the httpRequest rather than allocated.
+type requestContext struct {
+	context.Context
+	r *http.Request
+}
 
-// storable reports whether s can be stored as a scope or endpoint: valid
-// UTF-8 without NUL bytes (Postgres TEXT refuses both), at most
-// maxScopeBytes.
-func storable(s string) bool {
-	return len(s) <= maxScopeBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+// Value returns the request for requestCtxKey, else the parent's value.
+func (c *requestContext) Value(key any) any {
+	if key == any(requestCtxKey) {
+		return c.r
+	}
+	return c.Context.Value(key)
 }
 
 var errBodyTooLarge = errors.New("idempotency: request body too large")

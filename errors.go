@@ -1,0 +1,58 @@
+package idempotency
+
+import "errors"
+
+// The contract's answers to a call whose function did not run, as Do
+// returns them: each is what an *ErrorAnswer unwraps to, matched with
+// errors.Is (ErrInvalidKey and ErrStoreUnavailable are the key's and the
+// store's). The comment gives the HTTP contract's status and code.
+var (
+	ErrInFlight          = errors.New("idempotency: a call with this key is in flight")                                 // 409 idempotency_in_flight: retry the same key after RetryAfterMS
+	ErrMismatch          = errors.New("idempotency: the key was used for another request")                              // 422 idempotency_key_body_mismatch
+	ErrPreviousFailed    = errors.New("idempotency: the first call with this key failed")                               // 409 idempotency_previous_failed
+	ErrOutcomeUnknown    = errors.New("idempotency: the first call with this key may or may not have run")              // 409 idempotency_outcome_unknown: reconcile, never retry with a new key
+	ErrResponseNotStored = errors.New("idempotency: the first call with this key completed; its result was not stored") // 409 idempotency_response_not_stored
+	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
+)
+
+// Error describes the answer: its code, and what it stands for.
+func (e ErrorAnswer) Error() string {
+	if e.err == nil {
+		return "idempotency: " + e.Code
+	}
+	return e.err.Error() + " (" + e.Code + ")"
+}
+
+// Unwrap returns the error the answer stands for: one of the errors above,
+// ErrInvalidKey, or for a store that could not answer its *StoreError (or
+// ErrStoreUnavailable).
+func (e ErrorAnswer) Unwrap() error { return e.err }
+
+// PermanentError is a business rejection (insufficient funds, an unknown
+// account) returned by a function of Do: it completes the call, as a 4xx
+// does over HTTP, and every retry with the key gets the same
+// *PermanentError back, Code and Message (not the function's own error
+// type). On a transactional Operation the function's writes commit with it.
+type PermanentError struct {
+	Code    string // for programs, e.g. "insufficient_funds"
+	Message string // for people
+}
+
+// Error returns the code and the message.
+func (e *PermanentError) Error() string { return e.Code + ": " + e.Message }
+
+// Retryable marks err, returned by a function of Do, as retryable: the key
+// is released, as a 429 releases it over HTTP, so a retry with the key runs
+// the function again. Do returns err itself. Retryable(nil) is nil.
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return retryable{err}
+}
+
+// retryable is an error marked by Retryable.
+type retryable struct{ err error }
+
+func (r retryable) Error() string { return r.err.Error() }
+func (r retryable) Unwrap() error { return r.err }

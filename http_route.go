@@ -1,0 +1,112 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/google/uuid"
+)
+
+// The HTTP adapter's admission: the kill-switch, the Idempotency-Key
+// header, the body and the scope make a request into the engine's call,
+// which serve then takes its way.
+
+// ServeHTTP takes one request through the route: admit it (the kill-switch,
+// the key, the body, the scope), then serve it: claim its key, execute the
+// handler if the claim was won, or answer as the key's record calls for.
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if rt.plain && len(r.Header[HeaderKey]) == 0 {
+		rt.passKeyless(w, r)
+		return
+	}
+	rq := rt.newRequest(w, r)
+	if !rq.admit() {
+		return
+	}
+	rq.serve()
+}
+
+// passKeyless passes a request without a key through a plain route (no
+// transaction, no Observer, the key optional) without building the
+// engine's call: what admit would do, at the cost of a bare handler. A
+// kill-switch that is off is counted as admit counts it.
+func (rt *route) passKeyless(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	if rt.m.ownSwitch {
+		ctx = context.WithValue(ctx, requestCtxKey, r)
+	}
+	if rt.m.cfg.Enabled(ctx) {
+		rt.next.ServeHTTP(w, r)
+		return
+	}
+	rq := rt.newRequest(w, r)
+	rq.name()
+	rq.switchedOff()
+}
+
+// admit decides whether a request is claimed. It reports false when it has
+// already dealt with the request: passed it through (kill-switch off, no
+// key on an optional route) or refused it (400, 413).
+func (rq *httpRequest) admit() bool {
+	if !rq.m.cfg.Enabled(rq.hookContext(rq.m.ownSwitch)) {
+		rq.name()
+		rq.switchedOff()
+		return false
+	}
+	key, present, ok := headerKey(rq.r, rq.rt.parseKey)
+	if !present && !rq.rt.requireKey {
+		if rq.m.cfg.Observer != nil || rq.rt.txStore != nil {
+			rq.name()
+			rq.observeUnrun(OutcomePassThrough, "")
+		}
+		rq.passThrough()
+		return false
+	}
+	rq.name()
+	switch {
+	case !present:
+		rq.answer(answerMissingKey)
+		return false
+	case !ok:
+		rq.answer(rq.rt.invalidKey)
+		return false
+	}
+	body, err := readBody(rq.w, rq.r, rq.rt.maxBody, rq.m.cfg.BodyTimeout)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		rq.answer(answerBodyTooLarge)
+		return false
+	case err != nil:
+		rq.answer(answerBodyUnreadable)
+		return false
+	}
+	return rq.admitScope(key, body)
+}
+
+// admitScope builds the claim of a keyed request whose body was read, or
+// refuses a scope or endpoint the store could not hold.
+func (rq *httpRequest) admitScope(key string, body []byte) bool {
+	scope := rq.m.cfg.Scope(rq.hookContext(rq.m.scoped))
+	if !storable(scope) || !storable(rq.endpoint) {
+		// A value the store cannot hold would fail every claim of this
+		// key alike: refuse it rather than treat it as an outage (which a
+		// fail-open route would run without deduplication, every time).
+		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
+			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
+		rq.answer(answerInvalidScope)
+		return false
+	}
+	rq.claim = ClaimRequest{
+		Key:         key,
+		Scope:       scope,
+		Endpoint:    rq.endpoint,
+		RequestHash: requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body),
+		TTL:         rq.rt.ttl,
+		Lease:       rq.m.cfg.Lease,
+		LockWait:    rq.rt.txLockWait,
+		Owner:       uuid.New(), // one per request: the store's retry of this claim knows its own row
+	}
+	rq.rm = rq.m.metricsFor(rq.label)
+	return true
+}
