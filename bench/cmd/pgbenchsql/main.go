@@ -22,13 +22,19 @@
 //	order.sql           B's transaction: BEGIN, the order's two writes, COMMIT
 //	order_idem.sql      the two-commit design: the claim, then BEGIN, the
 //	                    same writes, the fenced complete, COMMIT
-//	order_idem_tx.sql   A's one-transaction design as the middleware sends
-//	                    it with a pgx.Tx: BEGIN alone; the bounds, the claim,
-//	                    the restored lock_timeout and the SAVEPOINT in one
-//	                    pipeline; the writes; SET CONSTRAINTS ALL IMMEDIATE
-//	                    and the complete in one pipeline; COMMIT alone
-//	order_idem_tx_all.sql the same with BEGIN and COMMIT in the pipelines
-//	                    too (what a Tx of our own could send)
+//	order_idem_tx.sql   A's one-transaction design with BEGIN and COMMIT
+//	                    alone: the session's state read with the bounds, the
+//	                    lock wait, the claim, the SAVEPOINT and the session's
+//	                    lock_timeout back in one pipeline; the writes; the
+//	                    claim's state put back, SET CONSTRAINTS ALL IMMEDIATE
+//	                    and the complete in one pipeline
+//	order_idem_tx_all.sql the same with BEGIN and COMMIT (and the session's
+//	                    state read after it) in the pipelines: what the
+//	                    middleware sends
+//
+// The transactional statements come from store_pg_tx_sql.go, next to
+// store_pg_sql.go; the SET LOCAL statements are built as the store's
+// pgSetLocal builds them, for a session with the default settings.
 //
 // In the pipelined scripts the complete finds the claim's row by its key
 // (pgbench allows no \gset in a pipeline); the middleware fences it on
@@ -140,10 +146,13 @@ func run(src, example, out string) error {
 	if schema == "" || insOrder == "" || insPlaced == "" {
 		return fmt.Errorf("%s: schemaSQL, insertOrderSQL or insertOrderPlacedSQL not found", example)
 	}
-	txClaim, savepoint, immediate := consts["pgTxClaimSQL"], consts["pgSavepointSQL"], consts["pgImmediateSQL"]
-	if txClaim == "" || savepoint == "" || immediate == "" {
-		return fmt.Errorf("%s: the transactional claim's statements (pgTxClaimSQL, pgSavepointSQL, pgImmediateSQL) not found", txSrc)
+	var tx [7]string
+	for i, name := range []string{"pgTxBoundsSQL", "pgTxClaimSQL", "pgSavepointSQL", "pgTxRestoreSQL", "pgImmediateSQL", "pgTxCompleteSQL", "pgTxSessionSQL"} {
+		if tx[i] = consts[name]; tx[i] == "" {
+			return fmt.Errorf("%s: the transactional statement %s not found", txSrc, name)
+		}
 	}
+	bounds, txClaim, savepoint, restore, immediate, txComplete, session := tx[0], tx[1], tx[2], tx[3], tx[4], tx[5], tx[6]
 	// As the middleware sends them: every claim carries an owner token (a
 	// new one per request; one fixed token here, which no row's status
 	// lets match), and the complete the status as a parameter. The raw
@@ -162,10 +171,17 @@ func run(src, example, out string) error {
 		oneLine(bind(insPlaced, []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
 	newKey := "\\set key random(1, 9223372036854775806)\n"
 	// The one-transaction flow: the claim's pipeline and the record's.
-	// The claim carries its bounds: the lock wait and the lease as text.
-	claimPipe := oneLine(bind(txClaim, append(claimArgs[:len(claimArgs):len(claimArgs)], "'10ms'", "'30000ms'"))) + ";\n" + oneLine(savepoint) + ";\n"
+	// The claim reads the session's state with its bounds (the lease as
+	// text), waits under SET LOCAL lock_timeout and puts the session's
+	// back; the record puts the claim's state back first.
+	claimPipe := oneLine(bind(bounds, []string{"'30000ms'"})) + ";\n" +
+		"SET LOCAL lock_timeout = '10ms';\n" +
+		oneLine(bind(txClaim, claimArgs)) + ";\n" + oneLine(savepoint) + ";\n" +
+		"SET LOCAL lock_timeout = '0';\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
-	recordPipe := oneLine(immediate) + ";\n" + oneLine(bind(complete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL"})) + ";\n"
+	recordPipe := oneLine(bind(restore, []string{"'30000ms'", "current_setting('search_path')", "'30000ms'"})) + ";\n" +
+		"SET LOCAL ROLE NONE;\nSET LOCAL synchronous_commit = 'on';\nSET LOCAL lock_timeout = '0';\n" +
+		oneLine(immediate) + ";\n" + oneLine(bind(txComplete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL"})) + ";\n"
 	files := map[string]string{
 		"example_schema.sql": schema,
 		"order.sql":          newKey + "BEGIN;\n" + orderWrites + "COMMIT;\n",
@@ -174,7 +190,7 @@ func run(src, example, out string) error {
 		"order_idem_tx.sql": newKey + "BEGIN;\n\\startpipeline\n" + claimPipe + "\\endpipeline\n" + orderWrites +
 			"\\startpipeline\n" + recordPipe + "\\endpipeline\nCOMMIT;\n",
 		"order_idem_tx_all.sql": newKey + "\\startpipeline\nBEGIN;\n" + claimPipe + "\\endpipeline\n" + orderWrites +
-			"\\startpipeline\n" + recordPipe + "COMMIT;\n\\endpipeline\n",
+			"\\startpipeline\n" + recordPipe + "COMMIT;\n" + oneLine(session) + ";\n\\endpipeline\n",
 		"miss.sql": "\\set key random(1, 9223372036854775806)\n" +
 			claimWith(":key") + "\n\\gset c_\n" + completeSQL + ";\n",
 		"hot_setup.sql": claimWith(":hotkey") + "\n\\gset c_\n" + completeSQL + ";\n",

@@ -30,6 +30,10 @@ func TestScriptsFollowTheSource(t *testing.T) {
 		"hot.sql":        {"INSERT INTO idempotency_keys"},
 		"order.sql":      {`\set key`, "BEGIN;", "INSERT INTO paper_orders", "INSERT INTO audit_log", "COMMIT;"},
 		"order_idem.sql": {`\set key`, "INSERT INTO idempotency_keys", `\gset c_`, "BEGIN;", "INSERT INTO paper_orders", "INSERT INTO audit_log", "UPDATE idempotency_keys", "COMMIT;"},
+		"order_idem_tx_all.sql": {`\set key`, `\startpipeline`, "BEGIN;", "set_config('statement_timeout'", "SET LOCAL lock_timeout = '10ms'",
+			"INSERT INTO idempotency_keys", "SAVEPOINT", "SET LOCAL lock_timeout", `\endpipeline`, "INSERT INTO paper_orders", "INSERT INTO audit_log",
+			`\startpipeline`, "set_config('search_path'", "SET LOCAL ROLE NONE", "SET CONSTRAINTS ALL IMMEDIATE", "UPDATE idempotency_keys SET status = 'completed'",
+			"COMMIT;", "current_setting('role')", `\endpipeline`},
 	}
 	unbound := regexp.MustCompile(`\$[0-9]`)
 	for name, frags := range want {
