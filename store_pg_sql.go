@@ -71,8 +71,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // An in_flight row whose lease still runs is left to its owner even when
 // expired (instances with different TTL and lease settings can produce one).
 // The new owner's token replaces the old one (NULL when it gave none). The
-// flags are computed over the CTE, as in pgClaimSQL. A transactional
-// route's takeover (pgRouteTx.Takeover) sends it too.
+// flags are computed over the CTE, as in pgClaimSQL.
 //
 // Every fenced statement names scope_user_id: the primary key is
 // (scope_user_id, id), and on Citus the table is distributed by it, so the
@@ -80,7 +79,13 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 //
 // $1 id, $2 attempt, $3 scope, $4 request hash, $5 TTL, $6 lease,
 // $7 owner token.
-const pgTakeoverSQL = `WITH taken AS (
+const pgTakeoverSQL = pgTakenCTE + `
+SELECT ` + pgColumns + ` FROM taken`
+
+// pgTakenCTE is the takeover's fenced UPDATE as a CTE named taken, shared
+// by pgTakeoverSQL and a transactional route's pgTxTakeoverSQL, which
+// differ only in how they compute the flags.
+const pgTakenCTE = `WITH taken AS (
 	UPDATE idempotency_keys SET
 		attempt = attempt + 1,
 		request_hash = $4,
@@ -98,8 +103,7 @@ const pgTakeoverSQL = `WITH taken AS (
 	WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
 		AND NOT (status = 'in_flight' AND locked_until >= now())
 	RETURNING ` + pgStoredColumns + `
-)
-SELECT ` + pgColumns + ` FROM taken`
+)`
 
 // pgCompleteSQL records the response, fenced on the owner's attempt.
 //

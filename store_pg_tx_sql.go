@@ -74,28 +74,9 @@ const pgTxReadSQL = `SELECT ` + pgClaimColumns + `, false AS won FROM idempotenc
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`
 
 // pgTxTakeoverSQL is pgTakeoverSQL inside a transactional route's
-// transaction (TestTxTakeoverMatchesTakeover keeps its UPDATE the same as
-// pgTakeoverSQL's): the row it returns is fresh, so its flags are
-// constants, as in pgTxColumns.
-const pgTxTakeoverSQL = `WITH taken AS (
-	UPDATE idempotency_keys SET
-		attempt = attempt + 1,
-		request_hash = $4,
-		status = 'in_flight',
-		response_code = NULL,
-		response_body = NULL,
-		response_body_raw = NULL,
-		response_headers = NULL,
-		seal_key_id = NULL,
-		created_at = now(),
-		locked_at = now(),
-		locked_until = now() + $6::interval,
-		expires_at = now() + $5::interval,
-		owner_token = $7::uuid
-	WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
-		AND NOT (status = 'in_flight' AND locked_until >= now())
-	RETURNING ` + pgStoredColumns + `
-)
+// transaction, with the same UPDATE (pgTakenCTE): the row it returns is
+// fresh, so its flags are constants, as in pgTxColumns.
+const pgTxTakeoverSQL = pgTakenCTE + `
 SELECT ` + pgStoredColumns + `, false AS expired, false AS lease_over FROM taken`
 
 // pgTxRestoreSQL puts back, for the rest of the transaction, the claim's

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"fmt"
 	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -111,15 +110,6 @@ func returningLists(sql string) []string {
 		out = append(out, rest[:end])
 	}
 	return out
-}
-
-// TestTxTakeoverMatchesTakeover: the transactional takeover is the
-// ordinary one's fenced UPDATE, only its RETURNING list differs.
-func TestTxTakeoverMatchesTakeover(t *testing.T) {
-	update := func(sql string) string { return sql[:strings.LastIndex(sql, "RETURNING")] }
-	if update(pgTxTakeoverSQL) != update(pgTakeoverSQL) {
-		t.Fatalf("pgTxTakeoverSQL's UPDATE:\n%s\ndiffers from pgTakeoverSQL's:\n%s", update(pgTxTakeoverSQL), update(pgTakeoverSQL))
-	}
 }
 
 // TestPgSetLocal: a setting's value goes into SET LOCAL only as the
