@@ -5,7 +5,7 @@ import (
 	"errors"
 )
 
-// transactional is the settlement of a transactional route (README
+// transactional is the settlement of a transactional route (docs/transactional.md,
 // "Transactional routes"): the claim was made inside the transaction the
 // handler writes through (claimKeyTx), and the record commits with the
 // handler's writes. Failure paths roll back to the savepoint taken after

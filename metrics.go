@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics holds the collectors of the README's metrics table. A nil
+// metrics holds the collectors of the metrics table in docs/operations.md. A nil
 // Registerer gives collectors that count but are registered nowhere.
 type metrics struct {
 	miss           *prometheus.CounterVec

@@ -31,7 +31,7 @@ func ParseSealKeys(s string) (SealKeys, error) {
 }
 
 // NewSealingStore returns inner sealing each recorded response (body and
-// headers, AES-256-GCM) bound to its row, and opening it when read (README
+// headers, AES-256-GCM) bound to its row, and opening it when read (docs/sealing.md,
 // "Sealing stored responses"). A row that does not open answers 503 on
 // every policy (ReasonUnseal), whatever store reads it; a plaintext row
 // replays as it is; a failed seal is a record failure (ReasonSeal). The

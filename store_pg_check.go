@@ -44,7 +44,7 @@ var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated"
 // deployment fails to start rather than fail every claim: the
 // idempotency_keys table the pool's search_path finds (none: a *StoreError
 // of Reason ReasonSchema), its columns and unique constraint
-// (ErrSchemaOutdated, wrapped, naming what is missing: README "Upgrading an
+// (ErrSchemaOutdated, wrapped, naming what is missing: docs/stores.md "Upgrading an
 // old version-1 database"), and the role's SELECT, INSERT, UPDATE and DELETE
 // on it and USAGE on its id sequence, which a rolled-back probe transaction
 // uses (a *StoreError of Reason ReasonPermission naming the privilege).
@@ -78,7 +78,7 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: the idempotency_keys table lacks %s: it was made by an older, unreleased version of migration 000001; "+
-			"reset it as README \"Upgrading an old version-1 database\" says", ErrSchemaOutdated, strings.Join(missing, ", "))
+			"reset it as docs/stores.md \"Upgrading an old version-1 database\" says", ErrSchemaOutdated, strings.Join(missing, ", "))
 	}
 	return s.checkPrivileges(ctx)
 }

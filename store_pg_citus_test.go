@@ -11,7 +11,7 @@ import (
 // table can be distributed by scope_user_id (Citus): the primary key is
 // (scope_user_id, id) and every unique constraint or index holds
 // scope_user_id. Citus refuses create_distributed_table otherwise. (Pinned
-// here on plain PostgreSQL; README, "Scale-out (Citus)", says what ran on a
+// here on plain PostgreSQL; docs/scaling.md, "Scale-out (Citus)", says what ran on a
 // real Citus cluster.)
 func TestPostgresSchemaCitusReady(t *testing.T) {
 	t.Parallel()

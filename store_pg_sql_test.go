@@ -62,7 +62,7 @@ func TestPostgresStatementsListed(t *testing.T) {
 }
 
 // TestPostgresStatementsCitusRules pins, on the SQL text, the rules a
-// table distributed by scope_user_id (Citus) needs (README, "Scale-out
+// table distributed by scope_user_id (Citus) needs (docs/scaling.md, "Scale-out
 // (Citus)"), on every statement the store and the CLI send.
 func TestPostgresStatementsCitusRules(t *testing.T) {
 	all := storeStatements()

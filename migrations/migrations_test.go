@@ -8,7 +8,7 @@ import (
 )
 
 // firstMigration runs before the table exists, so before it can be
-// distributed (README, "Scale-out (Citus)": create_distributed_table runs
+// distributed (docs/scaling.md, "Scale-out (Citus)": create_distributed_table runs
 // after migrate up): its statements may share the file. Every later file,
 // up or down, is applied to a table that may already be distributed by
 // Citus, which refuses a statement changing a distributed table (ALTER

@@ -36,7 +36,7 @@ func start(t *testing.T, h http.Handler) *httptest.Server {
 	return srv
 }
 
-// TestChi drives the README recipe on a real server: a Recoverer outside,
+// TestChi drives the docs/frameworks.md recipe on a real server: a Recoverer outside,
 // the idempotency middleware on a group (inline, after routing) and on a
 // mounted sub-router (Use, before the sub-router routes), chi's own 404
 // and 405, a handler's 400, and panics recovered outside and inside.

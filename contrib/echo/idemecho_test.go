@@ -55,7 +55,7 @@ func start(t *testing.T, e *echo.Echo) *httptest.Server {
 	return srv
 }
 
-// TestEcho drives the README recipe on a real server: Recover outside, the
+// TestEcho drives the docs/frameworks.md recipe on a real server: Recover outside, the
 // adapted middleware on a group, returned errors (an HTTPError, a plain
 // error), a handler's own 409, panics recovered outside and inside, and
 // echo's own 404 and 405.

@@ -9,7 +9,7 @@ import (
 	"github.com/idemkit/idempotency/internal/routertest"
 )
 
-// TestEchoGroupWrongMethod: with the README recipe (the middleware on a
+// TestEchoGroupWrongMethod: with the docs/frameworks.md recipe (the middleware on a
 // group), a wrong method is echo's 404, not 405: the group's catch-all
 // route wins. On e.Use it is 405 (TestEchoGlobalUse). Neither is claimed.
 func TestEchoGroupWrongMethod(t *testing.T) {

@@ -39,7 +39,7 @@ func start(t *testing.T, h http.Handler) *httptest.Server {
 	return srv
 }
 
-// TestGin drives the README recipe on a real server: Recovery outside, the
+// TestGin drives the docs/frameworks.md recipe on a real server: Recovery outside, the
 // adapted middleware on a group, c.AbortWithStatus and
 // c.AbortWithStatusJSON, panics recovered outside and inside, a replay that
 // must not run the handler again, and gin's own 404 and 405.

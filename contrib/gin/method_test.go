@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/idempotency/internal/routertest"
 )
 
-// TestGinGroupWrongMethod: with the README recipe (gin.New(), the
+// TestGinGroupWrongMethod: with the docs/frameworks.md recipe (gin.New(), the
 // middleware on a group), a wrong method is gin's 404: gin answers 405
 // only with engine.HandleMethodNotAllowed set. Neither is claimed.
 func TestGinGroupWrongMethod(t *testing.T) {

@@ -32,7 +32,7 @@ func recovery() func(http.Handler) http.Handler {
 	return handlers.RecoveryHandler(handlers.RecoveryLogger(log.New(io.Discard, "", 0)))
 }
 
-// TestGorilla drives the README recipe on a real server: the middleware on
+// TestGorilla drives the docs/frameworks.md recipe on a real server: the middleware on
 // a sub-router (Use runs after a route matched), a RecoveryHandler around
 // the router and one inside the middleware, gorilla's own 404 and 405, and
 // a handler's 400.

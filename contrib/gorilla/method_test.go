@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idempotency/internal/routertest"
 )
 
-// TestGorillaWrongMethod: the README recipe (one route on the sub-router)
+// TestGorillaWrongMethod: the docs/frameworks.md recipe (one route on the sub-router)
 // answers a wrong method with gorilla/mux v1.8.1's 405; a later route on the
 // same sub-router makes it 404 (mux clears the method mismatch when a later
 // route's prefix matches). Neither reaches the middleware.

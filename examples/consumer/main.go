@@ -1,6 +1,6 @@
 // Command consumer settles payment messages from NATS JetStream with
 // idempotency.Do: each payment's ledger entry is written once, however often
-// the broker redelivers its message (README "Consumers").
+// the broker redelivers its message (docs/entry-points.md, "Consumers").
 //
 //	go run . -database postgres://postgres@127.0.0.1:5432/postgres
 //	go run ./publish -n 10

@@ -37,7 +37,7 @@ type nakPolicy struct {
 // doubles with each delivery, up to the policy's max.
 const storeBackoff = 250 * time.Millisecond
 
-// judge maps Do's answer to an action (README "Consumers"): a result, a
+// judge maps Do's answer to an action (docs/entry-points.md, "Consumers"): a result, a
 // decline or a replay is acked; in flight, the store unavailable, and a
 // released key are nacked with a delay, since the same key will be
 // answered again; everything else (previous failed, outcome unknown,

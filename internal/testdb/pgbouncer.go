@@ -80,7 +80,7 @@ func NewPgBouncer(tb testing.TB, opts ...Option) *pgxpool.Pool {
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	// Migrations take a session advisory lock: they run on a direct
-	// connection, as the README tells users to.
+	// connection, as docs/scaling.md tells users to.
 	mcfg, err := pgxpool.ParseConfig(direct)
 	if err != nil {
 		tb.Fatalf("testdb: parse %s: %v", EnvURL, err)
