@@ -4,7 +4,7 @@
 #   bash bench/load.sh           full run, about 6 minutes
 #   bash bench/load.sh -quick    shorter windows, one run per point, about 2 minutes
 #   bash bench/load.sh -seal     only sealing off against on (issue #26), about 7 minutes
-#                                (-seal -quick: one block); prints its table, writes
+#                                (-seal -quick: one block; SEAL_REPS=N: N blocks); prints its table, writes
 #                                bench/results/seal.md and leaves BENCHMARKS.md alone
 #
 # Subjects, all on the order route with -order-latency 0:
@@ -97,7 +97,7 @@ trap 'exit 130' INT TERM
 # -seal: sealing off against on, nothing else.
 if ((seal)); then
   reps=$REPS16
-  ((quick)) || reps=5
+  ((quick)) || reps=${SEAL_REPS:-5}
   loadavg=$(load_now)
   seal_keys="bench1:$(head -c 32 /dev/urandom | base64)"
   for v in off on; do

@@ -134,14 +134,21 @@ func rpsCell(runs []result.Summary) string {
 	return fmt.Sprintf("%.0f (%.0f-%.0f)", median(v), slices.Min(v), slices.Max(v))
 }
 
-// cpuCell is the medians of a CPU figure for both variants and their
-// ratio; "-" when it was not measured.
+// cpuCell is the medians of a CPU figure for both variants, and the
+// median and range of the pairs' ratios (other/base, runs of one block);
+// "-" when it was not measured.
 func cpuCell(base, other []result.Summary, f func(result.Summary) float64) string {
 	b, o := median(values(base, f)), median(values(other, f))
 	if b <= 0 || o <= 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.0f → %.0f (×%.2f)", b, o, o/b)
+	var ratios []float64
+	for i := range base {
+		if x, y := f(base[i]), f(other[i]); x > 0 && y > 0 {
+			ratios = append(ratios, y/x)
+		}
+	}
+	return fmt.Sprintf("%.0f → %.0f (pairs ×%.2f, %.2f-%.2f)", b, o, median(ratios), slices.Min(ratios), slices.Max(ratios))
 }
 
 func values(runs []result.Summary, f func(result.Summary) float64) []float64 {

@@ -9,7 +9,7 @@ import (
 
 // TestWritePairsRunsOfABlock: the ratio is the median of the i-th runs'
 // ratios (not the ratio of the medians), the CPU cells are the variants'
-// medians, and runs of other labels are left out.
+// medians with the pairs' ratios, and runs of other labels are left out.
 func TestWritePairsRunsOfABlock(t *testing.T) {
 	run := func(subject, mode string, rps, cpu, db float64) result.Summary {
 		return result.Summary{Subject: subject, Mode: mode, RPS: rps, CPUServerUs: cpu, CPUDBUs: db}
@@ -26,7 +26,7 @@ func TestWritePairsRunsOfABlock(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"| A: order route (example server, middleware on) | new keys | 100 (100-100) | 110 (90-200) | **1.10** (0.90, 2.00, 1.10) | 300 → 320 (×1.07) | 200 → 210 (×1.05) |",
+		"| A: order route (example server, middleware on) | new keys | 100 (100-100) | 110 (90-200) | **1.10** (0.90, 2.00, 1.10) | 300 → 320 (pairs ×1.07, 1.03-1.10) | 200 → 210 (pairs ×1.05, 1.05-1.10) |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks\n%s\ngot\n%s", want, out)
