@@ -98,7 +98,7 @@ trap 'exit 130' INT TERM
 if ((seal)); then
   reps=$REPS16
   ((quick)) || reps=${SEAL_REPS:-5}
-  loadavg=$(load_now)
+  loadavg=$(load_now) run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
   seal_keys="bench1:$(head -c 32 /dev/urandom | base64)"
   for v in off on; do
     keys=()
@@ -115,7 +115,7 @@ if ((seal)); then
   say "sealing off against on: A and N, new keys and one hot key, 16 clients, $reps blocks, $DUR each after a $WARM warm-up"
   pair_blocks "$reps" off on A:unique A:hot N:unique N:hot
   {
-    echo "\`make bench/load/seal\`$( ((quick)) && echo ' (-quick)') at commit \`$(git rev-parse --short HEAD)\`, $(date -u '+%Y-%m-%d %H:%M UTC'):" \
+    echo "\`make bench/load/seal\`$( ((quick)) && echo ' (-quick)') at commit \`$(git rev-parse --short HEAD)\`, $run_date:" \
       "$reps blocks of adjacent off/on pairs, 16 clients, ${DUR} windows after a $WARM warm-up; $(machine_desc), load average $loadavg at the start and $(load_now) at the end (\`uptime\`; the machine is shared)."
     echo
     "$BIN/pairreport" -base off -other on "$LOG"
