@@ -76,6 +76,9 @@ case $BASE_DSN in
   *) echo "beforeafter.sh: DATABASE_URL must be postgres:// or mysql://" >&2; exit 2 ;;
 esac
 SUBJECTS=${SUBJECTS:-A N}
+for s in $SUBJECTS; do
+  [[ $s == [ABN] ]] || { echo "beforeafter.sh: unknown subject $s in SUBJECTS (want A, B, N)" >&2; exit 2; }
+done
 [[ $db == mysql && $SUBJECTS == *N* ]] &&
   { echo "beforeafter.sh: noopserver (N) runs on PostgreSQL only: set SUBJECTS='A B' or 'A'" >&2; exit 2; }
 [[ $REPS =~ ^[1-9][0-9]*$ ]] || { echo "beforeafter.sh: REPS must be a positive integer" >&2; exit 2; }
@@ -110,17 +113,6 @@ trap 'exit 130' INT TERM
 
 say "building this checkout's loadgen and pairreport"
 (cd bench && go build -o "$root/$BIN/" ./cmd/loadgen ./cmd/pairreport ./cmd/sqlfloor)
-for v in before after; do
-  say "building $v = ${ref[$v]} (${commit[$v]:0:12}): examples/server and bench/cmd/noopserver"
-  git worktree add --detach --quiet "$tmp/$v" "${commit[$v]}"
-  (cd "$tmp/$v" && GOWORK=off go build -o "$root/$BIN/$v/server" ./examples/server)
-  if [[ $SUBJECTS == *N* ]]; then
-    [[ -d $tmp/$v/bench/cmd/noopserver ]] ||
-      { echo "beforeafter.sh: ${ref[$v]} has no bench/cmd/noopserver: set SUBJECTS without N" >&2; exit 1; }
-    (cd "$tmp/$v/bench" && GOWORK=off go build -o "$root/$BIN/$v/noopserver" ./cmd/noopserver)
-  fi
-  git worktree remove --force "$tmp/$v"
-done
 
 # The database, one schema (database) per server, and how to find its
 # processes.
@@ -142,6 +134,7 @@ else
     *) echo "beforeafter.sh: DATABASE_URL's host $my_host is not this machine (loopback only)" >&2; exit 2 ;;
   esac
   mysql_q() { MYSQL_PWD=$my_pass mysql -h "$my_host" -P "$my_port" -u "$my_user" "$@"; }
+  mysql_q -e 'SELECT 1' >/dev/null || { echo "beforeafter.sh: cannot reach the MySQL server of DATABASE_URL" >&2; exit 1; }
   server_dsn() {
     mysql_q -e "DROP DATABASE IF EXISTS \`$1\`; CREATE DATABASE \`$1\`"
     mysql_dbs+=("$1")
@@ -149,6 +142,18 @@ else
     DB_CMD='pgrep -x mariadbd || pgrep -x mysqld'
   }
 fi
+
+for v in before after; do
+  say "building $v = ${ref[$v]} (${commit[$v]:0:12}): examples/server and bench/cmd/noopserver"
+  git worktree add --detach --quiet "$tmp/$v" "${commit[$v]}"
+  (cd "$tmp/$v" && GOWORK=off go build -o "$root/$BIN/$v/server" ./examples/server)
+  if [[ $SUBJECTS == *N* ]]; then
+    [[ -d $tmp/$v/bench/cmd/noopserver ]] ||
+      { echo "beforeafter.sh: ${ref[$v]} has no bench/cmd/noopserver: set SUBJECTS without N" >&2; exit 1; }
+    (cd "$tmp/$v/bench" && GOWORK=off go build -o "$root/$BIN/$v/noopserver" ./cmd/noopserver)
+  fi
+  git worktree remove --force "$tmp/$v"
+done
 
 load_start=$(load_now)
 run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
@@ -158,7 +163,6 @@ for s in $SUBJECTS; do
     A) points+=(A:unique A:hot) ;;
     B) points+=(B:unique) ;;
     N) points+=(N:unique N:hot) ;;
-    *) echo "beforeafter.sh: unknown subject $s in SUBJECTS (want A, B, N)" >&2; exit 2 ;;
   esac
   for v in before after; do
     name="idem_ba_${s,,}_$v"
