@@ -53,6 +53,15 @@ bench/once: ## Every Go benchmark once (-benchtime 1x), as CI runs them, so a br
 bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)
 	bash bench/load.sh
 
+.PHONY: bench/load/seal
+bench/load/seal: ## Load benchmark of sealing off against on (issue #26): A and N, interleaved; prints a Markdown table (about 7 minutes)
+	bash bench/load.sh -seal
+
+.PHONY: bench/beforeafter
+bench/beforeafter: ## A and N built from two git refs, interleaved in one run: make bench/beforeafter REFS="BEFORE AFTER" (DATABASE_URL as bench/load)
+	@test -n "$(REFS)" || { echo 'usage: make bench/beforeafter REFS="BEFORE_REF AFTER_REF"'; exit 2; }
+	bash bench/beforeafter.sh $(REFS)
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi

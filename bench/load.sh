@@ -3,6 +3,9 @@
 #
 #   bash bench/load.sh           full run, about 6 minutes
 #   bash bench/load.sh -quick    shorter windows, one run per point, about 2 minutes
+#   bash bench/load.sh -seal     only sealing off against on (issue #26), about 7 minutes
+#                                (-seal -quick: one block; SEAL_REPS=N: N blocks); prints its table, writes
+#                                bench/results/seal.md and leaves BENCHMARKS.md alone
 #
 # Subjects, all on the order route with -order-latency 0:
 #   A  the example server, middleware on, a new Idempotency-Key per request
@@ -30,6 +33,12 @@
 # execution), the database round trips per request (through the pgrtt
 # proxy) and CPU profiles of A and of N (into bench/results) at 16 clients.
 #
+# -seal: A (new keys and one hot key) and N (the same) on servers storing
+# plaintext and on servers sealing (IDEMPOTENCY_SEAL_KEYS, a throwaway key),
+# each in a schema of its own (idem_bench_seal_*), in blocks of adjacent
+# off/on pairs (bench/lib.sh pair_blocks), with server and PostgreSQL CPU
+# per request.
+#
 # Writes bench/results/ (ignored by git: logs, latest.json, profile); and,
 # only when every measurement succeeded, bench/chart.svg and the figures
 # section of BENCHMARKS.md (a failed run leaves its drafts in bench/results/
@@ -44,14 +53,16 @@
 # unless KEEP_SCHEMA=1. All load goes to 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source bench/lib.sh
 started=$SECONDS
 
-quick=0
+quick=0 seal=0
 for arg in "$@"; do
   case $arg in
     -quick | --quick) quick=1 ;;
-    -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "load.sh: unknown argument $arg (want -quick)" >&2; exit 2 ;;
+    -seal | --seal) seal=1 ;;
+    -h | --help) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "load.sh: unknown argument $arg (want -quick, -seal)" >&2; exit 2 ;;
   esac
 done
 
@@ -69,20 +80,10 @@ BIN=$OUT/bin
 LOG=$OUT/run.log
 mkdir -p "$BIN"
 : >"$LOG"
-failures=()
 
 for tool in go psql curl; do
   command -v "$tool" >/dev/null || { echo "load.sh: $tool is required" >&2; exit 1; }
 done
-
-say() { echo "== $*" | tee -a "$LOG"; }
-
-# with_schema DSN SCHEMA: the DSN with search_path set to SCHEMA.
-with_schema() {
-  local sep='?'
-  [[ $1 == *\?* ]] && sep='&'
-  echo "$1${sep}options=-csearch_path%3D$2"
-}
 
 say "building the example server and the bench tools"
 go build -o "$BIN/server" ./examples/server
@@ -90,8 +91,43 @@ go build -o "$BIN/server" ./examples/server
 
 # Refuse a database off this machine before anything connects to it.
 "$BIN/sqlfloor" -check -database-url "$BASE_DSN"
-psql_q() { psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -c 'SET client_min_messages = warning' "$@"; }
-reset_schema() { psql_q -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "CREATE SCHEMA $1"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# -seal: sealing off against on, nothing else.
+if ((seal)); then
+  reps=$REPS16
+  ((quick)) || reps=${SEAL_REPS:-5}
+  loadavg=$(load_now) run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
+  seal_keys="bench1:$(head -c 32 /dev/urandom | base64)"
+  for v in off on; do
+    keys=()
+    [[ $v == on ]] && keys=(IDEMPOTENCY_SEAL_KEYS="$seal_keys")
+    reset_schema "idem_bench_seal_a_$v"
+    start_server "A-seal-$v" "$(with_schema "$BASE_DSN" "idem_bench_seal_a_$v" "idem_bench_seal_a_$v")" "${keys[@]}"
+    pair_register "A/$v" "$(db_pids_cmd "idem_bench_seal_a_$v")"
+    reset_schema "idem_bench_seal_n_$v"
+    start_noop "N-seal-$v" "$(with_schema "$BASE_DSN" "idem_bench_seal_n_$v" "idem_bench_seal_n_$v")" "${keys[@]}"
+    pair_register "N/$v" "$(db_pids_cmd "idem_bench_seal_n_$v")"
+  done
+  grep -q 'sealing stored responses' "$OUT/server-A-seal-on.log" "$OUT/server-N-seal-on.log" ||
+    { echo "load.sh: a sealed server did not say it seals" >&2; exit 1; }
+  say "sealing off against on: A and N, new keys and one hot key, 16 clients, $reps blocks, $DUR each after a $WARM warm-up"
+  pair_blocks "$reps" off on A:unique A:hot N:unique N:hot
+  {
+    echo "\`make bench/load/seal\`$( ((quick)) && echo ' (-quick)') at commit \`$(git rev-parse --short HEAD)\`, $run_date:" \
+      "$reps blocks of adjacent off/on pairs, 16 clients, ${DUR} windows after a $WARM warm-up; $(machine_desc), load average $loadavg at the start and $(load_now) at the end (\`uptime\`; the machine is shared)."
+    echo
+    "$BIN/pairreport" -base off -other on "$LOG"
+  } | tee "$OUT/seal.md" || failures+=("pairreport")
+  if ((${#failures[@]})); then
+    printf 'load.sh: FAILED: %s\n' "${failures[@]}" >&2
+    exit 1
+  fi
+  echo "wrote $OUT/seal.md ($((SECONDS - started))s)"
+  exit 0
+fi
+
 reset_schema idem_bench_a
 reset_schema idem_bench_b
 reset_schema idem_bench_noop
@@ -100,106 +136,6 @@ DSN_A=$(with_schema "$BASE_DSN" idem_bench_a)
 DSN_B=$(with_schema "$BASE_DSN" idem_bench_b)
 DSN_N=$(with_schema "$BASE_DSN" idem_bench_noop)
 DSN_N0=$(with_schema "$BASE_DSN" idem_bench_noop0)
-
-pids=()
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-  if [[ ${KEEP_SCHEMA:-0} != 1 ]]; then
-    psql_q -c 'DROP SCHEMA IF EXISTS idem_bench_a CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_b CASCADE' \
-      -c 'DROP SCHEMA IF EXISTS idem_bench_noop CASCADE' -c 'DROP SCHEMA IF EXISTS idem_bench_noop0 CASCADE' \
-      -c 'DROP SCHEMA IF EXISTS idem_bench_pgbench CASCADE' 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# free_port prints a loopback port nothing listens on, below Linux's
-# ephemeral range (32768 and up), where the run's own client connections
-# hold local ports that a listener could not bind.
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 12000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
-
-# start_server NAME DSN [VAR=value...]: starts the example server on a free
-# port and waits for /healthz; sets SERVER_PID and SERVER_URL.
-start_server() {
-  local name=$1 dsn=$2 port
-  shift 2
-  port=$(free_port)
-  # A clean slate whatever the caller's environment: middleware on and the
-  # new-orders gate open unless the arguments say otherwise.
-  env -u MBT_NEW_ORDERS_DISABLED -u ORDER_LATENCY FLAG_IDEMPOTENCY_MIDDLEWARE=on \
-    SESSION_SECRET=bench-load-secret DATABASE_URL="$dsn" "$@" \
-    "${SERVER_BIN:-$BIN/server}" -addr "127.0.0.1:$port" -order-latency 0 >"$OUT/server-$name.log" 2>&1 &
-  SERVER_PID=$!
-  pids+=("$SERVER_PID")
-  SERVER_URL=http://127.0.0.1:$port
-  wait_up "$name" "$@"
-}
-
-# start_noop NAME DSN [FLAG...]: starts bench/cmd/noopserver (subject N) on
-# a free port, middleware on, and waits for /healthz; sets SERVER_PID and
-# SERVER_URL.
-start_noop() {
-  local name=$1 dsn=$2 port
-  shift 2
-  port=$(free_port)
-  env FLAG_IDEMPOTENCY_MIDDLEWARE=on DATABASE_URL="$dsn" \
-    "$BIN/noopserver" -addr "127.0.0.1:$port" "$@" >"$OUT/server-$name.log" 2>&1 &
-  SERVER_PID=$!
-  pids+=("$SERVER_PID")
-  SERVER_URL=http://127.0.0.1:$port
-  wait_up "$name" "$@"
-}
-
-# wait_up NAME [WHAT...]: waits for the server just started to answer
-# /healthz.
-wait_up() {
-  local name=$1
-  shift
-  for _ in $(seq 1 200); do
-    if curl -sf "$SERVER_URL/healthz" >/dev/null 2>&1; then
-      say "server $name up at $SERVER_URL (pid $SERVER_PID${*:+, $*})"
-      return 0
-    fi
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.2
-  done
-  echo "load.sh: server $name did not come up; its log:" >&2
-  tail -n 20 "$OUT/server-$name.log" >&2
-  exit 1
-}
-
-stop_pid() {
-  kill -TERM "$1" 2>/dev/null || true
-  wait "$1" 2>/dev/null || true
-  local keep=() pid
-  for pid in "${pids[@]}"; do [[ $pid == "$1" ]] || keep+=("$pid"); done
-  pids=("${keep[@]}")
-}
-
-# run DESCRIPTION COMMAND...: runs one measurement into the log; a failure
-# is remembered and the run goes on.
-run() {
-  local what=$1 rc=0
-  shift
-  { "$@" 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}; } || true
-  if ((rc != 0)); then
-    failures+=("$what (exit $rc)")
-    echo "!! $what failed (exit $rc)" | tee -a "$LOG"
-  fi
-}
 
 loadavg=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)
 run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
@@ -263,13 +199,7 @@ pgbench_run() {
   run "P $1" "$BIN/pgbenchsql" -summarize -logs "$dir" -mode "$1" -concurrency 16 -tps "${tps:-0}" -failed "${failed:-0}"
 }
 
-# Each measured run first waits up to $SETTLE for other work on the machine
-# to calm down (cores under 30% busy), and records what it found.
-lg() { "$BIN/loadgen" -settle "$SETTLE" -duration "$DUR" -warmup "$WARM" "$@"; }
 floor() { "$BIN/sqlfloor" -settle "$SETTLE" -database-url "$BASE_DSN" -schema idem_bench_floor -duration "$DUR" -warmup "$WARM" "$@"; }
-
-# loadgen's flags for N's route.
-noop_lg=(-path /noop -body '{"symbol":"AAPL","side":"buy","qty":1}' -login=false)
 
 # point NAME C: one measured run of the sweep.
 point() {

@@ -38,8 +38,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -73,6 +75,7 @@ type options struct {
 	allowDouble bool
 	rttURL      string
 	serverPID   int
+	dbPidsCmd   string
 	settle      time.Duration
 	path        string
 	body        string
@@ -97,6 +100,7 @@ func main() {
 	fs.BoolVar(&o.allowDouble, "allow-double", false, "storm: exit 0 despite double executions (a control run without the middleware)")
 	fs.StringVar(&o.rttURL, "rtt-url", "", "pgrtt counter URL: report database round trips per request (loopback only)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "the server's process id: report its CPU time per request")
+	fs.StringVar(&o.dbPidsCmd, "db-pids-cmd", "", "a shell command printing the database's process ids, one a line (the PostgreSQL backends of the server under test): report their CPU time per request; run at the window's start and after its end")
 	fs.DurationVar(&o.settle, "settle", 0, "before the load, wait up to this long for the cores to be under 30% busy (other work on the machine)")
 	fs.StringVar(&o.path, "path", orderPath, "unique, nokey, hot: the route to POST to")
 	fs.StringVar(&o.body, "body", orderBody, "unique, nokey, hot: the JSON body to send")
@@ -298,14 +302,27 @@ func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool,
 		rtt0   counts
 		rttErr error
 		cpu    []result.CPUSample
+		db0    map[int]time.Duration
+		db1    map[int]time.Duration
+		dbErr  error
 	)
 	load := result.Load{
 		Workers: o.concurrency, Warmup: o.warmup, Duration: o.duration, Requests: o.requests,
 		AtStart: func() {
 			rtt0, rttErr = rttCounts(ctx, o.rttURL)
+			if o.dbPidsCmd != "" {
+				var pids []int
+				pids, dbErr = listPids(ctx, o.dbPidsCmd)
+				db0 = result.ProcsCPU(pids)
+			}
 			cpu = append(cpu, result.SampleCPU(o.serverPID))
 		},
-		AtEnd: func() { cpu = append(cpu, result.SampleCPU(o.serverPID)) },
+		AtEnd: func() {
+			cpu = append(cpu, result.SampleCPU(o.serverPID))
+			if o.dbPidsCmd != "" {
+				db1 = result.ProcsCPU(slices.Collect(maps.Keys(db0)))
+			}
+		},
 	}
 	// One raw keep-alive client per worker (rawhttp.go): each request takes
 	// one from the pool and puts it back, so the pool never runs dry.
@@ -336,6 +353,12 @@ func steady(ctx context.Context, c *client, o options, s *result.Summary) (bool,
 	r.Fill(s)
 	if len(cpu) == 2 && s.Requests > 0 {
 		result.FillCPU(s, cpu[0], cpu[1], o.serverPID > 0)
+	}
+	if o.dbPidsCmd != "" && dbErr == nil && db1 != nil && s.Requests > 0 {
+		dbErr = fillDBCPU(ctx, o.dbPidsCmd, db0, db1, s)
+	}
+	if dbErr != nil {
+		return false, fmt.Errorf("-db-pids-cmd: %w", dbErr)
 	}
 	if err := rttPerRequest(ctx, o.rttURL, rtt0, r.Sent(), s); err != nil {
 		return false, err
@@ -557,6 +580,54 @@ func rttPerRequest(ctx context.Context, url string, before counts, requests int6
 	return nil
 }
 
+// listPids runs cmd with sh -c and reads the process ids it prints, one a
+// line (blank lines ignored).
+func listPids(ctx context.Context, cmd string) ([]int, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, "sh", "-c", cmd).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", cmd, err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("%q printed %q, not a process id", cmd, f)
+		}
+		pids = append(pids, pid)
+	}
+	if len(pids) == 0 {
+		return nil, fmt.Errorf("%q printed no process id", cmd)
+	}
+	return pids, nil
+}
+
+// fillDBCPU sets s.CPUDBUs from the database processes' CPU time read at
+// the window's start (db0) and end (db1, the same processes): the
+// processes cmd lists now that were not there at the start were opened
+// inside the window, and all their time counts. The database's time is
+// then taken out of the rest of the machine's.
+func fillDBCPU(ctx context.Context, cmd string, db0, db1 map[int]time.Duration, s *result.Summary) error {
+	pids, err := listPids(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	var fresh []int
+	for _, pid := range pids {
+		if _, ok := db0[pid]; !ok {
+			fresh = append(fresh, pid)
+		}
+	}
+	maps.Copy(db1, result.ProcsCPU(fresh))
+	d, _ := result.ProcsDelta(db0, db1)
+	s.CPUDBUs = float64(d.Microseconds()) / float64(s.Requests)
+	if s.CPUOtherUs > 0 {
+		s.CPUOtherUs = max(s.CPUOtherUs-s.CPUDBUs, 0)
+	}
+	return nil
+}
+
 // report prints the human-readable lines, then the SUMMARY.
 func report(w io.Writer, s result.Summary) {
 	label := s.Mode
@@ -589,6 +660,9 @@ func report(w io.Writer, s result.Summary) {
 	if s.MachineBusyPct > 0 {
 		fmt.Fprintf(w, "  cpu per request: server %.0fus, loadgen %.0fus, rest of the machine (postgres...) %.0fus; cores busy %.0f%% (%.0f%% before the load)\n",
 			s.CPUServerUs, s.CPULoadgenUs, s.CPUOtherUs, s.MachineBusyPct, s.BackgroundBusyPct)
+	}
+	if s.CPUDBUs > 0 {
+		fmt.Fprintf(w, "  cpu per request: database processes (-db-pids-cmd) %.0fus\n", s.CPUDBUs)
 	}
 	if s.RoundTripsPerReq > 0 {
 		fmt.Fprintf(w, "  database: %.2f round trips, %.2f transactions per request\n", s.RoundTripsPerReq, s.XactsPerReq)

@@ -7,6 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,5 +162,40 @@ func TestOutcome(t *testing.T) {
 		if got := outcome(c.a, c.err, c.replays); got.Outcome != c.want || (c.err == nil && got.Status != c.a.status) {
 			t.Errorf("outcome(%+v, %v, replays %v) = %+v, want %v", c.a, c.err, c.replays, got, c.want)
 		}
+	}
+}
+
+// TestDBPidsCmd: with -db-pids-cmd loadgen adds the CPU time of the
+// processes the command lists (here a busy shell loop standing in for a
+// database backend) to the summary, per request; a command that lists no
+// process fails the run instead of reporting nothing.
+func TestDBPidsCmd(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	busy := exec.Command("sh", "-c", "while :; do :; done")
+	if err := busy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = busy.Process.Kill(); _ = busy.Wait() })
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /noop", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	o := options{url: srv.URL, mode: "unique", concurrency: 2, duration: 300 * time.Millisecond,
+		warmup: 10 * time.Millisecond, timeout: 10 * time.Second, keys: 1, copies: 1, rounds: 1,
+		path: "/noop", body: `{}`, login: false, dbPidsCmd: "echo " + strconv.Itoa(busy.Process.Pid)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // never hangs
+	defer cancel()
+	s, ok, err := run(ctx, o)
+	if err != nil || !ok {
+		t.Fatalf("run: ok %v, err %v", ok, err)
+	}
+	if s.CPUDBUs <= 0 {
+		t.Errorf("cpu_db_us %v with a busy process listed, want > 0", s.CPUDBUs)
+	}
+	o.dbPidsCmd = "true"
+	if _, _, err := run(ctx, o); err == nil || !strings.Contains(err.Error(), "no process id") {
+		t.Errorf("a command listing nothing: err %v, want one saying so", err)
 	}
 }

@@ -18,6 +18,11 @@
 // statements by hand (subject N0, floor.go), and -pgbench-vars, which prints the pgbench -D variables (name=value, one
 // a line) that make bench/cmd/pgbenchsql's miss.sql and hot.sql store the
 // rows this route stores, and exits.
+//
+// With IDEMPOTENCY_SEAL_KEYS set (the example server's variable and format:
+// ID:KEY entries, KEY the base64 of 32 bytes, the first active) the store
+// seals each recorded response (idempotency.NewSealingStore), as the example
+// server does: bench/load.sh -seal measures N sealed against N plain.
 package main
 
 import (
@@ -105,6 +110,16 @@ func run(addr, dsn, pprofAddr, floorSrc string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	var sealKeys idempotency.SealKeys
+	if text := os.Getenv(envSealKeys); text != "" {
+		if floorSrc != "" {
+			return errors.New(envSealKeys + ": -floor does not seal")
+		}
+		var err error
+		if sealKeys, err = idempotency.ParseSealKeys(text); err != nil {
+			return fmt.Errorf("%s: %w", envSealKeys, err)
+		}
+	}
 	pool, err := connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -114,7 +129,7 @@ func run(addr, dsn, pprofAddr, floorSrc string) error {
 	if floorSrc != "" {
 		h, err = newFloorHandler(ctx, pool, floorSrc)
 	} else {
-		h, err = newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		h, err = newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)), sealKeys)
 	}
 	if err != nil {
 		return err
@@ -169,17 +184,29 @@ func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// envSealKeys is the example server's variable of the seal keys.
+const envSealKeys = "IDEMPOTENCY_SEAL_KEYS"
+
 // newHandler migrates the pool's schema (as the example server does at
-// start-up), checks it, and returns the server's routes.
-func newHandler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error) {
+// start-up), checks it, and returns the server's routes; with sealKeys
+// (nil: none) the store seals the responses it records.
+func newHandler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, sealKeys idempotency.SealKeys) (http.Handler, error) {
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := migrations.Migrate(mctx, pool); err != nil {
 		return nil, err
 	}
-	store := idempotency.NewPostgresStore(pool)
-	if err := store.Check(mctx); err != nil {
+	pg := idempotency.NewPostgresStore(pool)
+	if err := pg.Check(mctx); err != nil {
 		return nil, err
+	}
+	var store idempotency.Store = pg
+	if sealKeys != nil {
+		var err error
+		if store, err = idempotency.NewSealingStore(mctx, pg, sealKeys); err != nil {
+			return nil, err
+		}
+		log.Info("sealing stored responses")
 	}
 	idem, err := idempotency.New(store, idempotency.Config{
 		Scope:  func(context.Context) string { return scope },

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/bench/internal/gosrc"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
@@ -59,7 +61,7 @@ func (r *recorder) take() []pgx.TraceQueryStartData {
 func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	rec := &recorder{}
 	pool := testdb.New(t, testdb.Tracer(rec), testdb.MaxConns(2))
-	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler))
+	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,5 +151,64 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	}
 	if len(replay) != 1 || unqualified(replay[0].SQL) != claimSQL {
 		t.Fatalf("replay ran %d statements, want pgClaimSQL alone:\n%s", len(replay), strings.Join(sqlOf(replay), "\n---\n"))
+	}
+}
+
+// TestSealedRoute: with seal keys (IDEMPOTENCY_SEAL_KEYS's format) the
+// route records its answer sealed under the active key's id, with no
+// plaintext of the body in what it sends, and replays the answer opened.
+func TestSealedRoute(t *testing.T) {
+	rec := &recorder{}
+	pool := testdb.New(t, testdb.Tracer(rec), testdb.MaxConns(2))
+	keys, err := idempotency.ParseSealKeys("k1:" + base64.StdEncoding.EncodeToString(make([]byte, 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler), keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	key := uuid.NewString()
+	post := func() (int, bool, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/noop", strings.NewReader(`{"n":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", string(b)
+	}
+	rec.start()
+	status, replayed, _ := post()
+	got := rec.take()
+	if status != http.StatusCreated || replayed {
+		t.Fatalf("new key: %d replayed %v, want a fresh 201", status, replayed)
+	}
+	var complete []any
+	for _, d := range got {
+		if len(d.Args) == 8 {
+			complete = d.Args
+		}
+	}
+	if complete == nil || complete[7] != "k1" {
+		t.Fatalf("complete's arguments %v, want seal key id k1", complete)
+	}
+	for i, a := range complete {
+		if b, ok := a.([]byte); ok && strings.Contains(string(b), `"ok"`) {
+			t.Errorf("complete's argument %d holds the plaintext body: %q", i, b)
+		}
+		if b, ok := a.(json.RawMessage); ok && strings.Contains(string(b), `"ok"`) {
+			t.Errorf("complete's argument %d holds the plaintext body: %s", i, b)
+		}
+	}
+	status, replayed, body := post()
+	if status != http.StatusCreated || !replayed || !strings.Contains(body, `"ok":true`) {
+		t.Fatalf("replay: %d replayed %v body %q, want the opened answer", status, replayed, body)
 	}
 }

@@ -133,3 +133,32 @@ func Settle(maxWait time.Duration, belowPct float64) float64 {
 		}
 	}
 }
+
+// ProcsCPU reads the user + system CPU time of each of pids from /proc;
+// a pid that cannot be read (it has exited) is left out.
+func ProcsCPU(pids []int) map[int]time.Duration {
+	m := make(map[int]time.Duration, len(pids))
+	for _, pid := range pids {
+		if d, ok := procTime(pid); ok {
+			m[pid] = d
+		}
+	}
+	return m
+}
+
+// ProcsDelta is the CPU time a set of processes spent between two
+// readings: for a process read both times, the difference; for one that
+// appeared only at the end (started inside the window, such as a
+// database backend a pool opened), all of its time. A process gone by the
+// end is lost to the sum, and counted in lost.
+func ProcsDelta(before, after map[int]time.Duration) (d time.Duration, lost int) {
+	for pid, t1 := range after {
+		d += t1 - before[pid]
+	}
+	for pid := range before {
+		if _, ok := after[pid]; !ok {
+			lost++
+		}
+	}
+	return d, lost
+}

@@ -61,9 +61,13 @@ type Summary struct {
 	// server process, the measuring tool itself (loadgen or sqlfloor), and
 	// everything else busy on the machine (PostgreSQL, and any other load);
 	// and how busy all cores were over the window.
-	CPUServerUs    float64 `json:"cpu_server_us,omitempty"`
-	CPULoadgenUs   float64 `json:"cpu_loadgen_us,omitempty"`
-	CPUOtherUs     float64 `json:"cpu_other_us,omitempty"`
+	CPUServerUs  float64 `json:"cpu_server_us,omitempty"`
+	CPULoadgenUs float64 `json:"cpu_loadgen_us,omitempty"`
+	CPUOtherUs   float64 `json:"cpu_other_us,omitempty"`
+	// CPUDBUs is the database's share of CPUOtherUs when loadgen was given
+	// the database's processes (-db-pids-cmd: the PostgreSQL backends of
+	// the server under test); CPUOtherUs then excludes it.
+	CPUDBUs        float64 `json:"cpu_db_us,omitempty"`
 	MachineBusyPct float64 `json:"machine_busy_pct,omitempty"`
 	// BackgroundBusyPct is how busy the cores were just before the load
 	// started, with nothing of the run's own at work: other load on the
