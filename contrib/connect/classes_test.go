@@ -41,9 +41,9 @@ func newClassServer(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration
 	return cs
 }
 
-// storeErrors is idempotency_store_errors_total for reason, over every
-// operation.
-func storeErrors(t *testing.T, reg *prometheus.Registry, name, label string) (n float64) {
+// metricSum is the sum of the counters of metric name with a label of
+// value label.
+func metricSum(t *testing.T, reg *prometheus.Registry, name, label string) (n float64) {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -78,10 +78,10 @@ func (cs *classServer) refused(t *testing.T, reason string) {
 			t.Fatalf("%s: the fail-open method ran (a bypass) on %s", w.name, reason)
 		}
 	}
-	if n := storeErrors(t, cs.reg, "idempotency_store_errors_total", reason); n < float64(len(wires)) {
+	if n := metricSum(t, cs.reg, "idempotency_store_errors_total", reason); n < float64(len(wires)) {
 		t.Errorf("store errors with reason %s: %v, want %d", reason, n, len(wires))
 	}
-	if n := storeErrors(t, cs.reg, "idempotency_bypasses_total", "connect:"+svc+"Open"); n != 0 {
+	if n := metricSum(t, cs.reg, "idempotency_bypasses_total", "connect:"+svc+"Open"); n != 0 {
 		t.Errorf("bypasses: %v, want 0", n)
 	}
 }
@@ -107,7 +107,7 @@ func TestFailOpenNeedsAnOutage(t *testing.T) {
 				t.Fatalf("%s: fail-open during an outage: %v after %d runs; want a bypass", w.name, err, cs.runs.count(key))
 			}
 		}
-		if n := storeErrors(t, cs.reg, "idempotency_bypasses_total", "connect:"+svc+"Open"); n != float64(len(wires)) {
+		if n := metricSum(t, cs.reg, "idempotency_bypasses_total", "connect:"+svc+"Open"); n != float64(len(wires)) {
 			t.Errorf("bypasses: %v, want %d", n, len(wires))
 		}
 	})
