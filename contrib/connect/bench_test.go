@@ -3,7 +3,6 @@ package idemconnect_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -18,9 +17,12 @@ import (
 )
 
 // BenchmarkUnary: a no-op unary procedure over loopback (Connect protocol,
-// HTTP/2) from 16 concurrent clients, on PostgreSQL: without the
-// interceptor (plain), with it and a new key per call (new_keys), and with
-// a key already completed (replays).
+// h2c) from 16 concurrent clients, on PostgreSQL: without the interceptor
+// (connect/plain), with it and a new key per call (connect/new_keys), and
+// with a key already completed (connect/replays); and, in the same run on
+// the same middleware, the HTTP middleware's ordinary route around the
+// same no-op (http/plain, http/new_keys, http/replays). Ratios:
+// bench/rpc.sh.
 func BenchmarkUnary(b *testing.B) {
 	mw, err := idempotency.New(idempotency.NewPostgresStore(testdb.New(b, testdb.MaxConns(16))), idempotency.Config{
 		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
@@ -37,43 +39,58 @@ func BenchmarkUnary(b *testing.B) {
 	mux := http.NewServeMux()
 	mux.Handle(svc+"Keyed", connect.NewUnaryHandler(svc+"Keyed", noop, connect.WithInterceptors(ic)))
 	mux.Handle(svc+"Plain", connect.NewUnaryHandler(svc+"Plain", noop))
-	srv := httptest.NewUnstartedServer(mux)
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	b.Cleanup(srv.Close)
-	msg := must(structpb.NewStruct(map[string]any{"amount": 10}))
-	keyed := connect.NewClient[structpb.Struct, structpb.Struct](srv.Client(), srv.URL+svc+"Keyed")
-	replayKeys := make([]string, 16)
-	for i := range replayKeys {
-		replayKeys[i] = uuid.NewString()
-		if _, err := keyed.CallUnary(b.Context(), connectRequest(msg, replayKeys[i])); err != nil {
-			b.Fatal(err)
-		}
+	base, stop, err := listenH2C(mux)
+	if err != nil {
+		b.Fatal(err)
 	}
-	for _, c := range []struct {
-		name, procedure string
-		key             func(n int64) string
+	b.Cleanup(stop)
+	hc := h2cClient()
+	msg := must(structpb.NewStruct(map[string]any{"amount": 10}))
+	clients := map[string]stub{"Plain": dialProc(hc, base, svc+"Plain", wires[0]), "Keyed": dialProc(hc, base, svc+"Keyed", wires[0])}
+	connectCall := func(ctx context.Context, procedure, key string) error {
+		req := connect.NewRequest(msg)
+		if key != "" {
+			req.Header().Set(idemconnect.KeyHeader, key)
+		}
+		_, err := clients[procedure].CallUnary(ctx, req)
+		return err
+	}
+	transports := []struct {
+		name         string
+		plain, keyed string
+		call         func(ctx context.Context, target, key string) error
 	}{
-		{"plain", "Plain", nil},
-		{"new_keys", "Keyed", func(int64) string { return uuid.NewString() }},
-		{"replays", "Keyed", func(n int64) string { return replayKeys[n%16] }},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			client := connect.NewClient[structpb.Struct, structpb.Struct](srv.Client(), srv.URL+svc+c.procedure)
-			var n atomic.Int64
-			b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					req := connect.NewRequest(msg)
-					if c.key != nil {
-						req.Header().Set(idemconnect.KeyHeader, c.key(n.Add(1)))
+		{"connect", "Plain", "Keyed", connectCall},
+		{"http", "/plain", "/keyed", httpNoop(b, mw)},
+	}
+	for _, tr := range transports {
+		replayKeys := make([]string, 16)
+		for i := range replayKeys {
+			replayKeys[i] = uuid.NewString()
+			if err := tr.call(b.Context(), tr.keyed, replayKeys[i]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, c := range []struct {
+			name, target string
+			key          func(n int64) string
+		}{
+			{"plain", tr.plain, func(int64) string { return "" }},
+			{"new_keys", tr.keyed, func(int64) string { return uuid.NewString() }},
+			{"replays", tr.keyed, func(n int64) string { return replayKeys[n%16] }},
+		} {
+			b.Run(tr.name+"/"+c.name, func(b *testing.B) {
+				var n atomic.Int64
+				b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := tr.call(context.Background(), c.target, c.key(n.Add(1))); err != nil {
+							b.Error(err)
+							return
+						}
 					}
-					if _, err := client.CallUnary(context.Background(), req); err != nil {
-						b.Error(err)
-						return
-					}
-				}
+				})
 			})
-		})
+		}
 	}
 }
