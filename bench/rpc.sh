@@ -20,6 +20,8 @@ BENCHTIME=${BENCHTIME:-2s}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for mod in grpc connect; do (cd "contrib/$mod" && go test -c -o /dev/null .); done # build outside the blocks
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
+load0=$(cut -d' ' -f1 /proc/loadavg)
 for ((blk = 1; blk <= BLOCKS; blk++)); do
 	order="grpc connect"
 	((blk % 2 == 0)) && order="connect grpc"
@@ -29,9 +31,9 @@ for ((blk = 1; blk <= BLOCKS; blk++)); do
 		grep -q "^$blk $mod " "$out" || { echo "bench/rpc.sh: $mod produced no result in block $blk" >&2; exit 1; }
 	done
 done
-echo "blocks: $BLOCKS, benchtime: $BENCHTIME, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
+echo "blocks: $BLOCKS, benchtime: $BENCHTIME, $(nproc) cores, started $started, ended $(date -u '+%H:%M UTC'), load average at the start $load0, at the end $(cut -d' ' -f1 /proc/loadavg), commit $(git rev-parse --short HEAD)"
 echo
-echo "| module | transport | plain ns/op (median) | new keys / plain | replays / plain |"
+echo "| module | transport | ns/op plain / new keys / replays (medians) | new keys / plain, per block | replays / plain, per block |"
 echo "|---|---|--:|---|---|"
 awk '
 function median(s,   a, n, i, j, t) {
@@ -43,14 +45,14 @@ function median(s,   a, n, i, j, t) {
 END {
 	for (k in tr) {
 		split(k, mt, SUBSEP); m = mt[1]; t = mt[2]
-		plains = ""; nk = ""; rp = ""
+		plains = ""; nks = ""; rps = ""; nk = ""; rp = ""
 		for (b = 1; b <= nb; b++) {
 			pl = ns[b, m, t, "plain"]
-			plains = plains " " pl
+			plains = plains " " pl; nks = nks " " ns[b, m, t, "new_keys"]; rps = rps " " ns[b, m, t, "replays"]
 			nk = nk " " sprintf("%.2f", pl / ns[b, m, t, "new_keys"])
 			rp = rp " " sprintf("%.2f", pl / ns[b, m, t, "replays"])
 		}
 		gsub(/^ /, "", nk); gsub(/^ /, "", rp)
-		printf "| %s | %s | %d | %.2f (%s) | %.2f (%s) |\n", m, t, median(plains), median(nk), nk, median(rp), rp
+		printf "| %s | %s | %d / %d / %d | %.2f (%s) | %.2f (%s) |\n", m, t, median(plains), median(nks), median(rps), median(nk), nk, median(rp), rp
 	}
 }' "$out" | sort

@@ -23,7 +23,7 @@ import (
 // childDB is a migrated schema with the children's tables, and a pool on it.
 func childDB(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
-	dsn := testdb.NewDSN(t)
+	dsn := testdb.NewDSN(t) + "&connect_timeout=5" // NewPostgresStore warns about a pool without one
 	pool, err := pgxpool.New(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
