@@ -51,7 +51,7 @@ bench/once: ## Every Go benchmark once (-benchtime 1x), as CI runs them, so a br
 	BLOCKS=1 BENCHTIME=1x bash bench/rpc.sh
 
 .PHONY: bench/rpc
-bench/rpc: ## gRPC and Connect interceptors against the same no-op without them, beside the HTTP middleware, 16 clients on Postgres (about 3 minutes)
+bench/rpc: ## gRPC and Connect interceptors against the same no-op without them, beside the HTTP middleware, 16 clients on Postgres, side by side (about 4 minutes)
 	bash bench/rpc.sh
 
 .PHONY: bench/load
