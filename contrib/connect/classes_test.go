@@ -23,11 +23,13 @@ type classServer struct {
 	runs             *counter
 	reg              *prometheus.Registry
 	started, release chan struct{}
+	done             func() // closes release, once
 }
 
 func newClassServer(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration) *classServer {
 	t.Helper()
 	cs := &classServer{runs: &counter{}, reg: prometheus.NewRegistry(), started: make(chan struct{}, 8), release: make(chan struct{})}
+	cs.done = sync.OnceFunc(func() { close(cs.release) })
 	mw := pgMiddleware(t, pool, idempotency.Config{StoreTimeout: storeTimeout, Lease: 10 * storeTimeout, Registerer: cs.reg})
 	hold := func(_ context.Context, req *connect.Request[structpb.Struct]) (*connect.Response[structpb.Struct], error) {
 		cs.started <- struct{}{}
@@ -38,6 +40,10 @@ func newClassServer(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration
 		svc + "Open": {Route: idempotency.RouteConfig{FailOpen: true}},
 		svc + "Hold": {RequireKey: true, Route: idempotency.RouteConfig{Transactional: true}},
 	}, map[string]procFunc{svc + "Open": counted(cs.runs), svc + "Hold": hold})
+	// Registered after the pool's and the server's cleanups, so it runs
+	// first: a test that fails while handlers hold connections must not
+	// leave pool.Close waiting for them.
+	t.Cleanup(cs.done)
 	return cs
 }
 
@@ -129,7 +135,7 @@ func TestFailOpenNeedsAnOutage(t *testing.T) {
 			<-cs.started
 		}
 		cs.refused(t, idempotency.ReasonPoolExhausted)
-		close(cs.release)
+		cs.done()
 		wg.Wait()
 	})
 

@@ -29,11 +29,13 @@ type classServer struct {
 	runs             *runs
 	reg              *prometheus.Registry
 	started, release chan struct{}
+	done             func() // closes release, once
 }
 
 func newClassServer(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration) *classServer {
 	t.Helper()
 	cs := &classServer{runs: &runs{}, started: make(chan struct{}, 8), release: make(chan struct{})}
+	cs.done = sync.OnceFunc(func() { close(cs.release) })
 	var mw *idempotency.Middleware
 	mw, cs.reg = newMiddleware(t, idempotency.NewPostgresStore(pool), idempotency.Config{StoreTimeout: storeTimeout, Lease: 10 * storeTimeout})
 	h := func(ctx context.Context, method string, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
@@ -47,6 +49,10 @@ func newClassServer(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration
 		svc + "Open": {Route: idempotency.RouteConfig{FailOpen: true}},
 		svc + "Hold": {RequireKey: true, Route: idempotency.RouteConfig{Transactional: true}},
 	}, h, "Open", "Hold"))
+	// Registered after the pool's and the server's cleanups, so it runs
+	// first: a test that fails while handlers hold connections must not
+	// leave pool.Close waiting for them.
+	t.Cleanup(cs.done)
 	return cs
 }
 
@@ -137,7 +143,7 @@ func TestFailOpenNeedsAnOutage(t *testing.T) {
 			<-cs.started
 		}
 		cs.refused(t, idempotency.ReasonPoolExhausted)
-		close(cs.release)
+		cs.done()
 		wg.Wait()
 	})
 
