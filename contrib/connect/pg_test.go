@@ -311,8 +311,10 @@ func TestClientDeadline(t *testing.T) {
 		}})
 	r := &counter{}
 	var release chan struct{}
+	started := make(chan struct{}, 1)
 	slow := func(ctx context.Context, req *connect.Request[structpb.Struct]) (*connect.Response[structpb.Struct], error) {
 		run := r.note(req.Header().Get(idemconnect.KeyHeader))
+		started <- struct{}{}
 		<-release
 		if ctx.Err() != nil {
 			return nil, connect.NewError(connect.CodeOf(ctx.Err()), ctx.Err())
@@ -324,17 +326,24 @@ func TestClientDeadline(t *testing.T) {
 		release = make(chan struct{})
 		c := dialProc(h2cClient(), base, svc+"Slow", w)
 		key := uuid.NewString()
-		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		// The deadline leaves the request time to reach the handler on a
+		// loaded machine; the handler outlasts it, since it waits for the
+		// release that follows the client's DeadlineExceeded.
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 		if _, err := call(ctx, c, key, map[string]any{"a": 1}); connect.CodeOf(err) != connect.CodeDeadlineExceeded {
 			t.Fatalf("%s: %v; want DeadlineExceeded", w.name, err)
 		}
 		cancel()
-		close(release)
-		select { // an upper bound proving the wait never hangs, not a speed check
-		case <-recorded:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the detached method's answer was never recorded")
+		wait := func(ch chan struct{}, what string) {
+			select { // an upper bound proving the wait never hangs, not a speed check
+			case <-ch:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s: the method never %s", w.name, what)
+			}
 		}
+		wait(started, "started")
+		close(release)
+		wait(recorded, "recorded its answer")
 		resp, err := call(t.Context(), c, key, map[string]any{"a": 1})
 		if err != nil || resp.Header().Get(idemconnect.ReplayedHeader) != "true" || resp.Msg.GetFields()["run"].GetStringValue() != "1" || r.count(key) != 1 {
 			t.Fatalf("%s: retry: %v %v after %d runs; want the replay of the first run", w.name, resp, err, r.count(key))
