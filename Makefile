@@ -48,6 +48,11 @@ bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DA
 bench/once: ## Every Go benchmark once (-benchtime 1x), as CI runs them, so a broken benchmark fails the build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
 	cd bench && $(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
+	BLOCKS=1 BENCHTIME=1x bash bench/rpc.sh
+
+.PHONY: bench/rpc
+bench/rpc: ## gRPC and Connect interceptors against the same no-op without them, beside the HTTP middleware, 16 clients on Postgres, side by side (about 4 minutes)
+	bash bench/rpc.sh
 
 .PHONY: bench/load
 bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)

@@ -2,6 +2,8 @@ package idemgrpc_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -228,5 +230,27 @@ func TestKillSwitch(t *testing.T) {
 	}
 	if !found || testutil.CollectAndCount(reg, "idempotency_bypasses_total") != 1 {
 		t.Fatal("no idempotency_bypasses_total labelled grpc:" + svc + "Transfer")
+	}
+}
+
+// TestReplayHookRefuses: a replay the audit hook (Config.OnReplay) refuses
+// is Unavailable IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo on a
+// fail-closed method, and the method does not run again.
+func TestReplayHookRefuses(t *testing.T) {
+	t.Parallel()
+	cc, r, _, _ := answerServer(t, idempotency.Config{OnReplay: func(_ context.Context, ev idempotency.ReplayEvent) error {
+		if ev.Endpoint != "grpc:"+svc+"Transfer" || ev.Adapter == "" {
+			return fmt.Errorf("unexpected event %+v", ev)
+		}
+		return errors.New("the audit table is down")
+	}})
+	key := uuid.NewString()
+	if _, err := invoke(withKey(t.Context(), key), cc, "Transfer", request("a", codes.OK)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := invoke(withKey(t.Context(), key), cc, "Transfer", request("a", codes.OK))
+	wantAnswer(t, "replay hook failed", err, codes.Unavailable, "IDEMPOTENCY_STORE_UNAVAILABLE", time.Second)
+	if n := r.count(key); n != 1 {
+		t.Fatalf("ran %d times after a refused replay, want 1", n)
 	}
 }

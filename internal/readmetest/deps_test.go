@@ -4,6 +4,7 @@ package readmetest_test
 // tidy keeps only what the module's own code imports). A snippet that needs
 // another package fails until it is added here.
 import (
+	_ "connectrpc.com/connect"
 	_ "github.com/gin-gonic/gin"
 	_ "github.com/go-chi/chi/v5"
 	_ "github.com/go-chi/chi/v5/middleware"
@@ -16,12 +17,17 @@ import (
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	_ "go.opentelemetry.io/otel/metric"
+	_ "google.golang.org/grpc"
+	_ "google.golang.org/grpc/credentials/insecure"
+	_ "google.golang.org/protobuf/types/known/structpb"
 
 	_ "github.com/idemkit/idempotency"
 	_ "github.com/idemkit/idempotency/contrib/chi"
+	_ "github.com/idemkit/idempotency/contrib/connect"
 	_ "github.com/idemkit/idempotency/contrib/echo"
 	_ "github.com/idemkit/idempotency/contrib/gin"
 	_ "github.com/idemkit/idempotency/contrib/gorilla"
+	_ "github.com/idemkit/idempotency/contrib/grpc"
 	_ "github.com/idemkit/idempotency/contrib/otel"
 	_ "github.com/idemkit/idempotency/idemclient"
 	_ "github.com/idemkit/idempotency/idempotencytest"

@@ -3,22 +3,27 @@ module github.com/idemkit/idempotency/internal/readmetest
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/gin-gonic/gin v1.12.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/gorilla/handlers v1.5.2
 	github.com/gorilla/mux v1.8.1
 	github.com/idemkit/idempotency v0.1.0
 	github.com/idemkit/idempotency/contrib/chi v0.1.0
+	github.com/idemkit/idempotency/contrib/connect v0.1.0
 	github.com/idemkit/idempotency/contrib/echo v0.1.0
 	github.com/idemkit/idempotency/contrib/gin v0.1.0
 	github.com/idemkit/idempotency/contrib/gorilla v0.1.0
+	github.com/idemkit/idempotency/contrib/grpc v0.1.0
 	github.com/idemkit/idempotency/contrib/otel v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.5
 	github.com/prometheus/client_golang v1.25.0
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0
-	go.opentelemetry.io/otel/metric v1.44.0
+	go.opentelemetry.io/otel/metric v1.45.0
 	golang.org/x/tools v0.52.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -31,7 +36,7 @@ require (
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/gabriel-vasile/mimetype v1.4.12 // indirect
 	github.com/gin-contrib/sse v1.1.0 // indirect
-	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-playground/locales v0.14.1 // indirect
 	github.com/go-playground/universal-translator v0.18.1 // indirect
@@ -65,8 +70,8 @@ require (
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	go.mongodb.org/mongo-driver/v2 v2.5.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
-	go.opentelemetry.io/otel v1.44.0 // indirect
-	go.opentelemetry.io/otel/trace v1.44.0 // indirect
+	go.opentelemetry.io/otel v1.45.0 // indirect
+	go.opentelemetry.io/otel/trace v1.45.0 // indirect
 	golang.org/x/arch v0.22.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/mod v0.42.0 // indirect
@@ -75,14 +80,16 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 )
 
 replace (
 	github.com/idemkit/idempotency => ../..
 	github.com/idemkit/idempotency/contrib/chi => ../../contrib/chi
+	github.com/idemkit/idempotency/contrib/connect => ../../contrib/connect
 	github.com/idemkit/idempotency/contrib/echo => ../../contrib/echo
 	github.com/idemkit/idempotency/contrib/gin => ../../contrib/gin
 	github.com/idemkit/idempotency/contrib/gorilla => ../../contrib/gorilla
+	github.com/idemkit/idempotency/contrib/grpc => ../../contrib/grpc
 	github.com/idemkit/idempotency/contrib/otel => ../../contrib/otel
 )
