@@ -49,6 +49,10 @@ bench/once: ## Every Go benchmark once (-benchtime 1x), as CI runs them, so a br
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
 	cd bench && $(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
 
+.PHONY: bench/ablation
+bench/ablation: ## pgbench ablation of the storage schema (#27): every candidate interleaved, synchronous_commit on and off, medians (REPS=3 T=8; bash bench/ablation.sh)
+	bash bench/ablation.sh
+
 .PHONY: bench/load
 bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)
 	bash bench/load.sh
