@@ -43,9 +43,23 @@ trap cleanup EXIT
 
 vars_of() { local v; vars=(); while IFS= read -r v; do [[ -n $v ]] && vars+=(-D "$v"); done <"$OUT/gen/$1.vars"; }
 
-# one CAND SYNC: prints the tps of one run.
+# cpu_of PIDS...: the CPU time (user + system, in clock ticks) the
+# processes have used so far; a process gone counts 0.
+cpu_of() {
+  local p f t=0
+  for p in "$@"; do
+    if read -ra f 2>/dev/null <"/proc/$p/stat"; then t=$((t + f[13] + f[14])); fi
+  done
+  echo "$t"
+}
+
+# one CAND SYNC: prints "TPS CPU" for one run: pgbench's tps, and the CPU
+# its backends used per transaction (microseconds; sampled from /proc every
+# 0.2 s while they run, so up to 0.2 s of each backend's last work is
+# missed). CPU per transaction hardly depends on what else the machine
+# runs; tps does.
 one() {
-  local c=$1 sync=$2 out tables
+  local c=$1 sync=$2 out tables app=abl_$1_$2 pid pids last=() i tps n cpu tick
   vars_of "$c"
   tables=$(psql "$DB" -X -A -t -c "SELECT string_agg(quote_ident(tablename), ',') FROM pg_tables WHERE schemaname = 'abl_$c'")
   psql_q -c "TRUNCATE $(sed "s/\([^,]*\)/abl_$c.\1/g" <<<"$tables")" -c "CHECKPOINT" >/dev/null
@@ -55,32 +69,54 @@ one() {
   # The transactional scripts put the session's synchronous_commit back
   # before the record, as the store does: the session's value here.
   sed "s/SET LOCAL synchronous_commit = 'on'/SET LOCAL synchronous_commit = '$sync'/" "$OUT/gen/$c.sql" >"$OUT/gen/$c.$sync.run.sql"
-  out=$(cd "$OUT/gen" && PGOPTIONS="-c search_path=abl_$c -c synchronous_commit=$sync" \
-    pgbench -n -M prepared "${vars[@]}" -f "$c.$sync.run.sql" -c "$CLIENTS" -j 2 -T "$T" "$DB" 2>&1) || {
-    echo "pgbench $c $sync failed: $(tail -n 3 <<<"$out")" >&2
-    echo 0
+  (cd "$OUT/gen" && PGAPPNAME=$app PGOPTIONS="-c search_path=abl_$c -c synchronous_commit=$sync" \
+    pgbench -n -M prepared "${vars[@]}" -f "$c.$sync.run.sql" -c "$CLIENTS" -j 2 -T "$T" "$DB" >"$OUT/pgbench.out" 2>&1) &
+  pid=$!
+  pids=()
+  for _ in $(seq 1 50); do
+    sleep 0.1
+    mapfile -t pids < <(psql "$DB" -X -A -t -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$app'")
+    ((${#pids[@]} >= CLIENTS)) && break
+  done
+  for i in "${!pids[@]}"; do last[i]=0; done
+  while kill -0 "$pid" 2>/dev/null; do
+    for i in "${!pids[@]}"; do
+      tick=$(cpu_of "${pids[i]}")
+      ((tick > 0)) && last[i]=$tick
+    done
+    sleep 0.2
+  done
+  wait "$pid" || {
+    echo "pgbench $c $sync failed: $(grep -v "^pgbench: client .* receiving$" "$OUT/pgbench.out" | grep -m3 -i "error\|abort")" >&2
+    echo "0 0"
     return
   }
-  sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out"
+  tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$OUT/pgbench.out")
+  n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$OUT/pgbench.out")
+  cpu=0
+  for i in "${!pids[@]}"; do cpu=$((cpu + last[i])); done
+  echo "$tps $(awk -v c="$cpu" -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (n > 0) printf "%.0f", c / hz * 1e6 / n; else print 0 }')"
 }
 
-declare -A res
-echo "ablation: ${#cands[@]} candidates x {on,off} x $REPS reps, ${T}s each, $CLIENTS clients; before = $BEFORE ($(git rev-parse --short "$BEFORE")), after = $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')" >&2
+declare -A res cpu
+echo "ablation: ${#cands[@]} candidates x {on,off} x $REPS reps, ${T}s each, $CLIENTS clients; before = $BEFORE ($(git rev-parse --short "$BEFORE")), after = $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty'); load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for r in $(seq 1 "$REPS"); do
   for c in "${cands[@]}"; do
     for s in on off; do
-      t=$(one "$c" "$s")
-      res[$c,$s]+="$t "
-      echo "rep $r $c sync=$s: $t tps" >&2
+      read -r t u < <(one "$c" "$s")
+      res[$c,$s]+="$t " cpu[$c,$s]+="$u "
+      echo "rep $r $c sync=$s: $t tps, $u us CPU/txn (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     done
   done
 done
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+median() { tr ' ' '\n' | grep -v '^$' | grep -v '^0$' | sort -n | awk '{a[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+reps() { xargs printf '%.0f ' <<<"$1"; }
 echo
-echo "| candidate | tps, synchronous_commit on (median) | reps | tps, synchronous_commit off (median) | reps |"
-echo "|---|---:|---|---:|---|"
+echo "| candidate | tps, sync on | reps | tps, sync off | reps | backend CPU µs/txn, sync on | reps | backend CPU µs/txn, sync off | reps |"
+echo "|---|---:|---|---:|---|---:|---|---:|---|"
 for c in "${cands[@]}"; do
-  on=$(median <<<"${res[$c,on]}") off=$(median <<<"${res[$c,off]}")
-  printf '| %s | %.0f | %s | %.0f | %s |\n' "$c" "$on" "$(xargs printf '%.0f ' <<<"${res[$c,on]}")" "$off" "$(xargs printf '%.0f ' <<<"${res[$c,off]}")"
+  printf '| %s | %.0f | %s | %.0f | %s | %.0f | %s | %.0f | %s |\n' "$c" \
+    "$(median <<<"${res[$c,on]}")" "$(reps "${res[$c,on]}")" "$(median <<<"${res[$c,off]}")" "$(reps "${res[$c,off]}")" \
+    "$(median <<<"${cpu[$c,on]}")" "$(reps "${cpu[$c,on]}")" "$(median <<<"${cpu[$c,off]}")" "$(reps "${cpu[$c,off]}")"
 done
