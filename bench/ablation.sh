@@ -68,7 +68,7 @@ one() {
   fi
   # The transactional scripts put the session's synchronous_commit back
   # before the record, as the store does: the session's value here.
-  sed "s/SET LOCAL synchronous_commit = 'on'/SET LOCAL synchronous_commit = '$sync'/" "$OUT/gen/$c.sql" >"$OUT/gen/$c.$sync.run.sql"
+  sed -e "s/SET LOCAL synchronous_commit = 'on'/SET LOCAL synchronous_commit = '$sync'/" -e "s/set_config('synchronous_commit', 'on', true)/set_config('synchronous_commit', '$sync', true)/" "$OUT/gen/$c.sql" >"$OUT/gen/$c.$sync.run.sql"
   (cd "$OUT/gen" && PGAPPNAME=$app PGOPTIONS="-c search_path=abl_$c -c synchronous_commit=$sync" \
     pgbench -n -M prepared "${vars[@]}" -f "$c.$sync.run.sql" -c "$CLIENTS" -j 2 -T "$T" "$DB" >"$OUT/pgbench.out" 2>&1) &
   pid=$!

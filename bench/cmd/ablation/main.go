@@ -187,7 +187,7 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 	aCompleteArgs := completeParams(aComplete)
 	aCompleteSQL := oneLine(bind(aComplete, aCompleteArgs))
 	afterVars := textVars
-	if strings.Contains(a.migration, "request_hash       BYTEA") {
+	if strings.Contains(a.migration, "request_hash       BYTEA") && !strings.Contains(aClaim, "decode($4, 'hex')") {
 		afterVars = byteaVars
 	}
 	afterMiss := newKey + claim(aClaim, ":key") + "\n\\gset c_\n" + aCompleteSQL + ";\n"
@@ -208,6 +208,11 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 		ord("combined", combined, byteaVars, miss(bClaim, byKey(complete, ":key"))),
 		ord("combined_ff80", ff80, byteaVars, miss(bClaim, byKey(complete, ":key"))),
 		ord("after", a.migration, afterVars, afterMiss),
+		// The record committed without waiting for its WAL flush (the
+		// claim stays synchronous): BEGIN, SET LOCAL synchronous_commit =
+		// off, the record and COMMIT in one pipeline.
+		ord("after_async_record", a.migration, afterVars, newKey+claim(aClaim, ":key")+"\n\\gset c_\n"+
+			"\\startpipeline\nBEGIN;\nSET LOCAL synchronous_commit = 'off';\n"+aCompleteSQL+";\nCOMMIT;\n\\endpipeline\n"),
 		ord("miss_lookup", combined, byteaVars, miss(lookup, byKey(complete, ":key"))),
 	}
 	hot := func(name, schema string, vars []string, claimSQL, completeSQL string) candidate {
@@ -244,19 +249,22 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 		ord("tx_before", base, orderVars(textVars), newKey+txScript(b.consts, writes, false)),
 		ord("tx_combined", combined, orderVars(byteaVars), newKey+txScript(b.consts, writes, true)),
 		ord("tx_after", a.migration, orderVars(afterVars), newKey+txScript(a.consts, writes, false)),
+		ord("tx_after_fold", a.migration, orderVars(afterVars), newKey+txFold(txScript(a.consts, writes, false))),
+		ord("tx_after_nosavepoint", a.migration, orderVars(afterVars), newKey+must(txScript(a.consts, writes, false), oneLine(a.consts["pgSavepointSQL"])+";\n", "")),
 	)
 	return cands, nil
 }
 
-// completeParams binds pgCompleteSQL's parameters by the names its doc
-// comment gives them in the after revision: $1 id or key, and so on. It
-// recognises the two forms the store has had.
+// completeParams binds pgCompleteSQL's parameters as its doc comment
+// names them: $1 id, $2 attempt, $3 scope, $4 status, $5 body, $6 raw
+// body, $7 headers, $8 seal key id and, since the natural primary key,
+// $9 key and $10 endpoint.
 func completeParams(sql string) []string {
-	if strings.Contains(sql, "idem_key = $") {
-		// $1 key, $2 endpoint, $3 scope, $4 attempt, $5 id, $6 code, $7 body, $8 raw, $9 headers, $10 seal key id
-		return []string{":key", ":endpoint", ":scope", ":c_attempt", ":c_id", ":code", ":body", "NULL", ":headers", "NULL"}
+	args := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}
+	if strings.Contains(sql, "$10") {
+		args = append(args, ":key", ":endpoint")
 	}
-	return []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}
+	return args
 }
 
 // txScript is the transactional route's statements as the store pipelines
@@ -271,10 +279,9 @@ func txScript(c map[string]string, writes string, natural bool) string {
 		"SET LOCAL lock_timeout = '10ms';\n" + oneLine(bind(c["pgTxClaimSQL"], claimArgs)) + ";\n" +
 		oneLine(c["pgSavepointSQL"]) + ";\nSET LOCAL lock_timeout = '0';\n\\endpipeline\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
-	attemptByKey := "(SELECT attempt FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
 	args := []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}
-	if strings.Contains(c["pgCompleteSQL"], "idem_key = $") {
-		args = []string{":key", ":endpoint", ":scope", attemptByKey, byKey, ":code", ":body", "NULL", ":headers", "NULL"}
+	if strings.Contains(c["pgCompleteSQL"], "$10") {
+		args = append(args, ":key::text", ":endpoint")
 	}
 	record := oneLine(bind(c["pgTxCompleteSQL"], args))
 	if natural { // the natural key as the primary key: the row found by it, the id a check
@@ -285,6 +292,20 @@ func txScript(c map[string]string, writes string, natural bool) string {
 		oneLine(c["pgImmediateSQL"]) + ";\n" + record + ";\n" +
 		"COMMIT;\n" + oneLine(c["pgTxSessionSQL"]) + ";\n\\endpipeline\n"
 	return claimPipe + writes + recordPipe
+}
+
+// txFold is a transactional script with its settings folded into the
+// statements around them: the lock wait set by the bounds' SELECT
+// (set_config), and the record's SET LOCALs (role, synchronous_commit,
+// lock_timeout) in its restore SELECT: four statements fewer. set_config
+// does not reach Citus's workers, so this is a measurement of what the
+// statements cost, not a design Citus could run.
+func txFold(script string) string {
+	script = must(script, ", true) FROM (SELECT current_setting('role')", ", true), set_config('lock_timeout', '10ms', true) FROM (SELECT current_setting('role')")
+	script = must(script, "SET LOCAL lock_timeout = '10ms';\n", "")
+	script = must(script, ", set_config('idle_in_transaction_session_timeout', '30000ms', true);\nSET LOCAL ROLE NONE;\nSET LOCAL synchronous_commit = 'on';\nSET LOCAL lock_timeout = '0';\n",
+		", set_config('idle_in_transaction_session_timeout', '30000ms', true), set_config('role', 'none', true), set_config('synchronous_commit', 'on', true), set_config('lock_timeout', '0', true);\n")
+	return script
 }
 
 // lookupClaim is pgClaimSQL shaped as a plain lookup first: the read of
