@@ -30,7 +30,10 @@ done
 mapfile -t cands <"$OUT/gen/candidates"
 if [[ -n ${ONLY:-} ]]; then read -ra cands <<<"$ONLY"; fi
 
-psql_q() { psql "$DB" -X -q -v ON_ERROR_STOP=1 "$@"; }
+# psql itself, past Debian's version-picking wrapper (a Perl start-up per
+# call, which this script makes hundreds of).
+PSQL=$(command -v "$(pg_config --bindir 2>/dev/null)/psql" || command -v psql)
+psql_q() { "$PSQL" "$DB" -X -q -v ON_ERROR_STOP=1 "$@"; }
 for c in "${cands[@]}"; do
   psql_q -c "DROP SCHEMA IF EXISTS abl_$c CASCADE" -c "CREATE SCHEMA abl_$c" 2>/dev/null
   PGOPTIONS="-c search_path=abl_$c" psql_q -f "$OUT/gen/$c.schema.sql"
@@ -61,8 +64,8 @@ cpu_of() {
 one() {
   local c=$1 sync=$2 out tables app=abl_$1_$2 pid pids last=() i tps n cpu tick
   vars_of "$c"
-  tables=$(psql "$DB" -X -A -t -c "SELECT string_agg(quote_ident(tablename), ',') FROM pg_tables WHERE schemaname = 'abl_$c'")
-  psql_q -c "TRUNCATE $(sed "s/\([^,]*\)/abl_$c.\1/g" <<<"$tables")" -c "CHECKPOINT" >/dev/null
+  psql_q -c "DO \$\$ BEGIN EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%I.%I', schemaname, tablename), ', ')
+    FROM pg_tables WHERE schemaname = 'abl_$c'); END \$\$" >/dev/null
   if [[ -s $OUT/gen/$c.setup.sql ]]; then
     (cd "$OUT/gen" && PGOPTIONS="-c search_path=abl_$c" pgbench -n -M prepared "${vars[@]}" -f "$c.setup.sql" -c 1 -t 1 "$DB" >/dev/null)
   fi
@@ -75,7 +78,7 @@ one() {
   pids=()
   for _ in $(seq 1 50); do
     sleep 0.1
-    mapfile -t pids < <(psql "$DB" -X -A -t -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$app'")
+    mapfile -t pids < <("$PSQL" "$DB" -X -A -t -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$app'")
     ((${#pids[@]} >= CLIENTS)) && break
   done
   for i in "${!pids[@]}"; do last[i]=0; done
