@@ -33,7 +33,16 @@ if [[ -n ${ONLY:-} ]]; then read -ra cands <<<"$ONLY"; fi
 # psql itself, past Debian's version-picking wrapper (a Perl start-up per
 # call, which this script makes hundreds of).
 PSQL=$(command -v "$(pg_config --bindir 2>/dev/null)/psql" || command -v psql)
-psql_q() { "$PSQL" "$DB" -X -q -v ON_ERROR_STOP=1 "$@"; }
+# psql_q runs psql, again after a second when it failed (up to 10 times:
+# other work on a shared database may hold every connection slot).
+psql_q() {
+  local i
+  for i in $(seq 1 10); do
+    "$PSQL" "$DB" -X -q -v ON_ERROR_STOP=1 "$@" && return 0
+    sleep 1
+  done
+  return 1
+}
 for c in "${cands[@]}"; do
   psql_q -c "DROP SCHEMA IF EXISTS abl_$c CASCADE" -c "CREATE SCHEMA abl_$c" 2>/dev/null
   PGOPTIONS="-c search_path=abl_$c" psql_q -f "$OUT/gen/$c.schema.sql"
@@ -56,12 +65,24 @@ cpu_of() {
   echo "$t"
 }
 
-# one CAND SYNC: prints "TPS CPU" for one run: pgbench's tps, and the CPU
+# one CAND SYNC: one_try, again (up to 3 times) when pgbench could not
+# connect all its clients (the shared database's slots were taken).
+one() {
+  local r i
+  for i in 1 2 3; do
+    r=$(one_try "$@")
+    [[ $r != "0 0" ]] && break
+    sleep 2
+  done
+  echo "$r"
+}
+
+# one_try CAND SYNC: prints "TPS CPU" for one run: pgbench's tps, and the CPU
 # its backends used per transaction (microseconds; sampled from /proc every
 # 0.2 s while they run, so up to 0.2 s of each backend's last work is
 # missed). CPU per transaction hardly depends on what else the machine
 # runs; tps does.
-one() {
+one_try() {
   local c=$1 sync=$2 out tables app=abl_$1_$2 pid pids last=() i tps n cpu tick
   vars_of "$c"
   psql_q -c "DO \$\$ BEGIN EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%I.%I', schemaname, tablename), ', ')
@@ -78,8 +99,9 @@ one() {
   pids=()
   for _ in $(seq 1 50); do
     sleep 0.1
-    mapfile -t pids < <("$PSQL" "$DB" -X -A -t -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$app'")
+    mapfile -t pids < <("$PSQL" "$DB" -X -A -t -c "SELECT pid FROM pg_stat_activity WHERE application_name = '$app'" 2>/dev/null || true)
     ((${#pids[@]} >= CLIENTS)) && break
+    kill -0 "$pid" 2>/dev/null || break
   done
   for i in "${!pids[@]}"; do last[i]=0; done
   while kill -0 "$pid" 2>/dev/null; do
