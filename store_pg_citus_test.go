@@ -9,8 +9,8 @@ import (
 
 // TestPostgresSchemaCitusReady: after migrating, the catalog shows the
 // table can be distributed by scope_user_id (Citus): the primary key is
-// (scope_user_id, id) and every unique constraint or index holds
-// scope_user_id. Citus refuses create_distributed_table otherwise. (Pinned
+// (scope_user_id, idem_key, scope_endpoint), the only unique index, and
+// holds scope_user_id. Citus refuses create_distributed_table otherwise. (Pinned
 // here on plain PostgreSQL; README, "Scale-out (Citus)", says what ran on a
 // real Citus cluster.)
 func TestPostgresSchemaCitusReady(t *testing.T) {
