@@ -54,6 +54,10 @@ bench/once: ## Every Go benchmark once (-benchtime 1x), as CI runs them, so a br
 bench/rpc: ## gRPC and Connect interceptors against the same no-op without them, beside the HTTP middleware, 16 clients on Postgres, side by side (about 4 minutes)
 	bash bench/rpc.sh
 
+.PHONY: bench/ablation
+bench/ablation: ## pgbench ablation of the storage schema (#27): every candidate interleaved, synchronous_commit on and off, medians (REPS=3 T=8; bash bench/ablation.sh)
+	bash bench/ablation.sh
+
 .PHONY: bench/load
 bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)
 	bash bench/load.sh

@@ -158,13 +158,6 @@ func (s *slowThenFailingStore) Release(ctx context.Context, f idempotency.Fence)
 	return s.PostgresStore.Release(ctx, f)
 }
 
-func deref(p *string) string {
-	if p == nil {
-		return "NULL"
-	}
-	return *p
-}
-
 // pgCounter counts the statements pgx runs (a QueryTracer) and the writes
 // made on the network connection, each of which starts one round trip.
 type pgCounter struct {

@@ -17,7 +17,8 @@ import (
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
-// TestPostgresReplayInvalidUTF8Header: headers are stored as JSONB, so a
+// TestPostgresReplayInvalidUTF8Header: headers are stored as their JSON
+// encoding (encoding/json replaces an invalid byte), so a
 // header value that is not valid UTF-8 replays with U+FFFD in place of each
 // invalid byte (as the README says); the rest of the value is kept.
 func TestPostgresReplayInvalidUTF8Header(t *testing.T) {
