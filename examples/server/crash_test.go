@@ -366,7 +366,7 @@ func crashStart(t *testing.T, bin string, env []string, args ...string) *crashPr
 		}
 	})
 	listening := p.logs.waitFor(t, "listening")
-	if listening["store"] != "postgres" || listening["lease"] != crashLease.String() || listening["store_timeout"] != crashStoreTimeout.String() {
+	if (listening["store"] != "postgres" && listening["store"] != "mysql") || listening["lease"] != crashLease.String() || listening["store_timeout"] != crashStoreTimeout.String() {
 		t.Fatalf("listening line %v", listening)
 	}
 	p.c = newClient(t, "http://"+fmt.Sprint(listening["addr"]))
