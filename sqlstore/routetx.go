@@ -23,6 +23,10 @@ type routeTx struct {
 	tx     *sql.Tx
 	cancel context.CancelFunc // the transaction's own context, which outlives the call that began it
 	ended  bool
+	// dirty: the session may have changed (the handler had it, or the
+	// claim set its bounds), so on MySQL the connection is closed at the
+	// end; a loser's connection, which nobody changed, goes back to the pool.
+	dirty bool
 
 	// After the handler's loan ended nothing but the store uses the
 	// transaction, so State's answer holds until the store's next
@@ -92,12 +96,6 @@ func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*rout
 		return nil, err
 	}
 	t := &routeTx{s: s, c: c}
-	if req != nil && s.d.name == MySQL {
-		if err := s.mysqlBound(ctx, c, req.Lease); err != nil {
-			t.discard()
-			return nil, err
-		}
-	}
 	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	tx, err := c.BeginTx(txCtx, nil)
 	if err != nil {
@@ -120,7 +118,7 @@ func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*rout
 // and the key's row lock with it, ends after about the lease instead of
 // wait_timeout's 8 hours. The connection is closed after the route, so
 // nothing needs putting back.
-func (s *Store) mysqlBound(ctx context.Context, c *sql.Conn, lease time.Duration) error {
+func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) error {
 	secs := mysqlLockWaitSeconds(lease)
 	q := `SET SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`
 	args := []any{secs}
@@ -140,6 +138,7 @@ func (s *Store) mysqlBound(ctx context.Context, c *sql.Conn, lease time.Duration
 // the route, so that setting never outlives it.
 func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix string) error) error {
 	if !t.s.mariadb {
+		t.dirty = true
 		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, mysqlLockWaitSeconds(wait)); err != nil {
 			return err
 		}
@@ -172,9 +171,23 @@ func (t *routeTx) claim(ctx context.Context, req idempotency.ClaimRequest) (idem
 		res, err = t.mysqlClaim(ctx, req, wait)
 	}
 	if err == nil && res.Won {
-		_, err = t.tx.ExecContext(ctx, t.s.st.savepoint)
+		err = t.owned(ctx, req.Lease)
 	}
 	return res, err
+}
+
+// owned prepares the transaction of a key it now owns, before any handler
+// runs: the server-side bound of a vanished owner (MySQL), then the
+// savepoint.
+func (t *routeTx) owned(ctx context.Context, lease time.Duration) error {
+	if t.s.d.name == MySQL {
+		t.dirty = true
+		if err := t.s.mysqlBound(ctx, t.tx, lease); err != nil {
+			return err
+		}
+	}
+	_, err := t.tx.ExecContext(ctx, t.s.st.savepoint)
+	return err
 }
 
 // mysqlClaim is the plain INSERT, bounded; on 1062 the loser reads the
@@ -227,7 +240,7 @@ func (t *routeTx) Tx() any { return t.tx }
 
 // Lend implements idempotency.RouteTx: the handler's *Tx (TxFromContext).
 func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
-	t.known = false
+	t.known, t.dirty = false, true
 	ctx, end := lend(ctx, t.tx)
 	return ctx, func() {
 		end()
@@ -298,7 +311,7 @@ func (t *routeTx) Takeover(ctx context.Context, f idempotency.Fence, req idempot
 	}
 	switch {
 	case err == nil && res.Won:
-		if _, err = t.tx.ExecContext(ctx, t.s.st.savepoint); err != nil {
+		if err = t.owned(ctx, req.Lease); err != nil {
 			return idempotency.ClaimResult{}, t.s.storeError("takeover", err)
 		}
 		return res, nil
@@ -375,7 +388,7 @@ func (t *routeTx) Abort(context.Context) error {
 	err := t.tx.Rollback()
 	t.ended = true
 	t.cancel()
-	t.discard()
+	t.release()
 	if errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}
@@ -389,11 +402,21 @@ func (t *routeTx) finish() {
 	_ = t.tx.Rollback()
 	t.ended = true
 	t.cancel()
-	if t.s.d.name == PostgreSQL && t.pgAfterCommit() {
-		_ = t.c.Close()
+	if t.s.d.name == PostgreSQL && !t.pgAfterCommit() {
+		t.discard()
 		return
 	}
-	t.discard()
+	t.release()
+}
+
+// release gives the connection back to the pool, or closes it on MySQL
+// when its session may have changed (dirty).
+func (t *routeTx) release() {
+	if t.dirty && t.s.d.name == MySQL {
+		t.discard()
+		return
+	}
+	_ = t.c.Close()
 }
 
 // discard closes the connection instead of giving it back to the pool.
