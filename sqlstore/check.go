@@ -89,7 +89,30 @@ func (s *Store) checkColumns(ctx context.Context) error {
 		return fmt.Errorf("%w: %s lacks %s", idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "))
 	}
 	if s.d.name == MySQL {
+		if err := s.checkRollbackOnTimeout(ctx); err != nil {
+			return err
+		}
 		return s.checkBinary(ctx, schema, table, types)
+	}
+	return nil
+}
+
+// ErrRollbackOnTimeout is returned by Check on a MySQL/MariaDB server with
+// innodb_rollback_on_timeout on: a lock wait that runs out would then roll
+// back a transactional route's whole transaction, and the statements after
+// it would run outside any transaction.
+var ErrRollbackOnTimeout = errors.New("sqlstore: innodb_rollback_on_timeout is on; transactional routes need it off (the default)")
+
+func (s *Store) checkRollbackOnTimeout(ctx context.Context) error {
+	var on bool
+	err := s.withConn(ctx, func(c *sql.Conn) error {
+		return c.QueryRowContext(ctx, `SELECT @@GLOBAL.innodb_rollback_on_timeout`).Scan(&on)
+	})
+	switch {
+	case err != nil:
+		return s.storeError("check", err)
+	case on:
+		return ErrRollbackOnTimeout
 	}
 	return nil
 }
