@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
 	"github.com/idemkit/idempotency/internal/testdb"
+	"github.com/idemkit/idempotency/sqlstore"
 )
 
 // benchConns is each benchmark pool's size: 16 clients share 8 connections (the shared PostgreSQL server has little room left).
@@ -100,12 +101,13 @@ func BenchmarkPostgresStores(b *testing.B) {
 	b.Cleanup(func() { _ = db.Close() })
 	routes := [2]http.Handler{benchRoute(b, idempotency.NewPostgresStore(pool)), benchRoute(b, pgStore(b, db))}
 	for _, kind := range []string{"new", "replay"} {
-		b.Run(kind, func(b *testing.B) { benchSideBySide(b, routes, kind == "replay") })
+		b.Run(kind, func(b *testing.B) { benchSideBySide(b, routes, kind == "replay", "pgx", "sql") })
 	}
 }
 
-// benchSideBySide alternates routes[0] and routes[1] in every client.
-func benchSideBySide(b *testing.B, routes [2]http.Handler, replay bool) {
+// benchSideBySide alternates routes[0] and routes[1] in every client;
+// "ratio" is routes[1]'s throughput over routes[0]'s.
+func benchSideBySide(b *testing.B, routes [2]http.Handler, replay bool, name0, name1 string) {
 	var keys [2]string
 	for i, h := range routes {
 		keys[i] = uuid.NewString()
@@ -129,10 +131,10 @@ func benchSideBySide(b *testing.B, routes [2]http.Handler, replay bool) {
 			}
 		}
 	})
-	pgx, dsql := float64(spent[0].Load()), float64(spent[1].Load())
-	b.ReportMetric(pgx/float64(b.N), "pgx-ns/req")
-	b.ReportMetric(dsql/float64(b.N), "sql-ns/req")
-	b.ReportMetric(pgx/dsql, "ratio")
+	t0, t1 := float64(spent[0].Load()), float64(spent[1].Load())
+	b.ReportMetric(t0/float64(b.N), name0+"-ns/req")
+	b.ReportMetric(t1/float64(b.N), name1+"-ns/req")
+	b.ReportMetric(t0/t1, "ratio")
 }
 
 // BenchmarkMySQLFloor: on MariaDB, the store's claim and complete of a
@@ -191,4 +193,34 @@ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`
 	})
 	b.Run("route-new", func(b *testing.B) { benchParallel(b, benchRoute(b, s), false) })
 	b.Run("route-replay", func(b *testing.B) { benchParallel(b, benchRoute(b, s), true) })
+	// The transactional order route (one order row written through the
+	// lent Tx) with the middleware on, against the kill-switch off (the
+	// handler still gets its transaction), alternated in every client:
+	// "ratio" is on's throughput over off's.
+	exec(b, raw, "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, symbol VARCHAR(16) NOT NULL) ENGINE=InnoDB")
+	b.Run("order-on-off", func(b *testing.B) {
+		benchSideBySide(b, [2]http.Handler{benchOrderRoute(b, s, false), benchOrderRoute(b, s, true)}, false, "off", "on")
+	})
+}
+
+// benchOrderRoute is a transactional order route over s writing one row;
+// enabled false is the kill-switch off.
+func benchOrderRoute(b *testing.B, s idempotency.Store, enabled bool) http.Handler {
+	mw, err := idempotency.New(s, idempotency.Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler),
+		Enabled: func(context.Context) bool { return enabled }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	route, err := mw.Route(idempotency.RouteConfig{Transactional: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := sqlstore.TxFromContext(r.Context())
+		if _, err := tx.ExecContext(r.Context(), "INSERT INTO orders (symbol) VALUES ('AAPL')"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
 }
