@@ -38,9 +38,9 @@ func ClaimArgsForTest(req ClaimRequest) []any { return claimArgs(req) }
 // CompleteArgsForTest is pgCompleteSQL's parameters for f and resp, as
 // Complete first sends them (fenced puts the fence first).
 func CompleteArgsForTest(f Fence, resp Response) ([]any, error) {
-	jsonBody, rawBody, headers, err := completeArgs(resp, false)
+	jsonBody, rawBody, headers, err := completeArgs(resp)
 	if err != nil {
 		return nil, err
 	}
-	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID)}, nil
+	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}, nil
 }

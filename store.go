@@ -42,12 +42,14 @@ const (
 type Fence struct {
 	ID      int64 // the row's id
 	Attempt int32 // the row's attempt when it was claimed; bumped by takeover
-	// Scope is the row's user scope. Every fenced statement names it, so
-	// on a table distributed by scope_user_id (Citus) it reaches one shard,
-	// and on any table it finds the row through the primary key
-	// (scope_user_id, id). A Fence whose Scope is not the row's owns
+	// Scope, Key and Endpoint are the row's primary key (scope_user_id,
+	// idem_key, scope_endpoint): every fenced statement finds the row by
+	// them, so on a table distributed by scope_user_id (Citus) it reaches
+	// one shard. A Fence whose Scope, Key or Endpoint is not the row's owns
 	// nothing.
-	Scope string
+	Scope    string
+	Key      string
+	Endpoint string
 }
 
 // ClaimRequest is what the middleware asks a Store to claim.
@@ -104,7 +106,9 @@ type Record struct {
 }
 
 // Fence returns the fencing token of the ownership this record describes.
-func (r Record) Fence() Fence { return Fence{ID: r.ID, Attempt: r.Attempt, Scope: r.Scope} }
+func (r Record) Fence() Fence {
+	return Fence{ID: r.ID, Attempt: r.Attempt, Scope: r.Scope, Key: r.Key, Endpoint: r.Endpoint}
+}
 
 // ClaimResult is the outcome of a claim or a takeover.
 type ClaimResult struct {

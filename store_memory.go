@@ -135,7 +135,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || row.Scope != f.Scope || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
+	if !ok || !memoryFenceRow(row, f) || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
 		s.mu.Unlock()
 		return ClaimResult{}, nil
 	}

@@ -26,10 +26,16 @@ func (s *MemoryStore) clock() time.Time {
 // owned returns the row f owns in_flight, or nil. s.mu must be held.
 func (s *MemoryStore) owned(f Fence) *memoryRow {
 	row, ok := s.rows[f.ID]
-	if !ok || row.Scope != f.Scope || row.Status != StatusInFlight || row.Attempt != f.Attempt {
+	if !ok || !memoryFenceRow(row, f) || row.Status != StatusInFlight || row.Attempt != f.Attempt {
 		return nil
 	}
 	return row
+}
+
+// memoryFenceRow reports whether f names row's key, as a fenced
+// statement of PostgresStore finds its row by the primary key.
+func memoryFenceRow(row *memoryRow, f Fence) bool {
+	return row.Scope == f.Scope && row.Key == f.Key && row.Endpoint == f.Endpoint
 }
 
 // memoryOwns reports whether row is the live claim of the request whose

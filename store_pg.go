@@ -84,7 +84,7 @@ func claimArgs(req ClaimRequest) []any {
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	return s.claimExisting(ctx, "takeover", pgTakeoverSQL,
-		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner))
+		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint)
 }
 
 // claimExisting runs a fenced UPDATE ... RETURNING that makes the caller the
@@ -106,15 +106,12 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 	}
 }
 
-// Complete implements Store with one fenced UPDATE. A BodyJSON body goes to
-// the JSONB column, and reads back as the same JSON value in Postgres's own
-// text form (key order and white space normalised). A JSON body that JSONB
-// cannot hold (a \u0000 escape, which JSONB refuses) is stored byte for byte
-// in the raw column, with the jsonStoredRaw marker in the JSONB column, and
-// reads back as the same BodyJSON bytes. A BodyRaw body, empty included, is
-// stored byte for byte (a sealed one too); BodyNone stores no body.
+// Complete implements Store with one fenced UPDATE. Every body is stored
+// and read back byte for byte: a BodyJSON body in response_body, a BodyRaw
+// body, empty included, in response_body_raw (a sealed one too); BodyNone
+// stores no body.
 func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
-	jsonBody, rawBody, headers, err := completeArgs(resp, false)
+	jsonBody, rawBody, headers, err := completeArgs(resp)
 	if err != nil {
 		return err
 	}
@@ -123,17 +120,8 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 		return pgStoreError("complete", err)
 	}
 	defer c.release()
-	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers), sealKeyArg(resp.SealKeyID)}
-	err = execFenced(ctx, c, pgCompleteSQL, args)
-	if rawBody == nil && jsonBody != nil && err != nil && pgReason(err) == ReasonData {
-		// Postgres refused a value (ReasonData): the body is JSON it will
-		// not store as JSONB (\u0000, a character the database encoding
-		// lacks, a number beyond numeric's range, a value past JSONB's
-		// limits). The update changed nothing, so store the bytes raw.
-		args[4], args[5] = jsonbArg(jsonStoredRaw), jsonBody
-		err = execFenced(ctx, c, pgCompleteSQL, args)
-	}
-	return pgOwnerError("complete", err)
+	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}
+	return pgOwnerError("complete", execFenced(ctx, c, pgCompleteSQL, args))
 }
 
 // Fail implements Store with one fenced UPDATE.
@@ -146,15 +134,15 @@ func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
 	return pgOwnerError("release", s.fenced(ctx, pgReleaseSQL, f))
 }
 
-// fenced runs a statement whose first three parameters are f (id,
-// attempt, scope), returning ErrNotOwner when it changed no row.
+// fenced runs a statement whose five parameters are f (id, attempt,
+// scope, key, endpoint), returning ErrNotOwner when it changed no row.
 func (s *PostgresStore) fenced(ctx context.Context, sql string, f Fence) error {
 	c, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.release()
-	return execFenced(ctx, c, sql, []any{f.ID, f.Attempt, f.Scope})
+	return execFenced(ctx, c, sql, []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint})
 }
 
 // execFenced runs a fenced statement whose parameters, the fence first,

@@ -25,6 +25,8 @@ const pgCheckSQL = `SELECT
 			AND ARRAY(SELECT a.attname::text FROM pg_attribute a
 				WHERE a.attrelid = c.oid AND a.attnum = ANY(k.conkey) ORDER BY a.attname)
 				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id']),
+	ARRAY(SELECT attname::text FROM pg_attribute
+		WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped AND atttypid = 'bytea'::regtype),
 	format('%s.%I', c.relnamespace::regnamespace, c.relname)
 FROM pg_class c
 WHERE c.oid = to_regclass($1)`
@@ -36,6 +38,11 @@ var pgNeededColumns = []string{
 	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
 }
 
+// pgByteaColumns are the columns the store reads and writes as bytes: an
+// older version of migration 000001 made the hash TEXT and the body and
+// headers JSONB.
+var pgByteaColumns = []string{"request_hash", "response_body", "response_body_raw", "response_headers"}
+
 // ErrSchemaOutdated is returned, wrapped, by PostgresStore.Check for a
 // table that lacks a column or constraint the store needs.
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
@@ -43,7 +50,8 @@ var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated"
 // Check verifies at start-up what every claim needs, so that a bad
 // deployment fails to start rather than fail every claim: the
 // idempotency_keys table the pool's search_path finds (none: a *StoreError
-// of Reason ReasonSchema), its columns and unique constraint
+// of Reason ReasonSchema), its columns, their types where an older schema
+// differs, and unique constraint
 // (ErrSchemaOutdated, wrapped, naming what is missing: README "Upgrading an
 // old version-1 database"), and the role's SELECT, INSERT, UPDATE and DELETE
 // on it and USAGE on its id sequence, which a rolled-back probe transaction
@@ -51,12 +59,13 @@ var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated"
 func (s *PostgresStore) Check(ctx context.Context) error {
 	var (
 		cols   []string
+		bytea  []string
 		unique bool
 		table  string
 	)
 	err := retryConnLoss(ctx, func() error {
 		return s.withConn(ctx, func(c pgConn) error {
-			return c.poolConn.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &table)
+			return c.poolConn.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &bytea, &table)
 		})
 	})
 	if err != nil {
@@ -71,6 +80,11 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	for _, c := range pgNeededColumns {
 		if !slices.Contains(cols, c) {
 			missing = append(missing, "column "+c)
+		}
+	}
+	for _, c := range pgByteaColumns {
+		if slices.Contains(cols, c) && !slices.Contains(bytea, c) {
+			missing = append(missing, "column "+c+" of type BYTEA")
 		}
 	}
 	if !unique {

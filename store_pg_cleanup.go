@@ -1,9 +1,11 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -33,19 +35,20 @@ func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	return n, nil
 }
 
+// pgKeyEndpoint is a row's key within its scope.
+type pgKeyEndpoint struct{ key, endpoint string }
+
 // cleanupBatch runs one batch of Cleanup on c.
 func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
 	rows, err := c.Query(ctx, pgExpiredBatchSQL, int64(limit))
 	if err != nil {
 		return 0, err
 	}
-	byScope := make(map[string][]int64)
-	var (
-		scope string
-		id    int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&scope, &id}, func() error {
-		byScope[scope] = append(byScope[scope], id)
+	byScope := make(map[string][]pgKeyEndpoint)
+	var scope string
+	var k pgKeyEndpoint
+	_, err = pgx.ForEachRow(rows, []any{&scope, &k.key, &k.endpoint}, func() error {
+		byScope[scope] = append(byScope[scope], k)
 		return nil
 	})
 	if err != nil || len(byScope) == 0 {
@@ -56,9 +59,15 @@ func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
 	scopes := slices.Sorted(maps.Keys(byScope))
 	batch := &pgx.Batch{}
 	for _, sc := range scopes {
-		ids := byScope[sc]
-		slices.Sort(ids)
-		batch.Queue(pgDeleteExpiredSQL, sc, ids)
+		rows := byScope[sc]
+		slices.SortFunc(rows, func(a, b pgKeyEndpoint) int {
+			return cmp.Or(strings.Compare(a.key, b.key), strings.Compare(a.endpoint, b.endpoint))
+		})
+		keys, endpoints := make([]string, len(rows)), make([]string, len(rows))
+		for i, r := range rows {
+			keys[i], endpoints[i] = r.key, r.endpoint
+		}
+		batch.Queue(pgDeleteExpiredSQL, sc, keys, endpoints)
 	}
 	results := c.SendBatch(ctx, batch)
 	var n int64

@@ -1,7 +1,7 @@
 package idempotency
 
 import (
-	"bytes"
+	"encoding/hex"
 	"errors"
 	"time"
 
@@ -11,11 +11,11 @@ import (
 
 // How PostgresStore encodes a Record into its columns and decodes it back.
 
-// completeArgs encodes resp for pgCompleteSQL. A BodyJSON body JSONB cannot
-// hold (a \u0000 escape; with cautious, anything jsonbMayRefuse flags) goes
-// byte for byte to the raw column with the jsonStoredRaw marker in the
-// JSONB column.
-func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []byte, err error) {
+// completeArgs encodes resp for pgCompleteSQL: the body's bytes in the
+// column of its kind (response_body for BodyJSON, response_body_raw for
+// BodyRaw; both BYTEA, so every body is stored as it is), and the headers'
+// JSON.
+func completeArgs(resp Response) (jsonBody, rawBody, headers []byte, err error) {
 	if resp.SealKeyID != "" {
 		// The envelope holds the body and the headers: nothing else of
 		// them reaches the table.
@@ -27,15 +27,7 @@ func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []by
 	}
 	switch resp.BodyKind {
 	case BodyJSON:
-		refused := bytes.Contains(resp.Body, []byte(`\u0000`))
-		if cautious {
-			refused = jsonbMayRefuse(resp.Body)
-		}
-		if refused {
-			jsonBody, rawBody = jsonStoredRaw, nonNil(resp.Body)
-		} else {
-			jsonBody = nonNil(resp.Body)
-		}
+		jsonBody = nonNil(resp.Body)
 	case BodyRaw:
 		rawBody = nonNil(resp.Body) // nil would be stored as NULL: no body at all
 	}
@@ -47,7 +39,7 @@ func completeArgs(resp Response, cautious bool) (jsonBody, rawBody, headers []by
 func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	var v rowValues
 	dest := []any{
-		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
+		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
 		&rec.Expired, &rec.LeaseOver,
@@ -55,6 +47,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
+	rec.RequestHash = hex.EncodeToString(v.hash)
 	return v.fill(rec)
 }
 
@@ -62,18 +55,20 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 // endpoint are the claim's own.
 func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	var v rowValues
-	if err := row.Scan(&rec.ID, &rec.RequestHash, &v.status, &rec.Attempt,
+	if err := row.Scan(&rec.ID, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
 		&rec.Expired, &rec.LeaseOver, won); err != nil {
 		return err
 	}
 	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
+	rec.RequestHash = hex.EncodeToString(v.hash)
 	return v.fill(rec)
 }
 
 // rowValues are the columns decoded after the scan.
 type rowValues struct {
+	hash               []byte // request_hash, by the pgx scans
 	status             string
 	code               *int16
 	body, raw, headers []byte
@@ -93,15 +88,16 @@ func (v *rowValues) fill(rec *Record) error {
 // nullRecord receives pgColumns from an outer join, where all of them may
 // be NULL.
 type nullRecord struct {
-	id                                 *int64
-	key, scope, endpoint, hash, status *string
-	attempt                            *int32
-	code                               *int16
-	body, raw, headers                 []byte
-	sealKeyID                          *string
-	createdAt, lockedAt, lockedUntil   *time.Time
-	expiresAt                          *time.Time
-	expired, leaseOver                 *bool
+	id                               *int64
+	key, scope, endpoint, status     *string
+	hash                             []byte
+	attempt                          *int32
+	code                             *int16
+	body, raw, headers               []byte
+	sealKeyID                        *string
+	createdAt, lockedAt, lockedUntil *time.Time
+	expiresAt                        *time.Time
+	expired, leaseOver               *bool
 }
 
 // dest returns the scan destinations in pgColumns order.
@@ -125,21 +121,16 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 	}
 	return Record{
 		ID: *n.id, Key: *n.key, Scope: *n.scope, Endpoint: *n.endpoint,
-		RequestHash: *n.hash, Status: Status(*n.status), Attempt: *n.attempt,
+		RequestHash: hex.EncodeToString(n.hash), Status: Status(*n.status), Attempt: *n.attempt,
 		Response:  resp,
 		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
 		Expired: *n.expired, LeaseOver: *n.leaseOver,
 	}, true, nil
 }
 
-// jsonStoredRaw is what the JSONB column holds when a JSON body is kept in
-// the raw column because JSONB cannot hold it: any non-NULL value would do,
-// as both columns set means "a JSON body, stored raw".
-var jsonStoredRaw = []byte(`null`)
-
-// decodeResponse rebuilds a recorded response from its columns: a JSONB
-// body is BodyJSON; both a JSONB and a raw body are a BodyJSON kept raw
-// (see Complete); a raw body alone is BodyRaw; neither is BodyNone. A
+// decodeResponse rebuilds a recorded response from its columns: a
+// response_body is BodyJSON; a raw body alone is BodyRaw; neither is
+// BodyNone (storedbody.Decode). A
 // row with a seal key id holds a sealed response: its raw column, as
 // BodyRaw, with the id. The CLI reads the same decoding through
 // PostgresStore.Lookup and ExportScope.
@@ -177,50 +168,4 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
-}
-
-// maxJSONBNumber is the longest number literal a cautious record stores as
-// JSONB; numeric holds far more digits, but no response needs them.
-const maxJSONBNumber = 100
-
-// jsonbMayRefuse reports whether Postgres might refuse body (valid JSON) as
-// JSONB: any \u escape (\u0000 is refused, others may lack a character in
-// the database encoding), or a number with an exponent or longer than
-// maxJSONBNumber (JSONB numbers are numeric, whose range is bounded:
-// 1e400000 is refused). It errs towards true: a body stored raw replays
-// byte for byte all the same.
-func jsonbMayRefuse(body []byte) bool {
-	inString, escaped, numLen := false, false, 0
-	for _, c := range body {
-		if inString {
-			switch {
-			case escaped:
-				if c == 'u' {
-					return true
-				}
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-			continue
-		}
-		switch {
-		case c == '"':
-			inString, numLen = true, 0
-		case c == '-' || c == '.' || c == '+' || c >= '0' && c <= '9':
-			numLen++
-			if numLen > maxJSONBNumber {
-				return true
-			}
-		case c == 'e' || c == 'E':
-			if numLen > 0 { // inside a number: an exponent (true and false start with a letter)
-				return true
-			}
-		default:
-			numLen = 0
-		}
-	}
-	return false
 }

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -26,12 +25,6 @@ func explainPooler(err error) error {
 	}
 	return err
 }
-
-// jsonbArg passes JSON bytes for a JSONB parameter as a json.RawMessage:
-// with default_query_exec_mode=exec pgx does not know the parameter's type
-// and would send plain []byte as bytea (hex text) that JSONB refuses. nil
-// stays NULL.
-func jsonbArg(b []byte) json.RawMessage { return json.RawMessage(b) }
 
 // retryConnLoss runs f, then once more when it failed because its
 // connection was lost or shut down (isConnLoss): after a failover the pool

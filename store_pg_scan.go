@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"slices"
 	"time"
 
@@ -22,8 +23,8 @@ import (
 // claimColumnOIDs are the types of pgClaimColumns and the won flag, in
 // order.
 var claimColumnOIDs = [...]uint32{
-	pgtype.Int8OID, pgtype.TextOID, pgtype.TextOID, pgtype.Int4OID,
-	pgtype.Int2OID, pgtype.JSONBOID, pgtype.ByteaOID, pgtype.JSONBOID, pgtype.TextOID,
+	pgtype.Int8OID, pgtype.ByteaOID, pgtype.TextOID, pgtype.Int4OID,
+	pgtype.Int2OID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.TextOID,
 	pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID,
 	pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
 }
@@ -90,10 +91,10 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 		return false
 	}
 	for i, f := range fields {
-		// pgx asks for text and JSONB as text, for the rest binary; text
-		// reads alike either way.
+		// pgx asks for text as text, for the rest binary; text reads
+		// alike either way.
 		if f.DataTypeOID != claimColumnOIDs[i] ||
-			f.Format != pgtype.BinaryFormatCode && f.DataTypeOID != pgtype.TextOID && f.DataTypeOID != pgtype.JSONBOID {
+			f.Format != pgtype.BinaryFormatCode && f.DataTypeOID != pgtype.TextOID {
 			return false
 		}
 	}
@@ -107,7 +108,7 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 	if values[1] == nil || values[2] == nil {
 		return false
 	}
-	rec.RequestHash, v.status = string(values[1]), string(values[2])
+	rec.RequestHash, v.status = hex.EncodeToString(values[1]), string(values[2])
 	if rec.Attempt, ok = int4Value(values[3]); !ok {
 		return false
 	}
@@ -118,13 +119,8 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 		}
 		v.code = &code
 	}
-	if v.body, ok = jsonbValue(values[5], fields[5].Format); !ok {
-		return false
-	}
-	v.raw = bytes.Clone(values[6])
-	if v.headers, ok = jsonbValue(values[7], fields[7].Format); !ok {
-		return false
-	}
+	// The body, raw body and headers: bytea, in binary its bytes.
+	v.body, v.raw, v.headers = bytes.Clone(values[5]), bytes.Clone(values[6]), bytes.Clone(values[7])
 	if values[8] != nil {
 		id := string(values[8])
 		v.sealKeyID = &id
@@ -182,18 +178,6 @@ func boolValue(src []byte) (bool, bool) {
 		return false, false
 	}
 	return src[0] == 1, true
-}
-
-// jsonbValue copies a JSONB's text: all of it in text format, after its
-// version byte (1) in binary; NULL as nil.
-func jsonbValue(src []byte, format int16) ([]byte, bool) {
-	if src == nil || format == pgtype.TextFormatCode {
-		return bytes.Clone(src), true
-	}
-	if len(src) == 0 || src[0] != 1 {
-		return nil, false
-	}
-	return bytes.Clone(src[1:]), true
 }
 
 // microsecFromUnixEpochToY2K is 2000-01-01, binary timestamptz's zero, in

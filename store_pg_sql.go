@@ -8,6 +8,8 @@ const pgRetries = 5
 
 // pgStoredColumns are a row's columns as stored, in the order scanRecord
 // reads them.
+// request_hash is its 32 bytes: the store reads them as the lower-case hex
+// it compares (scanRecord).
 const pgStoredColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at`
@@ -48,13 +50,13 @@ const pgClaimColumns = pgClaimStoredColumns + `,
 // whose reply was lost, run again by retryConnLoss or by the caller). A
 // NULL token (none given, or a row of another writer) never matches.
 //
-// $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
+// $1 key, $2 scope, $3 endpoint, $4 request hash (hex), $5 TTL, $6 lease,
 // $7 owner token (NULL for none).
 const pgClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys
 		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 		 created_at, locked_at, locked_until, expires_at, owner_token)
-	VALUES ($1, $2, $3, $4, 'in_flight', 1,
+	VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1,
 		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 	RETURNING ` + pgClaimStoredColumns + `
@@ -73,12 +75,14 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // The new owner's token replaces the old one (NULL when it gave none). The
 // flags are computed over the CTE, as in pgClaimSQL.
 //
-// Every fenced statement names scope_user_id: the primary key is
-// (scope_user_id, id), and on Citus the table is distributed by it, so the
-// statement reaches one shard (store_pg_sql_test.go pins it).
+// Every fenced statement finds its row by the primary key (scope_user_id,
+// idem_key, scope_endpoint), and checks the id (a key released and claimed
+// again is another row) and the attempt; on Citus the table is distributed
+// by scope_user_id, so the statement reaches one shard
+// (store_pg_sql_test.go pins it).
 //
-// $1 id, $2 attempt, $3 scope, $4 request hash, $5 TTL, $6 lease,
-// $7 owner token.
+// $1 id, $2 attempt, $3 scope, $4 request hash (hex), $5 TTL, $6 lease,
+// $7 owner token, $8 key, $9 endpoint.
 const pgTakeoverSQL = pgTakenCTE + `
 SELECT ` + pgColumns + ` FROM taken`
 
@@ -88,7 +92,7 @@ SELECT ` + pgColumns + ` FROM taken`
 const pgTakenCTE = `WITH taken AS (
 	UPDATE idempotency_keys SET
 		attempt = attempt + 1,
-		request_hash = $4,
+		request_hash = decode($4, 'hex'),
 		status = 'in_flight',
 		response_code = NULL,
 		response_body = NULL,
@@ -100,15 +104,17 @@ const pgTakenCTE = `WITH taken AS (
 		locked_until = now() + $6::interval,
 		expires_at = now() + $5::interval,
 		owner_token = $7::uuid
-	WHERE scope_user_id = $3 AND id = $1 AND attempt = $2 AND expires_at < now()
+	WHERE scope_user_id = $3 AND idem_key = $8 AND scope_endpoint = $9 AND id = $1 AND attempt = $2 AND expires_at < now()
 		AND NOT (status = 'in_flight' AND locked_until >= now())
 	RETURNING ` + pgStoredColumns + `
 )`
 
-// pgCompleteSQL records the response, fenced on the owner's attempt.
+// pgCompleteSQL records the response, fenced on the owner's attempt. The
+// body and headers are bytes, stored and replayed as they are.
 //
 // $1 id, $2 attempt, $3 scope, $4 status code, $5 JSON body, $6 raw body,
-// $7 headers, $8 seal key id (NULL for a plaintext response).
+// $7 headers (JSON), $8 seal key id (NULL for a plaintext response),
+// $9 key, $10 endpoint.
 const pgCompleteSQL = `UPDATE idempotency_keys SET
 	status = 'completed',
 	response_code = $4,
@@ -116,15 +122,22 @@ const pgCompleteSQL = `UPDATE idempotency_keys SET
 	response_body_raw = $6,
 	response_headers = $7,
 	seal_key_id = $8
-WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
+WHERE scope_user_id = $3 AND idem_key = $9 AND scope_endpoint = $10 AND id = $1
+	AND status = 'in_flight' AND attempt = $2`
 
 // pgFailSQL marks the row failed, fenced on the owner's attempt.
+//
+// $1 id, $2 attempt, $3 scope, $4 key, $5 endpoint.
 const pgFailSQL = `UPDATE idempotency_keys SET status = 'failed'
-WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
+WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
+	AND status = 'in_flight' AND attempt = $2`
 
 // pgReleaseSQL deletes the row, fenced on the owner's attempt.
+//
+// $1 id, $2 attempt, $3 scope, $4 key, $5 endpoint.
 const pgReleaseSQL = `DELETE FROM idempotency_keys
-WHERE scope_user_id = $3 AND id = $1 AND status = 'in_flight' AND attempt = $2`
+WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
+	AND status = 'in_flight' AND attempt = $2`
 
 // pgReleaseOwnerSQL deletes the key's row only while it is in_flight with
 // the given owner token (see OwnerReleaser).
@@ -140,7 +153,7 @@ WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
 // no row lock: FOR UPDATE SKIP LOCKED fails on Citus when it spans shards.
 //
 // $1 batch size.
-const pgExpiredBatchSQL = `SELECT scope_user_id, id FROM idempotency_keys
+const pgExpiredBatchSQL = `SELECT scope_user_id, idem_key, scope_endpoint FROM idempotency_keys
 WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
 ORDER BY expires_at
 LIMIT $1`
@@ -151,9 +164,10 @@ LIMIT $1`
 // lease runs is never deleted. It names one scope, so on Citus it reaches
 // one shard.
 //
-// $1 scope, $2 ids.
+// $1 scope, $2 keys, $3 their endpoints (one row: keys[i], endpoints[i]).
 const pgDeleteExpiredSQL = `DELETE FROM idempotency_keys
-WHERE scope_user_id = $1 AND id = ANY($2::bigint[])
+WHERE scope_user_id = $1
+	AND (idem_key, scope_endpoint) IN (SELECT * FROM unnest($2::text[], $3::text[]))
 	AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
 
 // pgDeleteScopeSQL erases a user scope and reports the rows it left, in one

@@ -39,16 +39,15 @@ func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 
 // record writes s's record in the transaction and commits.
 func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
-	op, sql, args := "fail", pgTxFailSQL, []any{s.Fence.ID, s.Fence.Attempt, s.Fence.Scope}
+	f := s.Fence
+	op, sql, args := "fail", pgTxFailSQL, []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint}
 	if !s.Failed {
-		// A failed statement aborts the transaction, so there is no second
-		// try: every JSON body JSONB might refuse is stored raw up front.
-		jsonBody, rawBody, headers, err := completeArgs(s.Response, true)
+		jsonBody, rawBody, headers, err := completeArgs(s.Response)
 		if err != nil {
 			return err
 		}
 		op, sql = "complete", pgTxCompleteSQL
-		args = append(args, s.Response.Status, jsonbArg(jsonBody), rawBody, jsonbArg(headers), sealKeyArg(s.Response.SealKeyID))
+		args = []any{f.ID, f.Attempt, f.Scope, s.Response.Status, jsonBody, rawBody, headers, sealKeyArg(s.Response.SealKeyID), f.Key, f.Endpoint}
 	}
 	if s.Undo {
 		// Alone, not in the batch: an aborted transaction refuses even to

@@ -55,12 +55,12 @@ const pgTxColumns = `request_hash, status, attempt,
 // transaction rolled back with it). A claim that inserted nothing returns
 // nothing.
 //
-// $1 key, $2 scope, $3 endpoint, $4 request hash, $5 TTL, $6 lease,
+// $1 key, $2 scope, $3 endpoint, $4 request hash (hex), $5 TTL, $6 lease,
 // $7 owner token (NULL for none).
 const pgTxClaimSQL = `INSERT INTO idempotency_keys
 	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	 created_at, locked_at, locked_until, expires_at, owner_token)
-VALUES ($1, $2, $3, $4, 'in_flight', 1,
+VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1,
 	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
 ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 RETURNING id, ` + pgTxColumns + `, true AS won`

@@ -45,23 +45,24 @@ Example:
 // active key, after the cursor, in primary-key order (an index range
 // scan).
 //
-// $1 cursor scope, $2 cursor id, $3 active key id, $4 batch size.
-const resealSelectSQL = `SELECT scope_user_id, id, attempt, idem_key, scope_endpoint, request_hash,
+// $1 cursor scope, $2 cursor key, $3 cursor endpoint, $4 active key id,
+// $5 batch size.
+const resealSelectSQL = `SELECT scope_user_id, id, attempt, idem_key, scope_endpoint, encode(request_hash, 'hex'),
 	response_code, response_body, response_body_raw, response_headers, seal_key_id
 FROM idempotency_keys
-WHERE (scope_user_id, id) > ($1, $2) AND status = 'completed' AND seal_key_id IS DISTINCT FROM $3
-ORDER BY scope_user_id, id
-LIMIT $4`
+WHERE (scope_user_id, idem_key, scope_endpoint) > ($1, $2, $3) AND status = 'completed' AND seal_key_id IS DISTINCT FROM $4
+ORDER BY scope_user_id, idem_key, scope_endpoint
+LIMIT $5`
 
 // resealUpdateSQL writes one row's new seal, fenced on the row as read:
 // its attempt (a takeover bumps it), completed, and its key id (another
 // reseal changes it).
 //
 // $1 scope, $2 id, $3 attempt, $4 key id read (NULL: plaintext), $5 sealed
-// value, $6 active key id.
+// value, $6 active key id, $7 key, $8 endpoint.
 const resealUpdateSQL = `UPDATE idempotency_keys SET
 	response_body = NULL, response_headers = NULL, response_body_raw = $5, seal_key_id = $6
-WHERE scope_user_id = $1 AND id = $2 AND attempt = $3 AND status = 'completed'
+WHERE scope_user_id = $1 AND idem_key = $7 AND scope_endpoint = $8 AND id = $2 AND attempt = $3 AND status = 'completed'
 	AND seal_key_id IS NOT DISTINCT FROM $4`
 
 // resealCounts is what reseal did, and its --json output.
@@ -130,8 +131,7 @@ type resealer struct {
 	batch  int
 	n      resealCounts
 	// the cursor: the last row read
-	scope string
-	id    int64
+	scope, key, endpoint string
 }
 
 // resealRow is one row read, and its new seal.
@@ -162,8 +162,8 @@ func (r *resealer) run(ctx context.Context) error {
 		} else {
 			r.n.Resealed += int64(len(todo))
 		}
-		fmt.Fprintf(r.c.stderr, "batch %d: %d read so far, %d resealed, %d changed, %d do not open (through user %q, id %d)\n",
-			r.n.Batches, r.n.Read, r.n.Resealed, r.n.Changed, r.n.Unopenable, r.scope, r.id)
+		fmt.Fprintf(r.c.stderr, "batch %d: %d read so far, %d resealed, %d changed, %d do not open (through user %q, key %q, endpoint %q)\n",
+			r.n.Batches, r.n.Read, r.n.Resealed, r.n.Changed, r.n.Unopenable, r.scope, r.key, r.endpoint)
 		if len(rows) < r.batch {
 			return nil
 		}
@@ -174,7 +174,7 @@ func (r *resealer) run(ctx context.Context) error {
 func (r *resealer) read(ctx context.Context) ([]*resealRow, error) {
 	sctx, cancel := r.c.statementContext(ctx)
 	defer cancel()
-	rows, err := r.pool.Query(sctx, resealSelectSQL, r.scope, r.id, r.n.ActiveKeyID, r.batch)
+	rows, err := r.pool.Query(sctx, resealSelectSQL, r.scope, r.key, r.endpoint, r.n.ActiveKeyID, r.batch)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ func (r *resealer) read(ctx context.Context) ([]*resealRow, error) {
 		&x.row.RequestHash, &x.code, &x.body, &x.raw, &x.headers, &x.keyID}, func() error {
 		row := x
 		out = append(out, &row)
-		r.scope, r.id = x.row.Scope, x.row.ID
+		r.scope, r.key, r.endpoint = x.row.Scope, x.row.Key, x.row.Endpoint
 		// The next scan must not write through what this row kept.
 		x.code, x.keyID, x.body, x.raw, x.headers = nil, nil, nil, nil, nil
 		return nil
@@ -242,7 +242,7 @@ func (r *resealer) write(ctx context.Context, todo []*resealRow) error {
 	defer cancel()
 	b := &pgx.Batch{}
 	for _, x := range todo {
-		b.Queue(resealUpdateSQL, x.row.Scope, x.row.ID, x.row.Attempt, x.keyID, x.sealed, r.n.ActiveKeyID)
+		b.Queue(resealUpdateSQL, x.row.Scope, x.row.ID, x.row.Attempt, x.keyID, x.sealed, r.n.ActiveKeyID, x.row.Key, x.row.Endpoint)
 	}
 	br := r.pool.SendBatch(sctx, b)
 	var written int64

@@ -156,7 +156,7 @@ func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The handler's answer, recorded before it is sent, as the
 		// middleware does.
 		tag, err := f.pool.Exec(ctx, f.sql.complete, c.id, c.attempt, scope, http.StatusCreated,
-			json.RawMessage(answerBytes), []byte(nil), json.RawMessage(answerHeaderBytes), nil)
+			answerBytes, []byte(nil), answerHeaderBytes, nil, key, routePattern)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = errors.New("complete: not the owner")
 		}
@@ -207,8 +207,8 @@ func (f floor) claim(ctx context.Context, key string) (claimed, error) {
 var errColumn = errors.New("claim row: unexpected column type or format")
 
 // decodeClaimed reads the columns the answer needs from the claim's row,
-// in pgx's default formats: integers and booleans binary, text as text,
-// JSONB in either (binary after its version byte).
+// in pgx's default formats: integers, booleans and bytea binary, text as
+// text.
 func decodeClaimed(fields []pgconn.FieldDescription, values [][]byte) (claimed, error) {
 	var c claimed
 	if len(fields) != claimFields || len(values) != claimFields {
@@ -240,23 +240,20 @@ func decodeClaimed(fields []pgconn.FieldDescription, values [][]byte) (claimed, 
 	}
 	c.code = int(int16(binary.BigEndian.Uint16(v)))
 	var err error
-	if c.body, err = jsonbText(fields[colBody], values[colBody]); err != nil {
+	if c.body, err = byteaValue(fields[colBody], values[colBody]); err != nil {
 		return c, err
 	}
-	c.headers, err = jsonbText(fields[colHeaders], values[colHeaders])
+	c.headers, err = byteaValue(fields[colHeaders], values[colHeaders])
 	return c, err
 }
 
-// jsonbText copies a JSONB value's text (NULL as nil).
-func jsonbText(f pgconn.FieldDescription, v []byte) ([]byte, error) {
+// byteaValue copies a binary bytea value (NULL as nil).
+func byteaValue(f pgconn.FieldDescription, v []byte) ([]byte, error) {
 	if v == nil {
 		return nil, nil
 	}
-	if f.Format == pgtype.BinaryFormatCode {
-		if len(v) == 0 || v[0] != 1 {
-			return nil, errColumn
-		}
-		v = v[1:]
+	if f.Format != pgtype.BinaryFormatCode {
+		return nil, errColumn
 	}
 	return append([]byte(nil), v...), nil
 }

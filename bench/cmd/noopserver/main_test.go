@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -121,8 +120,11 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	if owner, ok := claim[6].(string); !ok || uuid.Validate(owner) != nil {
 		t.Errorf("claim's owner token %#v, want a UUID's text (pgbench's :owner)", claim[6])
 	}
-	if len(complete) != 8 {
-		t.Fatalf("complete arguments %v, want 8", complete)
+	if len(complete) != 10 {
+		t.Fatalf("complete arguments %v, want 10", complete)
+	}
+	if complete[9] != vars["endpoint"] {
+		t.Errorf("complete's endpoint %#v, want %q (pgbench's :endpoint)", complete[9], vars["endpoint"])
 	}
 	if complete[7] != nil {
 		t.Errorf("complete's seal key id %#v, want NULL (no sealing; pgbench's literal NULL)", complete[7])
@@ -130,13 +132,13 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	if complete[2] != vars["scope"] || complete[3] != 201 || vars["code"] != "201" {
 		t.Errorf("complete's scope and status %v, %v: want %q, 201", complete[2], complete[3], vars["scope"])
 	}
-	if b, ok := complete[4].(json.RawMessage); !ok || string(b) != vars["body"] {
+	if b, ok := complete[4].([]byte); !ok || string(b) != vars["body"] {
 		t.Errorf("complete's body %#v, want %s", complete[4], vars["body"])
 	}
 	if raw, ok := complete[5].([]byte); !ok || raw != nil {
 		t.Errorf("complete's raw body %#v, want NULL (pgbench's literal NULL)", complete[5])
 	}
-	if hd, ok := complete[6].(json.RawMessage); !ok || string(hd) != vars["headers"] {
+	if hd, ok := complete[6].([]byte); !ok || string(hd) != vars["headers"] {
 		t.Errorf("complete's headers %s, want %s", complete[6], vars["headers"])
 	}
 

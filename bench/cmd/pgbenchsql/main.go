@@ -159,12 +159,13 @@ func run(src, example, out string) error {
 	// body is NULL for a JSON body: a literal, since a pgbench variable
 	// cannot be NULL.
 	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
-	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}
+	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL", ":key", ":endpoint"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
 		return oneLine(bind(claim, args))
 	}
 	completeSQL := oneLine(bind(complete, completeArgs))
+	hotCompleteSQL := oneLine(bind(complete, append(completeArgs[:8:8], ":hotkey", ":endpoint")))
 	// The order's writes with the values the load generator sends; the
 	// audit context is the size of the example's.
 	orderWrites := oneLine(bind(insOrder, []string{"1", "'AAPL'", "'buy'", "1", "'filled'", "187.43", ":key"})) + ";\n" +
@@ -181,7 +182,7 @@ func run(src, example, out string) error {
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
 	recordPipe := oneLine(bind(restore, []string{"'30000ms'", "current_setting('search_path')", "'30000ms'"})) + ";\n" +
 		"SET LOCAL ROLE NONE;\nSET LOCAL synchronous_commit = 'on';\nSET LOCAL lock_timeout = '0';\n" +
-		oneLine(immediate) + ";\n" + oneLine(bind(txComplete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL"})) + ";\n"
+		oneLine(immediate) + ";\n" + oneLine(bind(txComplete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL", ":key::text", ":endpoint"})) + ";\n"
 	files := map[string]string{
 		"example_schema.sql": schema,
 		"order.sql":          newKey + "BEGIN;\n" + orderWrites + "COMMIT;\n",
@@ -193,7 +194,7 @@ func run(src, example, out string) error {
 			"\\startpipeline\n" + recordPipe + "COMMIT;\n" + oneLine(session) + ";\n\\endpipeline\n",
 		"miss.sql": "\\set key random(1, 9223372036854775806)\n" +
 			claimWith(":key") + "\n\\gset c_\n" + completeSQL + ";\n",
-		"hot_setup.sql": claimWith(":hotkey") + "\n\\gset c_\n" + completeSQL + ";\n",
+		"hot_setup.sql": claimWith(":hotkey") + "\n\\gset c_\n" + hotCompleteSQL + ";\n",
 		"hot.sql":       claimWith(":hotkey") + ";\n",
 	}
 	for name, body := range files {
