@@ -191,13 +191,13 @@ func (s *Store) probe(ctx context.Context) error {
 			return fmt.Errorf("INSERT: %w", err)
 		}
 		f := res.Record.Fence()
-		if _, err := tx.ExecContext(ctx, s.st.fail, f.ID, f.Scope, f.Attempt); err != nil {
+		if _, err := tx.ExecContext(ctx, s.st.fail, s.fenceArgs(f)...); err != nil {
 			return fmt.Errorf("UPDATE: %w", err)
 		}
 		if _, _, _, err := s.readKeyOn(ctx, tx, req, ""); err != nil {
 			return fmt.Errorf("SELECT: %w", err)
 		}
-		if _, err := tx.ExecContext(ctx, s.st.release, f.ID, f.Scope, f.Attempt); err != nil {
+		if _, err := tx.ExecContext(ctx, s.st.release, s.fenceArgs(f)...); err != nil {
 			return fmt.Errorf("DELETE: %w", err)
 		}
 		return nil

@@ -41,7 +41,7 @@ func (s *Store) dur(d time.Duration) any {
 
 // insertArgs are the insert statement's arguments for req.
 func (s *Store) insertArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req.Owner)}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req.Owner)}
 }
 
 // Claim implements idempotency.Store: a plain INSERT of the in_flight row;
@@ -144,20 +144,41 @@ func (s *Store) Takeover(ctx context.Context, f idempotency.Fence, req idempoten
 // takeoverOn runs the fenced takeover of f on x (bounded, a prefix for
 // the statement) and reads the row back.
 func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, req idempotency.ClaimRequest, bounded string) (idempotency.ClaimResult, error) {
-	r, err := x.ExecContext(ctx, bounded+s.st.takeover,
-		req.RequestHash, s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req.Owner), f.ID, f.Scope, f.Attempt)
+	args := append([]any{s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req.Owner)}, s.fenceArgs(f)...)
+	var rec idempotency.Record
+	if s.d.name == PostgreSQL { // UPDATE ... RETURNING: id is not indexed there
+		err := scanRecord(x.QueryRowContext(ctx, s.st.takeover, args...), &rec, nil)
+		if errors.Is(err, sql.ErrNoRows) {
+			return idempotency.ClaimResult{}, nil
+		}
+		return idempotency.ClaimResult{Won: err == nil, Record: rec}, err
+	}
+	r, err := x.ExecContext(ctx, bounded+s.st.takeover, args...)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	if n, err := r.RowsAffected(); err != nil || n != 1 {
 		return idempotency.ClaimResult{}, err
 	}
-	var rec idempotency.Record
 	if err := scanRecord(x.QueryRowContext(ctx, s.st.readID, f.ID, f.Scope), &rec, nil); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	return idempotency.ClaimResult{Won: true, Record: rec}, nil
 }
+
+// fenceArgs are a fenced statement's last arguments: the row's id, scope
+// and attempt, and on PostgreSQL its key and endpoint (the primary key
+// there; id is not indexed).
+func (s *Store) fenceArgs(f idempotency.Fence) []any {
+	if s.d.name == PostgreSQL {
+		return []any{f.ID, f.Scope, f.Attempt, f.Key, f.Endpoint}
+	}
+	return []any{f.ID, f.Scope, f.Attempt}
+}
+
+// hashArg is a request hash as bound: its hex (PostgreSQL decodes it to
+// the 32 bytes it stores; MySQL stores the hex).
+func (s *Store) hashArg(h string) any { return h }
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, f idempotency.Fence, _ idempotency.Record, resp idempotency.Response) error {
@@ -166,19 +187,19 @@ func (s *Store) Complete(ctx context.Context, f idempotency.Fence, _ idempotency
 		return err
 	}
 	if s.d.name == PostgreSQL {
-		body, raw = pgJSONArgs(body, raw)
+		body, headers = pgBytes(body), pgBytes(headers)
 	}
-	return s.fenced(ctx, "complete", s.st.complete, resp.Status, body, raw, headers, seal, f.ID, f.Scope, f.Attempt)
+	return s.fenced(ctx, "complete", s.st.complete, append([]any{resp.Status, body, raw, headers, seal}, s.fenceArgs(f)...)...)
 }
 
 // Fail implements idempotency.Store.
 func (s *Store) Fail(ctx context.Context, f idempotency.Fence) error {
-	return s.fenced(ctx, "fail", s.st.fail, f.ID, f.Scope, f.Attempt)
+	return s.fenced(ctx, "fail", s.st.fail, s.fenceArgs(f)...)
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, f idempotency.Fence) error {
-	return s.fenced(ctx, "release", s.st.release, f.ID, f.Scope, f.Attempt)
+	return s.fenced(ctx, "release", s.st.release, s.fenceArgs(f)...)
 }
 
 // fenced runs one fenced statement; no row changed is ErrNotOwner.

@@ -1,7 +1,9 @@
 package sqlstore
 
 import (
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,13 +61,15 @@ type rowValues struct {
 func scanRecord(row interface{ Scan(...any) error }, rec *idempotency.Record, won *bool, extra ...any) error {
 	var v rowValues
 	var status string
-	dest := []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &status, &rec.Attempt,
+	var hash []byte
+	dest := []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &hash, &status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		dbTime{&v.created}, dbTime{&v.locked}, dbTime{&v.lockedUntil}, dbTime{&v.expires},
 		&v.expired, &v.leaseOver, &v.won}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
+	rec.RequestHash = hashText(hash)
 	rec.Status = idempotency.Status(status)
 	rec.CreatedAt, rec.LockedAt, rec.LockedUntil, rec.ExpiresAt = v.created, v.locked, v.lockedUntil, v.expires
 	rec.Expired, rec.LeaseOver = v.expired, v.leaseOver
@@ -75,6 +79,15 @@ func scanRecord(row interface{ Scan(...any) error }, rec *idempotency.Record, wo
 	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers, v.sealKeyID)
 	rec.Response = resp
 	return err
+}
+
+// hashText is a stored request hash as the store compares it: MySQL keeps
+// the 64 hex characters, PostgreSQL the 32 bytes (its column is bytea).
+func hashText(b []byte) string {
+	if len(b) == sha256.Size {
+		return hex.EncodeToString(b)
+	}
+	return string(b)
 }
 
 // decodeResponse rebuilds a recorded response from its columns, as the

@@ -126,7 +126,7 @@ func (s *Store) lookup(ctx context.Context, key, scope, endpoint string) ([]idem
 func (s *Store) releaseKey(ctx context.Context, f idempotency.Fence) (bool, error) {
 	var n int64
 	err := s.withConn(ctx, func(c *sql.Conn) error {
-		r, err := c.ExecContext(ctx, s.st.releaseKey, f.ID, f.Scope, f.Attempt)
+		r, err := c.ExecContext(ctx, s.st.releaseKey, s.fenceArgs(f)...)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}

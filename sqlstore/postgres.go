@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -39,7 +38,7 @@ func pgStatements(table string) statements {
 		insert: q(`WITH ins AS (
 	INSERT INTO T_ (idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 		created_at, locked_at, locked_until, expires_at, owner_token)
-	VALUES ($1, $2, $3, $4, 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
+	VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 	RETURNING STORED_
 )
@@ -52,29 +51,37 @@ FROM T_ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3 AND N
 		readKey: q(`SELECT STORED_, FLAGS_,
 	(status = 'in_flight' AND locked_until >= now() AND owner_token = $1::uuid) IS TRUE AS won
 FROM T_ WHERE idem_key = $2 AND scope_user_id = $3 AND scope_endpoint = $4`),
-		readID: q(`SELECT STORED_, false, false, true FROM T_ WHERE id = $1 AND scope_user_id = $2`),
-		// $1 hash, $2 lease, $3 TTL, $4 owner, $5 id, $6 scope, $7 attempt.
-		takeover: q(`UPDATE T_ SET attempt = attempt + 1, request_hash = $1, status = 'in_flight',
+		// readID is MySQL's: PostgreSQL's claim and takeover return their row.
+		// $1 hash, $2 lease, $3 TTL, $4 owner, $5 id, $6 scope, $7 attempt, $8 key, $9 endpoint.
+		takeover: q(`UPDATE T_ SET attempt = attempt + 1, request_hash = decode($1, 'hex'), status = 'in_flight',
 	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL,
 	created_at = now(), locked_at = now(), locked_until = now() + $2::interval, expires_at = now() + $3::interval,
 	owner_token = $4::uuid
-WHERE scope_user_id = $6 AND id = $5 AND attempt = $7 AND expires_at < now()
-	AND NOT (status = 'in_flight' AND locked_until >= now())`),
-		// $1 code, $2 JSON body, $3 raw body, $4 headers, $5 seal key id, $6 id, $7 scope, $8 attempt.
+WHERE scope_user_id = $6 AND idem_key = $8 AND scope_endpoint = $9 AND id = $5 AND attempt = $7 AND expires_at < now()
+	AND NOT (status = 'in_flight' AND locked_until >= now())
+RETURNING STORED_, false, false, true`),
+		// The fenced statements find the row by its primary key (scope,
+		// key, endpoint) and check its id and attempt.
+		// $1 code, $2 JSON body, $3 raw body, $4 headers (JSON), $5 seal key id, $6 id, $7 scope, $8 attempt, $9 key, $10 endpoint.
 		complete: q(`UPDATE T_ SET status = 'completed',
-	response_code = $1, response_body = $2::jsonb, response_body_raw = $3, response_headers = $4::jsonb, seal_key_id = $5
-WHERE scope_user_id = $7 AND id = $6 AND status = 'in_flight' AND attempt = $8`),
-		fail:    q(`UPDATE T_ SET status = 'failed' WHERE scope_user_id = $2 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
-		release: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
+	response_code = $1, response_body = $2, response_body_raw = $3, response_headers = $4, seal_key_id = $5
+WHERE scope_user_id = $7 AND idem_key = $9 AND scope_endpoint = $10 AND id = $6 AND status = 'in_flight' AND attempt = $8`),
+		// $1 id, $2 scope, $3 attempt, $4 key, $5 endpoint.
+		fail: q(`UPDATE T_ SET status = 'failed'
+WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
+		release: q(`DELETE FROM T_
+WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
 		// $1 key, $2 scope, $3 endpoint, $4 owner.
 		releaseOwner: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
 	AND status = 'in_flight' AND owner_token = $4::uuid`),
 		// $1 limit.
 		cleanup: q(`WITH batch AS (
-	SELECT scope_user_id, id FROM T_ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
+	SELECT scope_user_id, idem_key, scope_endpoint FROM T_
+	WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
 	ORDER BY expires_at LIMIT $1
 )
-DELETE FROM T_ t USING batch b WHERE t.scope_user_id = b.scope_user_id AND t.id = b.id
+DELETE FROM T_ t USING batch b
+WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
 	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`),
 		countCleanup: q(`SELECT count(*) FROM T_ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`),
 		now:          `SELECT now()`,
@@ -85,7 +92,7 @@ ORDER BY created_at, id`),
 		// $1 key, $2 scope, $3 endpoint ("" for all), $4 endpoint.
 		lookup: q(`SELECT STORED_, FLAGS_, false, now() FROM T_ WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text = '' OR scope_endpoint = $4)
 ORDER BY scope_endpoint`),
-		releaseKey: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND id = $1 AND attempt = $3
+		releaseKey: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND attempt = $3
 	AND (status = 'failed' OR status = 'in_flight' AND locked_until < now())`),
 		stats: q(`SELECT count(*),
 	count(*) FILTER (WHERE status = 'in_flight'), count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'failed'),
@@ -103,7 +110,7 @@ FROM T_`),
 // row with readKey, a second statement), as the pgx store's.
 const pgTxInsert = `INSERT INTO T_ (idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	created_at, locked_at, locked_until, expires_at, owner_token)
-VALUES ($1, $2, $3, $4, 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
+VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
 ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 RETURNING ` + pgStored + `, false, false, true`
 
@@ -246,12 +253,12 @@ func (t *routeTx) pgAfterCommit() bool {
 	return err == nil
 }
 
-// pgJSONArgs adapts a complete's JSON body for JSONB, which refuses a
-// \u0000 escape: such a body goes byte for byte to the raw column, with
-// the pgx store's marker (JSON null) in the JSONB column.
-func pgJSONArgs(body, raw any) (any, any) {
-	if s, ok := body.(string); ok && raw == nil && strings.Contains(s, `\u0000`) {
-		return "null", bytes.Clone([]byte(s))
+// pgBytes is a JSON body's or the headers' text as bytea takes it: bytes,
+// stored and replayed as they are (a string would be read as bytea's
+// escaped text form).
+func pgBytes(v any) any {
+	if s, ok := v.(string); ok {
+		return []byte(s)
 	}
-	return body, raw
+	return v
 }

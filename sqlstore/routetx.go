@@ -366,16 +366,16 @@ func (t *routeTx) record(ctx context.Context, s *idempotency.Settlement) error {
 	var err error
 	f := s.Fence
 	if s.Failed {
-		r, err = t.tx.ExecContext(ctx, t.s.st.fail, f.ID, f.Scope, f.Attempt)
+		r, err = t.tx.ExecContext(ctx, t.s.st.fail, t.s.fenceArgs(f)...)
 	} else {
 		body, raw, headers, seal, cerr := completeArgs(s.Response)
 		if cerr != nil {
 			return cerr
 		}
 		if t.s.d.name == PostgreSQL {
-			body, raw = pgJSONArgs(body, raw)
+			body, headers = pgBytes(body), pgBytes(headers)
 		}
-		r, err = t.tx.ExecContext(ctx, t.s.st.complete, s.Response.Status, body, raw, headers, seal, f.ID, f.Scope, f.Attempt)
+		r, err = t.tx.ExecContext(ctx, t.s.st.complete, append([]any{s.Response.Status, body, raw, headers, seal}, t.s.fenceArgs(f)...)...)
 	}
 	if err != nil {
 		return t.s.storeError("commit", err)
