@@ -203,7 +203,14 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
 		return cfg, usagef("invalid -addr (%s) %q: want host:port, e.g. 127.0.0.1:8080", envAddr, cfg.addr)
 	}
-	if cfg.databaseURL != "" {
+	if isMySQLURL(cfg.databaseURL) {
+		if _, err := mysqlConfig(cfg.databaseURL); err != nil {
+			return cfg, usagef("invalid -database-url (%s): %v", envDatabaseURL, err)
+		}
+		if cfg.migrateURL != "" {
+			return cfg, usagef("-migrate-database-url (%s) is for PostgreSQL behind a pooler; a MySQL database migrates over its own connection", envMigrateURL)
+		}
+	} else if cfg.databaseURL != "" {
 		if _, err := pgxpool.ParseConfig(cfg.databaseURL); err != nil {
 			return cfg, usagef("invalid -database-url (%s): %v", envDatabaseURL, err)
 		}

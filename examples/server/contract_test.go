@@ -27,6 +27,13 @@ func TestContractPostgres(t *testing.T) {
 	testContract(t, postgresBackend)
 }
 
+// TestContractMySQL walks the same contract on MariaDB (sqlstore's MySQL
+// dialect, orders transactional through *sqlstore.Tx).
+func TestContractMySQL(t *testing.T) {
+	t.Parallel()
+	testContract(t, mysqlBackend)
+}
+
 const ordersEndpoint = "POST /api/trading/orders"
 
 var hexHash = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -37,7 +44,7 @@ func testContract(t *testing.T, newEnv backend) {
 	// One server for the subtests that need no special configuration; each
 	// uses users of its own, so they run in parallel.
 	shared := newEnv(t, envOptions{})
-	if want := shared.pool != nil; shared.srv.ordersTransactional != want {
+	if want := shared.srv.mode != "memory"; shared.srv.ordersTransactional != want {
 		t.Fatalf("orders transactional = %v, want %v", shared.srv.ordersTransactional, want)
 	}
 

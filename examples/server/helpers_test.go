@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/internal/testdb"
+	"github.com/idemkit/idempotency/internal/testdb/mysqldb"
 )
 
 // TestMain checks that no test leaves a goroutine behind, except the
@@ -87,6 +88,26 @@ func memoryBackend(t *testing.T, o envOptions) *testEnv {
 
 func postgresBackend(t *testing.T, o envOptions) *testEnv {
 	return startEnv(t, o, testdb.New(t, o.poolOptions...))
+}
+
+// mysqlBackend runs the server on a fresh MariaDB database, through a
+// DATABASE_URL as a deployment would.
+func mysqlBackend(t *testing.T, o envOptions) *testEnv {
+	t.Helper()
+	d := mysqldb.NewEmpty(t)
+	vars := newEnvVars(o.vars)
+	cfg := testConfig(o, vars)
+	cfg.databaseURL = d.DSN
+	srv, cleanup, err := newServer(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("newServer: %v", err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		ts.Close()
+		cleanup()
+	})
+	return &testEnv{client: newClient(t, ts.URL), srv: srv, vars: vars}
 }
 
 func testConfig(o envOptions, vars *envVars) config {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/sqlstore"
 )
 
 // TTLs of the two wrapped routes, by tier.
@@ -35,7 +36,7 @@ const memoryStoreMaxRows = 100_000
 type server struct {
 	cfg      config
 	log      *slog.Logger
-	mode     string // "memory" or "postgres"
+	mode     string // "memory", "postgres" or "mysql"
 	data     repo
 	billing  *fakeBilling
 	sessions sessions
@@ -97,6 +98,24 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		s.mode = "memory"
 		s.data = newMemoryRepo()
 		store = idempotency.NewMemoryStore(idempotency.MemoryMaxRows(memoryStoreMaxRows))
+	case pool == nil && isMySQLURL(cfg.databaseURL):
+		s.mode = "mysql"
+		db, err := connectMySQL(ctx, cfg.databaseURL, cfg.dbWait, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = db.Close() })
+		s.data = &mysqlRepo{db: db, timeout: cfg.storeTimeout}
+		cctx, cancel := context.WithTimeout(ctx, cfg.storeTimeout)
+		sqlStore, err := sqlstore.New(cctx, db, sqlstore.Config{Dialect: sqlstore.MySQL, Logger: log})
+		if err == nil {
+			err = sqlStore.Check(cctx)
+		}
+		cancel()
+		if err != nil {
+			return nil, nil, err
+		}
+		store = sqlStore
 	default:
 		s.mode = "postgres"
 		if pool == nil {
@@ -147,7 +166,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 	// Tier 1: fail-closed orders. On PostgreSQL the order and its audit row
 	// commit in the middleware's transaction, together with the key's
 	// record. Name is left empty: the endpoint is the ServeMux pattern.
-	s.ordersTransactional = s.mode == "postgres"
+	s.ordersTransactional = s.mode != "memory"
 	orderRoute, err := s.idem.Route(idempotency.RouteConfig{TTL: ordersTTL, Transactional: s.ordersTransactional})
 	if err != nil {
 		return nil, nil, fmt.Errorf("order route: %w", err)

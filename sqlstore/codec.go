@@ -1,0 +1,193 @@
+package sqlstore
+
+import (
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/storedbody"
+)
+
+// How the store encodes a response into its columns and decodes a row
+// back: the same columns as the pgx store (a JSON body in response_body,
+// any other in response_body_raw, a sealed one raw with seal_key_id).
+
+// dbTime scans a time column: a time.Time (go-sql-driver with
+// parseTime=true, the PostgreSQL drivers) or its text (go-sql-driver
+// without parseTime), always as UTC.
+type dbTime struct{ t *time.Time }
+
+func (d dbTime) Scan(src any) error {
+	switch v := src.(type) {
+	case time.Time:
+		*d.t = v.UTC()
+		return nil
+	case []byte:
+		return d.parse(string(v))
+	case string:
+		return d.parse(v)
+	}
+	return fmt.Errorf("sqlstore: cannot scan %T into a time", src)
+}
+
+func (d dbTime) parse(s string) error {
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
+	if err != nil {
+		return err
+	}
+	*d.t = t
+	return nil
+}
+
+// rowValues are a row's columns as scanned.
+type rowValues struct {
+	code                 sql.NullInt64
+	body, raw, headers   []byte
+	sealKeyID            sql.NullString
+	expired, leaseOver   bool
+	won                  bool
+	created, locked      time.Time
+	lockedUntil, expires time.Time
+}
+
+// scanRecord reads the statements' COLS_ and won, and extra, into rec.
+func scanRecord(row interface{ Scan(...any) error }, rec *idempotency.Record, won *bool, extra ...any) error {
+	var v rowValues
+	var status string
+	var hash []byte
+	dest := []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &hash, &status, &rec.Attempt,
+		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
+		dbTime{&v.created}, dbTime{&v.locked}, dbTime{&v.lockedUntil}, dbTime{&v.expires},
+		&v.expired, &v.leaseOver, &v.won}
+	if err := row.Scan(append(dest, extra...)...); err != nil {
+		return err
+	}
+	rec.RequestHash = hashText(hash)
+	rec.Status = idempotency.Status(status)
+	rec.CreatedAt, rec.LockedAt, rec.LockedUntil, rec.ExpiresAt = v.created, v.locked, v.lockedUntil, v.expires
+	rec.Expired, rec.LeaseOver = v.expired, v.leaseOver
+	if won != nil {
+		*won = v.won
+	}
+	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers, v.sealKeyID)
+	rec.Response = resp
+	return err
+}
+
+// hashText is a stored request hash as the store compares it: MySQL keeps
+// the 64 hex characters, PostgreSQL the 32 bytes (its column is bytea).
+func hashText(b []byte) string {
+	if len(b) == sha256.Size {
+		return hex.EncodeToString(b)
+	}
+	return string(b)
+}
+
+// decodeResponse rebuilds a recorded response from its columns, as the
+// pgx store does.
+func decodeResponse(code sql.NullInt64, body, raw, headers []byte, sealKeyID sql.NullString) (idempotency.Response, error) {
+	var resp idempotency.Response
+	if code.Valid {
+		resp.Status = int(code.Int64)
+	}
+	if sealKeyID.Valid {
+		resp.Body, resp.BodyKind, resp.SealKeyID = nonNil(raw), idempotency.BodyRaw, sealKeyID.String
+		return resp, nil
+	}
+	var kind storedbody.Kind
+	resp.Body, kind = storedbody.Decode(body, raw)
+	switch kind {
+	case storedbody.JSON:
+		resp.BodyKind = idempotency.BodyJSON
+	case storedbody.Raw:
+		resp.BodyKind = idempotency.BodyRaw
+	}
+	if headers != nil {
+		var h http.Header
+		if err := json.Unmarshal(headers, &h); err != nil {
+			return idempotency.Response{}, errors.New("sqlstore: stored response_headers are not an object of string arrays: " + err.Error())
+		}
+		resp.Header = h
+	}
+	return resp, nil
+}
+
+// completeArgs encodes resp for the complete statement: JSON body, raw
+// body, headers and seal key id. A nil []byte is NULL, so an empty body is
+// sent as an empty, non-nil slice.
+func completeArgs(resp idempotency.Response) (jsonBody, rawBody any, headers any, seal any, err error) {
+	if resp.SealKeyID != "" {
+		return nil, nonNil(resp.Body), nil, resp.SealKeyID, nil
+	}
+	if resp.Header != nil {
+		b, err := json.Marshal(withoutNUL(resp.Header))
+		if err != nil {
+			return nil, nil, nil, nil, &idempotency.StoreError{Op: "complete", Reason: idempotency.ReasonOther, Err: err}
+		}
+		headers = string(b)
+	}
+	switch resp.BodyKind {
+	case idempotency.BodyJSON:
+		jsonBody = string(resp.Body)
+	case idempotency.BodyRaw:
+		rawBody = nonNil(resp.Body)
+	}
+	return jsonBody, rawBody, headers, nil, nil
+}
+
+// nonNil returns b, or an empty non-nil slice for nil.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// withoutNUL returns h without the values that hold a NUL byte, which HTTP
+// forbids and JSON columns may refuse.
+func withoutNUL(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		if vs == nil {
+			out[k] = nil
+			continue
+		}
+		kept := []string{}
+		for _, v := range vs {
+			if !strings.ContainsRune(v, 0) {
+				kept = append(kept, v)
+			}
+		}
+		out[k] = kept
+	}
+	return out
+}
+
+// ownerArg is a claim's owner token as bound: NULL for none.
+func (s *Store) ownerArg(owner [16]byte) any {
+	if owner == ([16]byte{}) {
+		return nil
+	}
+	if s.d.name == PostgreSQL {
+		const hex = "0123456789abcdef"
+		var b [36]byte
+		j := 0
+		for i, c := range owner {
+			if i == 4 || i == 6 || i == 8 || i == 10 {
+				b[j] = '-'
+				j++
+			}
+			b[j], b[j+1] = hex[c>>4], hex[c&15]
+			j += 2
+		}
+		return string(b[:])
+	}
+	return owner[:]
+}

@@ -1,0 +1,115 @@
+package sqlstore
+
+import (
+	"strings"
+	"time"
+)
+
+// The MySQL/MariaDB statements (docs/sql.md says why each is as it is).
+// Every time is the server's UTC_TIMESTAMP(6), which is constant within a
+// statement, so created_at, locked_at, locked_until and expires_at of one
+// claim come from one instant; never NOW() (whole seconds, the session's
+// time_zone). Every statement names the table qualified (db.table), so a
+// handler's USE cannot send a claim to another table. Intervals are bound
+// as whole microseconds.
+
+// mysqlNow is the server's clock in every MySQL statement.
+const mysqlNow = `UTC_TIMESTAMP(6)`
+
+// mysqlColumns are a row's columns, in the order scanRecord reads them,
+// with the two flags computed against the server's clock.
+const mysqlColumns = mysqlStored + `,
+	expires_at < ` + mysqlNow + ` AS expired, locked_until < ` + mysqlNow + ` AS lease_over`
+
+// mysqlStored are a row's stored columns.
+const mysqlStored = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
+	created_at, locked_at, locked_until, expires_at`
+
+// mysqlStatements are the MySQL dialect's statements for one table.
+func mysqlStatements(table string) statements {
+	r := strings.NewReplacer("T_", table, "NOW_", mysqlNow, "COLS_", mysqlColumns, "STORED_", mysqlStored)
+	q := func(s string) string { return r.Replace(s) }
+	return statements{
+		// A plain INSERT: a duplicate fails with 1062, which ends only the
+		// statement, never the transaction; never INSERT IGNORE (it turns
+		// truncation and invalid values into warnings) nor REPLACE.
+		// ? key, scope, endpoint, hash, lease µs, TTL µs, owner token.
+		insert: q(`INSERT INTO T_
+	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	 created_at, locked_at, locked_until, expires_at, owner_token)
+VALUES (?, ?, ?, ?, 'in_flight', 1, NOW_, NOW_, NOW_ + INTERVAL ? MICROSECOND, NOW_ + INTERVAL ? MICROSECOND, ?)`),
+		// The key's row, and whether it is the caller's own live claim
+		// (? owner token; NULL never matches). ? key, scope, endpoint.
+		readKey: q(`SELECT COLS_,
+	COALESCE(status = 'in_flight' AND locked_until >= NOW_ AND owner_token = ?, FALSE) AS won
+FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?`),
+		// The row a claim or takeover just made, by id: fresh, so neither
+		// expired nor past its lease (constants: a later clock could
+		// already say otherwise for a tiny TTL). ? id, scope.
+		readID: q(`SELECT STORED_, FALSE, FALSE, TRUE AS won FROM T_ WHERE id = ? AND scope_user_id = ?`),
+		// ? hash, lease µs, TTL µs, owner, id, scope, attempt.
+		takeover: q(`UPDATE T_ SET
+	attempt = attempt + 1, request_hash = ?, status = 'in_flight',
+	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL,
+	created_at = NOW_, locked_at = NOW_, locked_until = NOW_ + INTERVAL ? MICROSECOND, expires_at = NOW_ + INTERVAL ? MICROSECOND,
+	owner_token = ?
+WHERE id = ? AND scope_user_id = ? AND attempt = ? AND expires_at < NOW_
+	AND NOT (status = 'in_flight' AND locked_until >= NOW_)`),
+		// ? code, JSON body, raw body, headers, seal key id, id, scope, attempt.
+		complete: q(`UPDATE T_ SET status = 'completed',
+	response_code = ?, response_body = ?, response_body_raw = ?, response_headers = ?, seal_key_id = ?
+WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
+		fail:    q(`UPDATE T_ SET status = 'failed' WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
+		release: q(`DELETE FROM T_ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
+		// ? key, scope, endpoint, owner.
+		releaseOwner: q(`DELETE FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?
+	AND status = 'in_flight' AND owner_token = ?`),
+		// One batch, earliest expiry first. ? limit.
+		cleanup: q(`DELETE FROM T_ WHERE expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)
+ORDER BY expires_at LIMIT ?`),
+		countCleanup: q(`SELECT COUNT(*) FROM T_ WHERE expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)`),
+		now:          q(`SELECT NOW_`),
+		// ? scope, now.
+		eraseDelete: q(`DELETE FROM T_ WHERE scope_user_id = ? AND NOT (status = 'in_flight' AND locked_until >= ?)`),
+		eraseKept: q(`SELECT COLS_, FALSE FROM T_ WHERE scope_user_id = ? AND status = 'in_flight' AND locked_until >= ?
+ORDER BY created_at, id`),
+		export: q(`SELECT COLS_, FALSE FROM T_ WHERE scope_user_id = ? ORDER BY created_at, id`),
+		// ? key, scope, endpoint ("" for all), endpoint.
+		lookup: q(`SELECT COLS_, FALSE, NOW_ FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND (? = '' OR scope_endpoint = ?)
+ORDER BY scope_endpoint`),
+		// ? id, scope, attempt.
+		releaseKey: q(`DELETE FROM T_ WHERE id = ? AND scope_user_id = ? AND attempt = ?
+	AND (status = 'failed' OR status = 'in_flight' AND locked_until < NOW_)`),
+		stats: q(`SELECT COUNT(*),
+	COALESCE(SUM(status = 'in_flight'), 0), COALESCE(SUM(status = 'completed'), 0), COALESCE(SUM(status = 'failed'), 0),
+	COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'in_flight' THEN locked_at END), NOW_), 0),
+	COALESCE(SUM(status = 'in_flight' AND locked_until < NOW_), 0),
+	COALESCE(SUM(expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)), 0),
+	COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_) THEN expires_at END), NOW_), 0)
+FROM T_`),
+		savepoint:         `SAVEPOINT idempotency_claim`,
+		rollbackSavepoint: `ROLLBACK TO SAVEPOINT idempotency_claim`,
+	}
+}
+
+// mysqlMicros is d as whole microseconds, the unit the statements' INTERVAL
+// takes.
+func mysqlMicros(d time.Duration) int64 { return d.Microseconds() }
+
+// mariadbNoWait prefixes a statement that must not wait on a row lock:
+// it fails at once with 1205 (lock wait timeout; the statement alone rolls
+// back), and the caller tries again until its lock wait is over. Not
+// max_statement_time, which bounds the statement's whole run: under load a
+// claim that waits on nothing can take longer than a lock wait of a few
+// milliseconds, and would be answered 409 for no owner at all.
+const mariadbNoWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
+
+// mysqlLockWaitSeconds is d rounded up to whole seconds, at least 1: the
+// bound innodb_lock_wait_timeout can express on MySQL 8.0.
+func mysqlLockWaitSeconds(d time.Duration) int64 {
+	return max(int64((d+time.Second-1)/time.Second), 1)
+}
+
+// mysqlQuote quotes an identifier.
+func mysqlQuote(name string) string { return "`" + strings.ReplaceAll(name, "`", "``") + "`" }

@@ -1,0 +1,138 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/idemkit/idempotency"
+)
+
+// Dialect is the SQL dialect of the database behind the *sql.DB.
+type Dialect string
+
+const (
+	// MySQL is MySQL 8.0 and MariaDB 10.11 (go-sql-driver/mysql). CI tests
+	// MariaDB; on MySQL 8.0 the statements are kept to the common subset,
+	// untested.
+	MySQL Dialect = "mysql"
+	// PostgreSQL is PostgreSQL through a database/sql driver (pgx's stdlib
+	// or lib/pq), on the pgx store's table.
+	PostgreSQL Dialect = "postgres"
+)
+
+// Config configures New.
+type Config struct {
+	// Dialect is the database's SQL dialect. Required.
+	Dialect Dialect
+	// Table is the table's name, unqualified. Defaults to idempotency_keys.
+	Table string
+	// Schema is the database (MySQL) or schema (PostgreSQL) that holds the
+	// table; every statement names the table qualified by it. Defaults to
+	// the connection's current database (DATABASE()) or schema
+	// (current_schema()) when New runs.
+	Schema string
+	// Logger receives the store's warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is an idempotency.TxStore on a *sql.DB. It implements
+// idempotency.Store, idempotency.TxStore and idempotency.OwnerReleaser, and
+// Check; it is safe for concurrent use. The *sql.DB stays the caller's.
+type Store struct {
+	db      *sql.DB
+	d       dialect
+	st      statements
+	table   string // qualified
+	mariadb bool
+	log     *slog.Logger
+}
+
+// statements are a dialect's statements for one qualified table.
+type statements struct {
+	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
+	cleanup, countCleanup, now, eraseDelete, eraseKept, export, lookup       string
+	releaseKey, stats, savepoint, rollbackSavepoint                          string
+}
+
+// dialect is what differs between the databases beyond the statements.
+type dialect struct {
+	name       Dialect
+	codeReason func(string) string
+	duplicate  []string // the codes of a duplicate key
+	restart    []string // the codes that restart a claim (deadlock, serialization)
+}
+
+// New returns a Store on db for cfg.Dialect. It reads the current database
+// or schema (unless cfg.Schema names it) and the server's flavour, so it
+// talks to the database once, under ctx. It does not check the table:
+// call Check at start-up for that.
+func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: New: db is nil")
+	}
+	s := &Store{db: db, log: cmp.Or(cfg.Logger, slog.Default())}
+	table := cmp.Or(cfg.Table, "idempotency_keys")
+	switch cfg.Dialect {
+	case MySQL:
+		s.d = dialect{name: MySQL, codeReason: mysqlReason, duplicate: []string{"1062"}, restart: []string{"1213"}}
+		var version string
+		var current sql.NullString
+		if err := db.QueryRowContext(ctx, "SELECT VERSION(), DATABASE()").Scan(&version, &current); err != nil {
+			return nil, fmt.Errorf("sqlstore: New: %w", s.storeError("check", err))
+		}
+		schema := cmp.Or(cfg.Schema, current.String)
+		if schema == "" {
+			return nil, errors.New("sqlstore: New: the connection has no current database: name one in the DSN or in Config.Schema")
+		}
+		s.mariadb = strings.Contains(strings.ToLower(version), "mariadb")
+		s.table = mysqlQuote(schema) + "." + mysqlQuote(table)
+		s.st = mysqlStatements(s.table)
+	case PostgreSQL:
+		return newPostgres(ctx, s, db, cfg, table)
+	default:
+		return nil, fmt.Errorf("sqlstore: New: Config.Dialect must be sqlstore.MySQL or sqlstore.PostgreSQL, got %q", cfg.Dialect)
+	}
+	return s, nil
+}
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.d.name }
+
+// DB returns the *sql.DB the store was built on.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// conn takes a connection from the pool under ctx, classifying a wait that
+// ran out by the pool's state then: every connection in use is
+// saturation (the database was never asked); room in the pool means the
+// wait went to opening a connection, an outage.
+func (s *Store) conn(ctx context.Context) (*sql.Conn, error) {
+	c, err := s.db.Conn(ctx)
+	if err == nil {
+		return c, nil
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		st := s.db.Stats()
+		reason := idempotency.ReasonTimeout
+		if st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+			reason = idempotency.ReasonPoolExhausted
+		}
+		return nil, &acquireError{reason: reason, err: fmt.Errorf("%w (%d of %d in use)", err, st.InUse, st.MaxOpenConnections)}
+	}
+	return nil, err
+}
+
+// withConn runs f on a connection taken explicitly (conn), given back
+// after.
+func (s *Store) withConn(ctx context.Context, f func(c *sql.Conn) error) error {
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}

@@ -1,0 +1,5 @@
+package sqlstore_test
+
+import "sync"
+
+var dbsMu sync.Mutex
