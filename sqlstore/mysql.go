@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"strconv"
 	"strings"
 	"time"
 )
@@ -98,13 +97,13 @@ FROM T_`),
 // takes.
 func mysqlMicros(d time.Duration) int64 { return d.Microseconds() }
 
-// mariadbBounded prefixes stmt with MariaDB's per-statement time limit of d
-// (rounded up to the millisecond, at least 1 ms): a claim's wait on a row
-// another open transaction holds then ends with error 1969.
-func mariadbBounded(d time.Duration, stmt string) string {
-	ms := max((d+time.Millisecond-1)/time.Millisecond, 1)
-	return "SET STATEMENT max_statement_time=" + strconv.FormatFloat(float64(ms)/1000, 'f', 3, 64) + " FOR " + stmt
-}
+// mariadbNoWait prefixes a statement that must not wait on a row lock:
+// it fails at once with 1205 (lock wait timeout; the statement alone rolls
+// back), and the caller tries again until its lock wait is over. Not
+// max_statement_time, which bounds the statement's whole run: under load a
+// claim that waits on nothing can take longer than a lock wait of a few
+// milliseconds, and would be answered 409 for no owner at all.
+const mariadbNoWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
 
 // mysqlLockWaitSeconds is d rounded up to whole seconds, at least 1: the
 // bound innodb_lock_wait_timeout can express on MySQL 8.0.

@@ -23,6 +23,10 @@ type routeTx struct {
 	tx     *sql.Tx
 	cancel context.CancelFunc // the transaction's own context, which outlives the call that began it
 	ended  bool
+	// dirty: the session may have changed (the handler had it, or the
+	// claim set its bounds), so on MySQL the connection is closed at the
+	// end; a loser's connection, which nobody changed, goes back to the pool.
+	dirty bool
 
 	// After the handler's loan ended nothing but the store uses the
 	// transaction, so State's answer holds until the store's next
@@ -75,9 +79,9 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 	return nil, idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConflict, Err: last}
 }
 
-// isLockWait reports a bounded wait on a row that ran out: MariaDB's
-// statement time limit (1969), InnoDB's lock wait (1205),
-// PostgreSQL's lock_timeout (55P03).
+// isLockWait reports a bounded wait on a row that ran out: InnoDB's lock
+// wait (1205, MariaDB's no-wait tries included), a statement time limit
+// (1969, 3024), PostgreSQL's lock_timeout (55P03).
 func (s *Store) isLockWait(err error) bool {
 	if s.d.name == PostgreSQL {
 		return hasCode(err, "55P03")
@@ -92,12 +96,6 @@ func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*rout
 		return nil, err
 	}
 	t := &routeTx{s: s, c: c}
-	if req != nil && s.d.name == MySQL {
-		if err := s.mysqlBound(ctx, c, req.Lease); err != nil {
-			t.discard()
-			return nil, err
-		}
-	}
 	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	tx, err := c.BeginTx(txCtx, nil)
 	if err != nil {
@@ -120,7 +118,7 @@ func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*rout
 // and the key's row lock with it, ends after about the lease instead of
 // wait_timeout's 8 hours. The connection is closed after the route, so
 // nothing needs putting back.
-func (s *Store) mysqlBound(ctx context.Context, c *sql.Conn, lease time.Duration) error {
+func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) error {
 	secs := mysqlLockWaitSeconds(lease)
 	q := `SET SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`
 	args := []any{secs}
@@ -132,15 +130,32 @@ func (s *Store) mysqlBound(ctx context.Context, c *sql.Conn, lease time.Duration
 	return err
 }
 
-// bounded returns stmt with its lock wait bounded by wait: MariaDB's
-// per-statement time limit; MySQL 8.0's innodb_lock_wait_timeout, set on
-// the session (whole seconds, at least 1) before the statement.
-func (t *routeTx) bounded(ctx context.Context, wait time.Duration, stmt string) (string, error) {
-	if t.s.mariadb {
-		return mariadbBounded(wait, stmt), nil
+// waiting runs f with its wait on another transaction's row lock
+// bounded by wait: on MariaDB f's statement, prefixed with mariadbNoWait,
+// is tried again until it stops failing with 1205 or wait is over; on
+// MySQL 8.0 the session's innodb_lock_wait_timeout is set to wait (whole
+// seconds, at least 1) and f runs once. The connection is closed after
+// the route, so that setting never outlives it.
+func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix string) error) error {
+	if !t.s.mariadb {
+		t.dirty = true
+		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, mysqlLockWaitSeconds(wait)); err != nil {
+			return err
+		}
+		return f("")
 	}
-	_, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, mysqlLockWaitSeconds(wait))
-	return stmt, err
+	deadline := time.Now().Add(wait)
+	for {
+		err := f(mariadbNoWait)
+		if !hasCode(err, "1205") || !time.Now().Before(deadline) {
+			return err
+		}
+		select { // polling the lock: InnoDB offers no wait shorter than a second
+		case <-time.After(min(time.Millisecond, time.Until(deadline))):
+		case <-ctx.Done():
+			return err
+		}
+	}
 }
 
 // claim claims req inside the transaction and marks the savepoint when it
@@ -156,9 +171,23 @@ func (t *routeTx) claim(ctx context.Context, req idempotency.ClaimRequest) (idem
 		res, err = t.mysqlClaim(ctx, req, wait)
 	}
 	if err == nil && res.Won {
-		_, err = t.tx.ExecContext(ctx, t.s.st.savepoint)
+		err = t.owned(ctx, req.Lease)
 	}
 	return res, err
+}
+
+// owned prepares the transaction of a key it now owns, before any handler
+// runs: the server-side bound of a vanished owner (MySQL), then the
+// savepoint.
+func (t *routeTx) owned(ctx context.Context, lease time.Duration) error {
+	if t.s.d.name == MySQL {
+		t.dirty = true
+		if err := t.s.mysqlBound(ctx, t.tx, lease); err != nil {
+			return err
+		}
+	}
+	_, err := t.tx.ExecContext(ctx, t.s.st.savepoint)
+	return err
 }
 
 // mysqlClaim is the plain INSERT, bounded; on 1062 the loser reads the
@@ -166,11 +195,12 @@ func (t *routeTx) claim(ctx context.Context, req idempotency.ClaimRequest) (idem
 // isolation, REPEATABLE READ included), bounded too.
 func (t *routeTx) mysqlClaim(ctx context.Context, req idempotency.ClaimRequest, wait time.Duration) (idempotency.ClaimResult, error) {
 	for range retries {
-		insert, err := t.bounded(ctx, wait, t.s.st.insert)
-		if err != nil {
-			return idempotency.ClaimResult{}, err
-		}
-		r, err := t.tx.ExecContext(ctx, insert, t.s.insertArgs(req)...)
+		var r sql.Result
+		err := t.waiting(ctx, wait, func(prefix string) error {
+			var err error
+			r, err = t.tx.ExecContext(ctx, prefix+t.s.st.insert, t.s.insertArgs(req)...)
+			return err
+		})
 		if err == nil {
 			id, err := r.LastInsertId()
 			if err != nil {
@@ -183,12 +213,10 @@ func (t *routeTx) mysqlClaim(ctx context.Context, req idempotency.ClaimRequest, 
 		if !hasCode(err, t.s.d.duplicate...) {
 			return idempotency.ClaimResult{}, err
 		}
-		read, err := t.bounded(ctx, wait, t.s.st.readKey+` LOCK IN SHARE MODE`)
-		if err != nil {
-			return idempotency.ClaimResult{}, err
-		}
 		var rec idempotency.Record
-		err = scanRecord(t.tx.QueryRowContext(ctx, read, nil, req.Key, req.Scope, req.Endpoint), &rec, nil)
+		err = t.waiting(ctx, wait, func(prefix string) error {
+			return scanRecord(t.tx.QueryRowContext(ctx, prefix+t.s.st.readKey+` LOCK IN SHARE MODE`, nil, req.Key, req.Scope, req.Endpoint), &rec, nil)
+		})
 		switch {
 		case err == nil:
 			return idempotency.ClaimResult{Record: rec}, nil
@@ -212,7 +240,7 @@ func (t *routeTx) Tx() any { return t.tx }
 
 // Lend implements idempotency.RouteTx: the handler's *Tx (TxFromContext).
 func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
-	t.known = false
+	t.known, t.dirty = false, true
 	ctx, end := lend(ctx, t.tx)
 	return ctx, func() {
 		end()
@@ -265,24 +293,25 @@ func (t *routeTx) State() idempotency.TxState {
 // loses), then the savepoint.
 func (t *routeTx) Takeover(ctx context.Context, f idempotency.Fence, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	t.known = false
-	prefix := ""
 	wait := cmpWait(req.LockWait)
+	var res idempotency.ClaimResult
+	var err error
 	if t.s.d.name == PostgreSQL {
-		if err := t.pgLockWait(ctx, wait); err != nil {
-			return idempotency.ClaimResult{}, t.s.storeError("takeover", err)
+		if err = t.pgLockWait(ctx, wait); err == nil {
+			if res, err = t.s.takeoverOn(ctx, t.tx, f, req, ""); err == nil {
+				err = t.pgLockWaitRestore(ctx)
+			}
 		}
-	} else if t.s.mariadb {
-		prefix = mariadbBounded(wait, "")
-	} else if _, err := t.bounded(ctx, wait, ""); err != nil {
-		return idempotency.ClaimResult{}, t.s.storeError("takeover", err)
-	}
-	res, err := t.s.takeoverOn(ctx, t.tx, f, req, prefix)
-	if err == nil && t.s.d.name == PostgreSQL {
-		err = t.pgLockWaitRestore(ctx)
+	} else {
+		err = t.waiting(ctx, wait, func(prefix string) error {
+			var err error
+			res, err = t.s.takeoverOn(ctx, t.tx, f, req, prefix)
+			return err
+		})
 	}
 	switch {
 	case err == nil && res.Won:
-		if _, err = t.tx.ExecContext(ctx, t.s.st.savepoint); err != nil {
+		if err = t.owned(ctx, req.Lease); err != nil {
 			return idempotency.ClaimResult{}, t.s.storeError("takeover", err)
 		}
 		return res, nil
@@ -359,7 +388,7 @@ func (t *routeTx) Abort(context.Context) error {
 	err := t.tx.Rollback()
 	t.ended = true
 	t.cancel()
-	t.discard()
+	t.release()
 	if errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}
@@ -373,11 +402,21 @@ func (t *routeTx) finish() {
 	_ = t.tx.Rollback()
 	t.ended = true
 	t.cancel()
-	if t.s.d.name == PostgreSQL && t.pgAfterCommit() {
-		_ = t.c.Close()
+	if t.s.d.name == PostgreSQL && !t.pgAfterCommit() {
+		t.discard()
 		return
 	}
-	t.discard()
+	t.release()
+}
+
+// release gives the connection back to the pool, or closes it on MySQL
+// when its session may have changed (dirty).
+func (t *routeTx) release() {
+	if t.dirty && t.s.d.name == MySQL {
+		t.discard()
+		return
+	}
+	_ = t.c.Close()
 }
 
 // discard closes the connection instead of giving it back to the pool.

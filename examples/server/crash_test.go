@@ -366,7 +366,16 @@ func crashStart(t *testing.T, bin string, env []string, args ...string) *crashPr
 		}
 	})
 	listening := p.logs.waitFor(t, "listening")
-	if listening["store"] != "postgres" || listening["lease"] != crashLease.String() || listening["store_timeout"] != crashStoreTimeout.String() {
+	wantLease, wantTimeout := crashLease.String(), crashStoreTimeout.String()
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "-lease":
+			wantLease = args[i+1]
+		case "-store-timeout":
+			wantTimeout = args[i+1]
+		}
+	}
+	if (listening["store"] != "postgres" && listening["store"] != "mysql") || listening["lease"] != wantLease || listening["store_timeout"] != wantTimeout {
 		t.Fatalf("listening line %v", listening)
 	}
 	p.c = newClient(t, "http://"+fmt.Sprint(listening["addr"]))
