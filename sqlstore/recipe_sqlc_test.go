@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idempotency/internal/ormtest"
 	"github.com/idemkit/idempotency/sqlstore"
 	"github.com/idemkit/idempotency/sqlstore/internal/ordersdb"
+	"github.com/idemkit/idempotency/sqlstore/internal/ordersdbpg"
 )
 
 // The sqlc recipe (database/sql mode): sqlc's generated DBTX interface is
@@ -44,6 +45,21 @@ func ExampleTxFromContext_sqlc() {
 	})))
 }
 
+// orderQueries are the generated queries of ordersdb (MySQL) and
+// ordersdbpg (PostgreSQL): sqlc generates a package per engine.
+type orderQueries interface {
+	CreateOrder(ctx context.Context, symbol string) (int64, error)
+	CountOrders(ctx context.Context, symbol string) (int64, error)
+}
+
+// sqlcQueries returns the dialect's generated queries on tx.
+func sqlcQueries(d sqlstore.Dialect, tx *sqlstore.Tx) orderQueries {
+	if d == sqlstore.PostgreSQL {
+		return ordersdbpg.New(tx)
+	}
+	return ordersdb.New(tx)
+}
+
 // TestSqlcRecipe: sqlc-generated queries take the lent *sqlstore.Tx as
 // their DBTX; the shared recipe checks (internal/ormtest) pass on it.
 func TestSqlcRecipe(t *testing.T) {
@@ -53,7 +69,7 @@ func TestSqlcRecipe(t *testing.T) {
 			ormtest.Run(t, b, ormtest.Recipe{
 				Write: func(r *http.Request, symbol string) error {
 					tx, _ := sqlstore.TxFromContext(r.Context())
-					q := ordersdb.New(tx)
+					q := sqlcQueries(b.Dialect, tx)
 					if _, err := q.CreateOrder(r.Context(), symbol); err != nil {
 						return err
 					}

@@ -8,6 +8,7 @@ require (
 	github.com/idemkit/idempotency v0.1.0
 	github.com/uptrace/bun v1.3.0
 	github.com/uptrace/bun/dialect/mysqldialect v1.3.0
+	github.com/uptrace/bun/dialect/pgdialect v1.3.0
 	go.uber.org/goleak v1.3.0
 )
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/mysqldialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
 	"github.com/uptrace/bun/schema"
 	"go.uber.org/goleak"
 
@@ -33,6 +34,8 @@ func openBun(t *testing.T, b ormtest.Backend) *bun.DB {
 	switch b.Dialect {
 	case sqlstore.MySQL:
 		d = mysqldialect.New()
+	case sqlstore.PostgreSQL:
+		d = pgdialect.New()
 	default:
 		t.Fatalf("no Bun dialect for %s", b.Dialect)
 	}

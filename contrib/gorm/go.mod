@@ -8,6 +8,7 @@ require (
 	github.com/idemkit/idempotency v0.1.0
 	go.uber.org/goleak v1.3.0
 	gorm.io/driver/mysql v1.6.0
+	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
 )
 

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
@@ -32,6 +33,8 @@ func openGorm(t *testing.T, b ormtest.Backend) *gorm.DB {
 	switch b.Dialect {
 	case sqlstore.MySQL:
 		d = mysql.New(mysql.Config{Conn: b.DB})
+	case sqlstore.PostgreSQL:
+		d = postgres.New(postgres.Config{Conn: b.DB})
 	default:
 		t.Fatalf("no GORM dialector for %s", b.Dialect)
 	}
