@@ -5,7 +5,8 @@
 // commits exactly one row and replays; an error rolls the row back and
 // fails the key; Commit and Rollback on what the recipe hands the handler
 // are refused, and the key is still owned after them (a duplicate sent
-// then is answered 409 in flight and never runs).
+// then is answered 409 in flight and never runs); a write through the
+// recipe after the handler returned is refused.
 package ormtest
 
 import (
@@ -114,6 +115,9 @@ type Recipe struct {
 // failSymbol makes the handler answer 500 after its write.
 const failSymbol = "XFAIL"
 
+// lateSymbol is written after the handler returned.
+const lateSymbol = "LATE"
+
 // dupHeader marks the request whose handler sends a duplicate.
 const dupHeader = "X-Ormtest-Duplicate"
 
@@ -129,6 +133,7 @@ func Run(t *testing.T, b Backend, rec Recipe) {
 		t.Fatal(err)
 	}
 	var runs atomic.Int32
+	var first atomic.Pointer[http.Request] // the first order's request, for a write after its handler returned
 	var h http.Handler
 	h = route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -146,6 +151,9 @@ func Run(t *testing.T, b Backend, rec Recipe) {
 		}
 		if n := count(t, b, symbol); n != 0 {
 			t.Errorf("another connection sees %d %s orders before the route commits: the write did not go through the lent transaction", n, symbol)
+		}
+		if r.Header.Get(dupHeader) != "" && symbol != failSymbol {
+			first.Store(r)
 		}
 		if r.Header.Get(dupHeader) != "" {
 			commitErr, rollbackErr := rec.EndTx(r)
@@ -182,6 +190,15 @@ func Run(t *testing.T, b Backend, rec Recipe) {
 	}
 	if n := count(t, b, "AAPL"); n != 1 {
 		t.Fatalf("orders after one key's success and replay: %d, want exactly 1", n)
+	}
+
+	// The loan ended with the handler: a write through the recipe on the
+	// finished route's transaction is refused and leaves nothing.
+	if err := rec.Write(first.Load(), lateSymbol); err == nil {
+		t.Error("a write after the handler returned succeeded, want it refused")
+	}
+	if n := count(t, b, lateSymbol); n != 0 {
+		t.Fatalf("orders written after the handler returned: %d, want 0", n)
 	}
 
 	failKey := uuid.NewString()
