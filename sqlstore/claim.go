@@ -68,6 +68,8 @@ func (s *Store) claimOn(ctx context.Context, x execer, req idempotency.ClaimRequ
 		switch {
 		case err == nil:
 			return res, nil
+		case errors.Is(err, errRetryClaim):
+			last = errClaimVanished
 		case hasCode(err, s.d.duplicate...):
 			rec, won, found, err := s.readKeyOn(ctx, x, req, locking)
 			if err != nil {
@@ -162,6 +164,9 @@ func (s *Store) Complete(ctx context.Context, f idempotency.Fence, _ idempotency
 	body, raw, headers, seal, err := completeArgs(resp)
 	if err != nil {
 		return err
+	}
+	if s.d.name == PostgreSQL {
+		body, raw = pgJSONArgs(body, raw)
 	}
 	return s.fenced(ctx, "complete", s.st.complete, resp.Status, body, raw, headers, seal, f.ID, f.Scope, f.Attempt)
 }

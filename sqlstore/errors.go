@@ -30,15 +30,39 @@ const errInvalidConn = "invalid connection"
 // PostgreSQL SQLSTATE (pgx's *pgconn.PgError and lib/pq's *pq.Error both
 // have SQLState).
 func serverCode(err error) (string, bool) {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if s, ok := e.(interface{ SQLState() string }); ok {
-			return s.SQLState(), true
-		}
-		if n, ok := mysqlNumber(e); ok {
-			return strconv.Itoa(int(n)), true
+	var st interface{ SQLState() string }
+	if errors.As(err, &st) {
+		return st.SQLState(), true
+	}
+	var n uint16
+	found := false
+	walk(err, func(e error) bool {
+		n, found = mysqlNumber(e)
+		return found
+	})
+	return strconv.Itoa(int(n)), found
+}
+
+// walk calls f on err and every error it wraps, depth first, until f
+// returns true.
+func walk(err error, f func(error) bool) bool {
+	if err == nil {
+		return false
+	}
+	if f(err) {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return walk(u.Unwrap(), f)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if walk(e, f) {
+				return true
+			}
 		}
 	}
-	return "", false
+	return false
 }
 
 // mysqlNumber reads Number from a *mysql.MySQLError.
@@ -137,12 +161,7 @@ func (s *Store) reason(err error) string {
 
 // isInvalidConn reports go-sql-driver's ErrInvalidConn anywhere in err.
 func isInvalidConn(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if e.Error() == errInvalidConn {
-			return true
-		}
-	}
-	return false
+	return walk(err, func(e error) bool { return e.Error() == errInvalidConn })
 }
 
 // isConnLoss reports an error after which the connection is gone.

@@ -1,19 +1,146 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency"
 )
 
-// newPostgres finishes New for the PostgreSQL dialect.
-func newPostgres(ctx context.Context, s *Store, db *sql.DB, cfg Config, table string) (*Store, error) {
-	return nil, errors.New("sqlstore: the PostgreSQL dialect is not built yet")
+// The PostgreSQL dialect: the pgx store's table and statements, through a
+// database/sql driver (pgx's stdlib, lib/pq), so the two stores can share
+// one table and replay each other's rows. Every statement names the table
+// qualified by the schema New resolved, so a handler's SET search_path
+// cannot send a claim to another table.
+
+// pgStored are a row's stored columns (the pgx store's order).
+const pgStored = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	response_code, response_body, response_body_raw, response_headers, seal_key_id,
+	created_at, locked_at, locked_until, expires_at`
+
+// pgFlags are the flags against the database's clock.
+const pgFlags = `expires_at < now() AS expired, locked_until < now() AS lease_over`
+
+// pgStatements are the PostgreSQL dialect's statements for one table.
+func pgStatements(table string) statements {
+	r := strings.NewReplacer("T_", table, "STORED_", pgStored, "FLAGS_", pgFlags)
+	q := func(s string) string { return r.Replace(s) }
+	return statements{
+		// The pgx store's claim: the INSERT, or the existing row in the
+		// same statement; no row when the conflicting row committed after
+		// the statement's snapshot (run it again).
+		// $1 key, $2 scope, $3 endpoint, $4 hash, $5 lease, $6 TTL, $7 owner.
+		insert: q(`WITH ins AS (
+	INSERT INTO T_ (idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+		created_at, locked_at, locked_until, expires_at, owner_token)
+	VALUES ($1, $2, $3, $4, 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
+	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+	RETURNING STORED_
+)
+SELECT STORED_, false, false, true AS won FROM ins
+UNION ALL
+SELECT STORED_, FLAGS_,
+	(status = 'in_flight' AND locked_until >= now() AND owner_token = $7::uuid) IS TRUE AS won
+FROM T_ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3 AND NOT EXISTS (SELECT 1 FROM ins)`),
+		// $1 owner, $2 key, $3 scope, $4 endpoint.
+		readKey: q(`SELECT STORED_, FLAGS_,
+	(status = 'in_flight' AND locked_until >= now() AND owner_token = $1::uuid) IS TRUE AS won
+FROM T_ WHERE idem_key = $2 AND scope_user_id = $3 AND scope_endpoint = $4`),
+		readID: q(`SELECT STORED_, false, false, true FROM T_ WHERE id = $1 AND scope_user_id = $2`),
+		// $1 hash, $2 lease, $3 TTL, $4 owner, $5 id, $6 scope, $7 attempt.
+		takeover: q(`UPDATE T_ SET attempt = attempt + 1, request_hash = $1, status = 'in_flight',
+	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL,
+	created_at = now(), locked_at = now(), locked_until = now() + $2::interval, expires_at = now() + $3::interval,
+	owner_token = $4::uuid
+WHERE scope_user_id = $6 AND id = $5 AND attempt = $7 AND expires_at < now()
+	AND NOT (status = 'in_flight' AND locked_until >= now())`),
+		// $1 code, $2 JSON body, $3 raw body, $4 headers, $5 seal key id, $6 id, $7 scope, $8 attempt.
+		complete: q(`UPDATE T_ SET status = 'completed',
+	response_code = $1, response_body = $2::jsonb, response_body_raw = $3, response_headers = $4::jsonb, seal_key_id = $5
+WHERE scope_user_id = $7 AND id = $6 AND status = 'in_flight' AND attempt = $8`),
+		fail:    q(`UPDATE T_ SET status = 'failed' WHERE scope_user_id = $2 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
+		release: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
+		// $1 key, $2 scope, $3 endpoint, $4 owner.
+		releaseOwner: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
+	AND status = 'in_flight' AND owner_token = $4::uuid`),
+		// $1 limit.
+		cleanup: q(`WITH batch AS (
+	SELECT scope_user_id, id FROM T_ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
+	ORDER BY expires_at LIMIT $1
+)
+DELETE FROM T_ t USING batch b WHERE t.scope_user_id = b.scope_user_id AND t.id = b.id
+	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`),
+		countCleanup: q(`SELECT count(*) FROM T_ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`),
+		now:          `SELECT now()`,
+		eraseDelete:  q(`DELETE FROM T_ WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= $2)`),
+		eraseKept: q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 AND status = 'in_flight' AND locked_until >= $2
+ORDER BY created_at, id`),
+		export: q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 ORDER BY created_at, id`),
+		// $1 key, $2 scope, $3 endpoint ("" for all), $4 endpoint.
+		lookup: q(`SELECT STORED_, FLAGS_, false, now() FROM T_ WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text = '' OR scope_endpoint = $4)
+ORDER BY scope_endpoint`),
+		releaseKey: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND id = $1 AND attempt = $3
+	AND (status = 'failed' OR status = 'in_flight' AND locked_until < now())`),
+		stats: q(`SELECT count(*),
+	count(*) FILTER (WHERE status = 'in_flight'), count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'failed'),
+	COALESCE(extract(epoch FROM now() - min(locked_at) FILTER (WHERE status = 'in_flight'))::float8, 0),
+	count(*) FILTER (WHERE status = 'in_flight' AND locked_until < now()),
+	count(*) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())),
+	COALESCE(extract(epoch FROM now() - min(expires_at) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())))::float8, 0)
+FROM T_`),
+		savepoint:         `SAVEPOINT idempotency_claim`,
+		rollbackSavepoint: `ROLLBACK TO SAVEPOINT idempotency_claim`,
+	}
 }
+
+// pgTxInsert is a transactional claim's INSERT alone (a loser reads the
+// row with readKey, a second statement), as the pgx store's.
+const pgTxInsert = `INSERT INTO T_ (idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+	created_at, locked_at, locked_until, expires_at, owner_token)
+VALUES ($1, $2, $3, $4, 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
+ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+RETURNING ` + pgStored + `, false, false, true`
+
+// pgBoundSQL bounds a transactional claim, for its transaction only: the
+// lock wait ($2), and statement_timeout and
+// idle_in_transaction_session_timeout to the lease ($1) unless the
+// session's own bound is smaller (0, no bound, counting as the largest).
+// It returns the session's lock_timeout, put back after the claim.
+const pgBoundSQL = `SELECT s.lt,
+	set_config('lock_timeout', $2, true),
+	set_config('statement_timeout', CASE WHEN s.st::interval > '0' AND s.st::interval <= $1::text::interval THEN s.st ELSE $1::text END, true),
+	set_config('idle_in_transaction_session_timeout', CASE WHEN s.it::interval > '0' AND s.it::interval <= $1::text::interval THEN s.it ELSE $1::text END, true)
+FROM (SELECT current_setting('lock_timeout') AS lt, current_setting('statement_timeout') AS st,
+	current_setting('idle_in_transaction_session_timeout') AS it OFFSET 0) AS s`
+
+// newPostgres finishes New for the PostgreSQL dialect: the schema is
+// cfg.Schema, or the connection's current_schema().
+func newPostgres(ctx context.Context, s *Store, db *sql.DB, cfg Config, table string) (*Store, error) {
+	s.d = dialect{name: PostgreSQL, codeReason: pgReason, duplicate: []string{"23505"}, restart: []string{"40001", "40P01"}}
+	schema := cfg.Schema
+	if schema == "" {
+		var cur sql.NullString
+		if err := db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&cur); err != nil {
+			return nil, fmt.Errorf("sqlstore: New: %w", s.storeError("check", err))
+		}
+		if !cur.Valid {
+			return nil, errors.New("sqlstore: New: the connection's search_path names no existing schema: name one in Config.Schema")
+		}
+		schema = cur.String
+	}
+	s.table = pgQuote(schema) + "." + pgQuote(table)
+	s.st = pgStatements(s.table)
+	return s, nil
+}
+
+// pgQuote quotes an identifier.
+func pgQuote(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
 
 // pgInterval is d as an interval's text in milliseconds, rounded up, at
 // least 1.
@@ -21,24 +148,110 @@ func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(int64((d+time.Millisecond-1)/time.Millisecond), 1), 10) + "ms"
 }
 
+// pgInsertOn runs the claim's statement: the new row, or the existing one;
+// no row (the conflicting row committed after the statement's snapshot, or
+// was deleted) is reported as a duplicate with no row found, which runs the
+// claim again.
 func (s *Store) pgInsertOn(ctx context.Context, x execer, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	return idempotency.ClaimResult{}, errors.New("sqlstore: not built")
+	var rec idempotency.Record
+	var won bool
+	err := scanRecord(x.QueryRowContext(ctx, s.st.insert, s.insertArgs(req)...), &rec, &won)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idempotency.ClaimResult{}, errRetryClaim
+	}
+	return idempotency.ClaimResult{Won: won, Record: rec}, err
 }
+
+// errRetryClaim is a claim statement that read no row: run it again.
+var errRetryClaim = errors.New("sqlstore: the claim read no row")
 
 func (s *Store) pgCleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64, error) {
-	return 0, errors.New("sqlstore: not built")
+	r, err := c.ExecContext(ctx, s.st.cleanup, limit)
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
 }
 
-func (s *Store) pgBound(ctx context.Context, tx *sql.Tx, lease time.Duration) error {
-	return errors.New("sqlstore: not built")
-}
+// pgBound is a no-op: the transactional claim bounds its transaction in
+// pgClaim's first statement.
+func (s *Store) pgBound(context.Context, *sql.Tx, time.Duration) error { return nil }
 
+// pgClaim is the transactional claim: the bounds and the lock wait (one
+// statement), the INSERT, the session's lock_timeout back; a loser reads
+// the existing row in a fresh statement (at READ COMMITTED it sees the row
+// whose owner committed while the claim waited).
 func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wait time.Duration) (idempotency.ClaimResult, error) {
-	return idempotency.ClaimResult{}, errors.New("sqlstore: not built")
+	if err := t.tx.QueryRowContext(ctx, pgBoundSQL, pgInterval(req.Lease), pgInterval(wait)).
+		Scan(&t.savedLock, new(string), &t.bounds[0], &t.bounds[1]); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
+	insert := strings.ReplaceAll(pgTxInsert, "T_", t.s.table)
+	for range retries {
+		var rec idempotency.Record
+		err := scanRecord(t.tx.QueryRowContext(ctx, insert, t.s.insertArgs(req)...), &rec, nil)
+		if err == nil {
+			return idempotency.ClaimResult{Won: true, Record: rec}, t.pgLockWaitRestore(ctx)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return idempotency.ClaimResult{}, err
+		}
+		var won bool
+		err = scanRecord(t.tx.QueryRowContext(ctx, t.s.st.readKey, nil, req.Key, req.Scope, req.Endpoint), &rec, &won)
+		if err == nil {
+			return idempotency.ClaimResult{Record: rec}, t.pgLockWaitRestore(ctx)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return idempotency.ClaimResult{}, err
+		}
+	}
+	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConflict, Err: errClaimVanished}
 }
 
-func (t *routeTx) pgLockWait(ctx context.Context, wait time.Duration) error {
-	return errors.New("not built")
+// pgRestoreBounds puts back, for the record and COMMIT, the bounds the
+// claim set, whatever the handler set since (a SET without LOCAL too).
+func (t *routeTx) pgRestoreBounds(ctx context.Context) error {
+	if t.bounds[0] == "" {
+		return nil
+	}
+	_, err := t.tx.ExecContext(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+		t.bounds[0], t.bounds[1])
+	return err
 }
-func (t *routeTx) pgLockWaitRestore(ctx context.Context) error { return errors.New("not built") }
-func (t *routeTx) pgAfterCommit() bool                         { return false }
+
+// pgLockWait bounds the lock wait of the next statements, saving the
+// transaction's lock_timeout.
+func (t *routeTx) pgLockWait(ctx context.Context, wait time.Duration) error {
+	return t.tx.QueryRowContext(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`, pgInterval(wait)).
+		Scan(&t.savedLock, new(string))
+}
+
+// pgLockWaitRestore puts the saved lock_timeout back.
+func (t *routeTx) pgLockWaitRestore(ctx context.Context) error {
+	_, err := t.tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, t.savedLock)
+	return err
+}
+
+// pgAfterCommit resets the session after COMMIT (RESET ALL: every setting
+// back to the connection's defaults, the role and search_path included),
+// so a handler's SET without LOCAL never outlives its request; false when
+// that failed, and the connection is closed instead.
+func (t *routeTx) pgAfterCommit() bool {
+	if !t.dirty {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateTimeout)
+	defer cancel()
+	_, err := t.c.ExecContext(ctx, `RESET ALL`)
+	return err == nil
+}
+
+// pgJSONArgs adapts a complete's JSON body for JSONB, which refuses a
+// \u0000 escape: such a body goes byte for byte to the raw column, with
+// the pgx store's marker (JSON null) in the JSONB column.
+func pgJSONArgs(body, raw any) (any, any) {
+	if s, ok := body.(string); ok && raw == nil && strings.Contains(s, `\u0000`) {
+		return "null", bytes.Clone([]byte(s))
+	}
+	return body, raw
+}

@@ -28,6 +28,9 @@ type routeTx struct {
 	// end; a loser's connection, which nobody changed, goes back to the pool.
 	dirty bool
 
+	savedLock string    // PostgreSQL: the lock_timeout a bounded wait puts back
+	bounds    [2]string // PostgreSQL: statement_timeout and idle_in_transaction_session_timeout as the claim set them
+
 	// After the handler's loan ended nothing but the store uses the
 	// transaction, so State's answer holds until the store's next
 	// statement: known says it is current.
@@ -349,6 +352,9 @@ func (t *routeTx) record(ctx context.Context, s *idempotency.Settlement) error {
 		}
 	}
 	if t.s.d.name == PostgreSQL {
+		if err := t.pgRestoreBounds(ctx); err != nil {
+			return t.s.storeError("commit", err)
+		}
 		if _, err := t.tx.ExecContext(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
 			if hasCode(err, "23503", "23505", "23514", "23P01") {
 				return &idempotency.StoreError{Op: "commit", Reason: idempotency.ReasonOther, Err: errors.Join(idempotency.ErrDeferredConstraint, err)}
@@ -365,6 +371,9 @@ func (t *routeTx) record(ctx context.Context, s *idempotency.Settlement) error {
 		body, raw, headers, seal, cerr := completeArgs(s.Response)
 		if cerr != nil {
 			return cerr
+		}
+		if t.s.d.name == PostgreSQL {
+			body, raw = pgJSONArgs(body, raw)
 		}
 		r, err = t.tx.ExecContext(ctx, t.s.st.complete, s.Response.Status, body, raw, headers, seal, f.ID, f.Scope, f.Attempt)
 	}

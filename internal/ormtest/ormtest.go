@@ -60,9 +60,7 @@ var ordersDDL = map[sqlstore.Dialect]string{
 // store's table). Without IDEMPOTENCY_TEST_MYSQL_URL the test is skipped
 // (a failure under IDEMPOTENCY_REQUIRE_MYSQL=1); without
 // IDEMPOTENCY_TEST_DATABASE_URL (and IDEMPOTENCY_REQUIRE_DB) PostgreSQL is
-// left out. Until
-// sqlstore's PostgreSQL dialect is built, New refuses it and the
-// PostgreSQL backend is left out with a log line.
+// left out.
 func Backends(t *testing.T) []Backend {
 	t.Helper()
 	d := mysqldb.New(t)
@@ -77,12 +75,6 @@ func Backends(t *testing.T) []Backend {
 	}
 	t.Cleanup(func() { _ = pg.Close() })
 	pg.SetMaxOpenConns(4)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := sqlstore.New(ctx, pg, sqlstore.Config{Dialect: sqlstore.PostgreSQL}); err != nil && strings.Contains(err.Error(), "not built yet") {
-		t.Logf("ormtest: PostgreSQL left out: %v", err)
-		return bs
-	}
 	return append(bs, backend(t, "postgres", sqlstore.PostgreSQL, "pgx", pg))
 }
 
