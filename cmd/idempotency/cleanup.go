@@ -50,16 +50,16 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 		return usagef("--progress must not be negative, got %v", progress)
 	}
 
-	pool, err := c.openChecked(ctx)
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer db.Close()
 
 	if *dryRun {
 		sctx, cancel := c.statementContext(ctx)
 		defer cancel()
-		n, err := operatorOf(pool).CountCleanup(sctx)
+		n, err := db.ops().CountCleanup(sctx)
 		if err != nil {
 			return c.dbError(ctx, "count expired keys", err)
 		}
@@ -75,7 +75,7 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 
 	start := time.Now()
 	lastProgress := start
-	deleted, batches, err := c.cleanupBatches(ctx, idempotency.NewPostgresStore(pool), *batch, func(deleted, batches int64) {
+	deleted, batches, err := c.cleanupBatches(ctx, db.store, *batch, func(deleted, batches int64) {
 		if progress > 0 && time.Since(lastProgress) >= progress {
 			lastProgress = time.Now()
 			fmt.Fprintf(c.stderr, "cleanup: %d %s deleted so far (%d batches, %v)\n",

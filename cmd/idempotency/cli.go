@@ -26,6 +26,7 @@ type cli struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	g              globals
+	mysql          bool // the command opened a MySQL/MariaDB database
 }
 
 // globals are the flags every command accepts.
@@ -76,7 +77,7 @@ func (f durationFlag) Set(s string) error {
 func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned and printed as one line
-	fs.Var(&c.g.databaseURL, "database-url", "PostgreSQL `URL` (env "+envDatabaseURL+"; the flag wins)")
+	fs.Var(&c.g.databaseURL, "database-url", "PostgreSQL or mysql:// `URL` (env "+envDatabaseURL+"; the flag wins; MySQL/MariaDB for "+bothDialects+")")
 	fs.Var(&c.g.sealKeysFile, "seal-keys-file", "read the seal keys from `PATH` (the format of "+envSealKeys+", which is read when this is not given)")
 	fs.BoolVar(&c.g.json, "json", c.g.json, "print one JSON document instead of text")
 	fs.Var(durationFlag{&c.g.timeout}, "timeout", "deadline of each database statement, a `DURATION` such as 30s or 2m (default 30s)")

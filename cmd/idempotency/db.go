@@ -43,12 +43,12 @@ func operatorFor(store idempotency.Store) operator.Store[idempotency.Record, ide
 // answers. A missing or malformed URL is a usage error. The caller closes
 // the pool.
 func (c *cli) open(ctx context.Context) (*pgxpool.Pool, error) {
-	url := c.g.databaseURL.v
-	if !c.g.databaseURL.set {
-		url = c.getenv(envDatabaseURL)
+	url, err := c.databaseURL()
+	if err != nil {
+		return nil, err
 	}
-	if strings.TrimSpace(url) == "" {
-		return nil, usagef("no database: set --database-url or %s (e.g. postgres://user@host:5432/db)", envDatabaseURL)
+	if err := postgresOnly(url); err != nil {
+		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -133,6 +133,8 @@ func (c *cli) dbError(ctx context.Context, what string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("%s: interrupted", what)
+	case isMissingTable(err) && c.mysql:
+		return fmt.Errorf("table %s not found in the URL's database: run `idempotency migrate up`", table)
 	case isMissingTable(err):
 		return fmt.Errorf("table %s not found in the URL's schema (search_path): run `idempotency migrate up`", table)
 	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &se) && se.Reason == idempotency.ReasonTimeout):
@@ -164,8 +166,12 @@ func isMissingTable(err error) bool {
 	return false
 }
 
-// pgMessage is a Postgres error's message and code, else err's text.
+// pgMessage is a Postgres error's message and code (a MySQL error's
+// message and number), else err's text.
 func pgMessage(err error) string {
+	if m, ok := mysqlMessage(err); ok {
+		return m
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Message + " (SQLSTATE " + pgErr.Code + ")"

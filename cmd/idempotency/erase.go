@@ -6,8 +6,6 @@ import (
 	"io"
 	"text/tabwriter"
 	"time"
-
-	"github.com/idemkit/idempotency"
 )
 
 func eraseHelp(w io.Writer) {
@@ -36,15 +34,15 @@ func runErase(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	pool, err := c.openChecked(ctx)
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer db.Close()
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	res, err := idempotency.NewPostgresStore(pool).Erase(sctx, scope)
+	res, err := db.store.Erase(sctx, scope)
 	if err != nil {
 		return c.dbError(ctx, "delete the user's keys", err)
 	}

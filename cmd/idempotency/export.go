@@ -39,15 +39,15 @@ func runExport(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	pool, err := c.openChecked(ctx)
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer db.Close()
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	store, err := c.readStore(sctx, pool)
+	store, err := c.readStore(sctx, db.store)
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	store, err := c.readStore(sctx, pool)
+	store, err := c.readStore(sctx, idempotency.NewPostgresStore(pool))
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,8 @@
 //	go run github.com/idemkit/idempotency/cmd/idempotency --help
 //
 // The database URL comes from --database-url or DATABASE_URL (the flag
-// wins). Output is text by default, one JSON document with --json; export
+// wins). A mysql:// URL (or a go-sql-driver DSN) selects MySQL/MariaDB,
+// sqlstore's MySQL dialect, for migrate, cleanup, erase, export and stats. Output is text by default, one JSON document with --json; export
 // always writes JSON lines. Exit status: 0 success, 1 runtime failure, 2
 // usage error.
 package main
@@ -164,6 +165,7 @@ table missing); 2 usage error (unknown command, bad flag, malformed key or user)
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app idempotency stats
+  DATABASE_URL=mysql://app@db:3306/app idempotency stats   (MySQL/MariaDB: `+bothDialects+`)
 
 Run 'idempotency <command> --help' for a command's flags and an example.
 `)

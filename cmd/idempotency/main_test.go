@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"net"
 	"net/http"
 	"strings"
@@ -56,8 +57,9 @@ func wantCode(t *testing.T, r result, code int) {
 // to make rows with.
 type testDB struct {
 	dsn   string
-	pool  *pgxpool.Pool
-	store *idempotency.PostgresStore
+	pool  *pgxpool.Pool     // PostgreSQL
+	sqlDB *sql.DB           // MySQL/MariaDB (newMySQLTestDB)
+	store idempotency.Store // on pool or on sqlDB
 }
 
 func newTestDB(t *testing.T) testDB {
@@ -124,7 +126,14 @@ func (db testDB) count(t *testing.T, where string, args ...any) int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var n int64
-	if err := db.pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE "+where, args...).Scan(&n); err != nil {
+	q := "SELECT count(*) FROM idempotency_keys WHERE " + where
+	var err error
+	if db.sqlDB != nil {
+		err = db.sqlDB.QueryRowContext(ctx, mysqlWhere(q), args...).Scan(&n)
+	} else {
+		err = db.pool.QueryRow(ctx, q, args...).Scan(&n)
+	}
+	if err != nil {
 		t.Fatalf("count: %v", err)
 	}
 	return n

@@ -18,6 +18,8 @@ func migrateHelp(w io.Writer) {
 Applies the migrations embedded in the library (the idempotency_keys table) to
 the schema of the URL's connections (its search_path), recording them in
 `+pgmigrate.HistoryTable+` (never the application's own schema_migrations).
+With a mysql:// URL it applies the MySQL/MariaDB migrations (sqlstore's MySQL
+dialect) to the URL's database, recorded in the table of the same name.
 
   up       apply every migration not yet applied; nothing to apply is success,
            so it is safe to run at every deploy and from several hosts at once
@@ -54,6 +56,13 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 		return usagef("unknown action %q: want up, down or version", action)
 	}
 
+	url, err := c.databaseURL()
+	if err != nil {
+		return err
+	}
+	if isMySQLURL(url) {
+		return c.migrateMySQL(ctx, action, url)
+	}
 	pool, err := c.open(ctx)
 	if err != nil {
 		return err
@@ -73,15 +82,7 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 		return c.dbError(ctx, "read the migration version", err)
 	}
 	if action == "version" {
-		if c.g.json {
-			return c.writeJSON(versionJSON{Version: before, Dirty: dirty})
-		}
-		line := versionText(before)
-		if dirty {
-			line += " (dirty: a migration failed half-way; repair the schema by hand)"
-		}
-		_, err := fmt.Fprintln(c.stdout, line)
-		return err
+		return c.printVersion(before, dirty)
 	}
 
 	err = m.Run(mctx, func(mg *migrate.Migrate) error {
@@ -98,7 +99,24 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return c.dbError(ctx, "read the migration version", err)
 	}
+	return c.printMigrated(action, changed, before, after)
+}
 
+// printVersion prints migrate version's answer.
+func (c *cli) printVersion(v *uint, dirty bool) error {
+	if c.g.json {
+		return c.writeJSON(versionJSON{Version: v, Dirty: dirty})
+	}
+	line := versionText(v)
+	if dirty {
+		line += " (dirty: a migration failed half-way; repair the schema by hand)"
+	}
+	_, err := fmt.Fprintln(c.stdout, line)
+	return err
+}
+
+// printMigrated prints what migrate up or down did.
+func (c *cli) printMigrated(action string, changed bool, before, after *uint) error {
 	if c.g.json {
 		return c.writeJSON(struct {
 			Action  string `json:"action"`
@@ -118,7 +136,7 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 	default:
 		line = fmt.Sprintf("migrated down: version %s -> %s (%s dropped)", versionText(before), versionText(after), table)
 	}
-	_, err = fmt.Fprintln(c.stdout, line)
+	_, err := fmt.Fprintln(c.stdout, line)
 	return err
 }
 

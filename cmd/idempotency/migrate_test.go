@@ -9,76 +9,73 @@ import (
 
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	db := newTestDB(t) // already migrated by testdb
+	eachDialect(t, func(t *testing.T, db testDB) { // migrated by testdb and mysqldb
 
-	r := runDB(t, db.dsn, "migrate", "version")
-	wantCode(t, r, exitOK)
-	if r.stdout != "1\n" {
-		t.Errorf("version printed %q, want 1", r.stdout)
-	}
-
-	for range 2 {
-		r = runDB(t, db.dsn, "migrate", "up")
+		r := runDB(t, db.dsn, "migrate", "version")
 		wantCode(t, r, exitOK)
-		if !strings.Contains(r.stdout, "already at version 1: nothing to apply") {
-			t.Errorf("up on a migrated schema printed %q", r.stdout)
+		if r.stdout != "1\n" {
+			t.Errorf("version printed %q, want 1", r.stdout)
 		}
-	}
 
-	db.complete(t, newKey(), "7", "POST /x", time.Hour, jsonResp(201, `{"id":1}`))
+		for range 2 {
+			r = runDB(t, db.dsn, "migrate", "up")
+			wantCode(t, r, exitOK)
+			if !strings.Contains(r.stdout, "already at version 1: nothing to apply") {
+				t.Errorf("up on a migrated schema printed %q", r.stdout)
+			}
+		}
 
-	// down refuses without --yes and leaves the table alone.
-	r = runDB(t, db.dsn, "migrate", "down")
-	wantCode(t, r, exitUsage)
-	if n := db.count(t, "true"); n != 1 {
-		t.Fatalf("%d rows after a refused down, want 1", n)
-	}
+		db.complete(t, newKey(), "7", "POST /x", time.Hour, jsonResp(201, `{"id":1}`))
 
-	r = runDB(t, db.dsn, "migrate", "down", "--yes")
-	wantCode(t, r, exitOK)
-	if !strings.Contains(r.stdout, "version 1 -> none") {
-		t.Errorf("down printed %q", r.stdout)
-	}
-	var exists bool
-	if err := db.pool.QueryRow(t.Context(), `SELECT to_regclass('idempotency_keys') IS NOT NULL`).Scan(&exists); err != nil {
-		t.Fatal(err)
-	}
-	if exists {
-		t.Error("idempotency_keys still exists after down --yes")
-	}
-	r = runDB(t, db.dsn, "migrate", "version")
-	wantCode(t, r, exitOK)
-	if r.stdout != "none\n" {
-		t.Errorf("version after down printed %q, want none", r.stdout)
-	}
-	r = runDB(t, db.dsn, "migrate", "--yes", "down")
-	wantCode(t, r, exitOK)
-	if !strings.Contains(r.stdout, "nothing to roll back") {
-		t.Errorf("second down printed %q", r.stdout)
-	}
+		// down refuses without --yes and leaves the table alone.
+		r = runDB(t, db.dsn, "migrate", "down")
+		wantCode(t, r, exitUsage)
+		if n := db.count(t, "true"); n != 1 {
+			t.Fatalf("%d rows after a refused down, want 1", n)
+		}
 
-	r = runDB(t, db.dsn, "--json", "migrate", "up")
-	wantCode(t, r, exitOK)
-	var up struct {
-		Action  string
-		Changed bool
-		From    *uint
-		To      *uint
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &up); err != nil {
-		t.Fatalf("migrate up --json: %v\n%s", err, r.stdout)
-	}
-	if up.Action != "up" || !up.Changed || up.From != nil || up.To == nil || *up.To != 1 {
-		t.Errorf("migrate up --json = %+v", up)
-	}
-	if n := db.count(t, "true"); n != 0 {
-		t.Errorf("%d rows in the re-created table", n)
-	}
+		r = runDB(t, db.dsn, "migrate", "down", "--yes")
+		wantCode(t, r, exitOK)
+		if !strings.Contains(r.stdout, "version 1 -> none") {
+			t.Errorf("down printed %q", r.stdout)
+		}
+		if db.tableExists(t) {
+			t.Error("idempotency_keys still exists after down --yes")
+		}
+		r = runDB(t, db.dsn, "migrate", "version")
+		wantCode(t, r, exitOK)
+		if r.stdout != "none\n" {
+			t.Errorf("version after down printed %q, want none", r.stdout)
+		}
+		r = runDB(t, db.dsn, "migrate", "--yes", "down")
+		wantCode(t, r, exitOK)
+		if !strings.Contains(r.stdout, "nothing to roll back") {
+			t.Errorf("second down printed %q", r.stdout)
+		}
 
-	r = runDB(t, db.dsn, "migrate", "version", "--json")
-	wantCode(t, r, exitOK)
-	var v versionJSON
-	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Version == nil || *v.Version != 1 || v.Dirty {
-		t.Errorf("version --json = %s (%v)", r.stdout, err)
-	}
+		r = runDB(t, db.dsn, "--json", "migrate", "up")
+		wantCode(t, r, exitOK)
+		var up struct {
+			Action  string
+			Changed bool
+			From    *uint
+			To      *uint
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &up); err != nil {
+			t.Fatalf("migrate up --json: %v\n%s", err, r.stdout)
+		}
+		if up.Action != "up" || !up.Changed || up.From != nil || up.To == nil || *up.To != 1 {
+			t.Errorf("migrate up --json = %+v", up)
+		}
+		if n := db.count(t, "true"); n != 0 {
+			t.Errorf("%d rows in the re-created table", n)
+		}
+
+		r = runDB(t, db.dsn, "migrate", "version", "--json")
+		wantCode(t, r, exitOK)
+		var v versionJSON
+		if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Version == nil || *v.Version != 1 || v.Dirty {
+			t.Errorf("version --json = %s (%v)", r.stdout, err)
+		}
+	})
 }

@@ -39,14 +39,15 @@ func (c *cli) sealKeys() (*seal.Keyring, error) {
 	return k, nil
 }
 
-// readStore is the store that export and inspect read through: with seal
-// keys given, a sealing store, which opens what it reads.
-func (c *cli) readStore(ctx context.Context, pool *pgxpool.Pool) (idempotency.Store, error) {
+// readStore is the store that export and inspect read through: store, or
+// with seal keys given, a sealing store around it, which opens what it
+// reads.
+func (c *cli) readStore(ctx context.Context, store idempotency.Store) (idempotency.Store, error) {
 	keys, err := c.sealKeys()
 	if err != nil || keys == nil {
-		return idempotency.NewPostgresStore(pool), err
+		return store, err
 	}
-	return idempotency.NewSealingStore(ctx, idempotency.NewPostgresStore(pool), keys)
+	return idempotency.NewSealingStore(ctx, store, keys)
 }
 
 // sealStatsSQL counts completed keys by the key id their response is

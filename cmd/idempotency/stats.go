@@ -57,20 +57,20 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	pool, err := c.openChecked(ctx)
+	db, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer db.Close()
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	st, err := operatorOf(pool).Stats(sctx)
+	st, err := db.ops().Stats(sctx)
 	if err != nil {
 		return c.dbError(ctx, "count keys", err)
 	}
 	s := newStatsJSON(st)
-	if s.CompletedBySealKey, err = sealStats(sctx, pool); err != nil {
+	if s.CompletedBySealKey, err = db.sealStats(sctx); err != nil {
 		return c.dbError(ctx, "count keys by seal key", err)
 	}
 	c.warnNonceBudget(s.CompletedBySealKey)
