@@ -193,9 +193,11 @@ func TestSealedRoute(t *testing.T) {
 	if status != http.StatusCreated || replayed {
 		t.Fatalf("new key: %d replayed %v, want a fresh 201", status, replayed)
 	}
+	// pgCompleteSQL's parameters: $8 is the seal key id, $9 and $10 the
+	// key and endpoint its fence finds the row by.
 	var complete []any
 	for _, d := range got {
-		if len(d.Args) == 8 {
+		if len(d.Args) == 10 {
 			complete = d.Args
 		}
 	}
