@@ -197,7 +197,7 @@ func TestTransactional(t *testing.T) {
 			first, err := call(t.Context(), c, ok, map[string]any{"settle": 10})
 			if err != nil || rows(ok) != 1 || dbCount(t, pool, `SELECT count(*) FROM idempotency_keys WHERE idem_key = $1
 				AND status = 'completed' AND scope_endpoint = 'connect:/idem.test.Payments/Settle' AND response_code = 200
-				AND response_headers ? ':rpc'`, ok) != 1 {
+				AND convert_from(response_headers, 'UTF8')::jsonb ? ':rpc'`, ok) != 1 {
 				t.Fatalf("completed: %v; %d ledger rows, want 1 beside the key completed as connect:/...Settle, 200, :rpc", err, rows(ok))
 			}
 			again, err := call(t.Context(), c, ok, map[string]any{"settle": 10})

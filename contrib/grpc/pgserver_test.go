@@ -49,7 +49,7 @@ func TestTransactional(t *testing.T) {
 	ok := uuid.NewString()
 	first, err := invoke(withKey(t.Context(), ok), cc, "Settle", request("settle", codes.OK))
 	if err != nil || rows(ok) != 1 || dbCount(t, pool, `SELECT count(*) FROM idempotency_keys WHERE idem_key = $1 AND status = 'completed'
-		AND scope_endpoint = 'grpc:/idem.test.Payments/Settle' AND response_code = 200 AND response_headers ? ':rpc'`, ok) != 1 {
+		AND scope_endpoint = 'grpc:/idem.test.Payments/Settle' AND response_code = 200 AND convert_from(response_headers, 'UTF8')::jsonb ? ':rpc'`, ok) != 1 {
 		t.Fatalf("completed: %v; %d ledger rows, want 1 beside the key completed as grpc:/...Settle, 200, :rpc", err, rows(ok))
 	}
 	var h2 metadata.MD
