@@ -225,10 +225,14 @@ func TestResealFencedAgainstTakeover(t *testing.T) {
 	}
 	resealed := make(chan result, 1)
 	go func() { resealed <- runCLI(t, sealEnv(db.dsn, "k2", "k1"), "reseal", "--json") }()
+	// Only reseal's UPDATE (resealUpdateSQL) waiting counts: under load,
+	// the CLI's Check probe can wait on the table's extension lock too, and
+	// opening the gate then lets the takeover commit before reseal reads.
 	for deadline := time.Now().Add(time.Minute); ; {
 		var waiting int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'idempotency-cli' AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			WHERE application_name = 'idempotency-cli' AND wait_event_type = 'Lock'
+				AND position('response_body_raw = $5' in query) > 0`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting > 0 {
