@@ -258,10 +258,11 @@ func rawClaim(ctx context.Context, pool *pgxpool.Pool, key string) (id int64, at
 
 // rawComplete sends the complete statement with the parameters the store
 // sends for orderRecord; complete is those parameters, made once, for any
-// fence.
-func rawComplete(ctx context.Context, pool *pgxpool.Pool, complete []any, id int64, attempt int32) error {
+// fence, which is the row's id and attempt ($1, $2) and its key ($9; the
+// scope and endpoint are orderClaim's).
+func rawComplete(ctx context.Context, pool *pgxpool.Pool, complete []any, key string, id int64, attempt int32) error {
 	args := slices.Clone(complete)
-	args[0], args[1] = id, attempt
+	args[0], args[1], args[8] = id, attempt, key
 	tag, err := pool.Exec(ctx, idempotency.CompleteSQLForTest, args...)
 	if err == nil && tag.RowsAffected() != 1 {
 		err = idempotency.ErrNotOwner
@@ -270,7 +271,7 @@ func rawComplete(ctx context.Context, pool *pgxpool.Pool, complete []any, id int
 }
 
 func completeArgs(b *testing.B) []any {
-	args, err := idempotency.CompleteArgsForTest(idempotency.Fence{}, orderRecord)
+	args, err := idempotency.CompleteArgsForTest(idempotency.Fence{Scope: orderClaim.Scope, Endpoint: orderClaim.Endpoint}, orderRecord)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -289,9 +290,10 @@ func BenchmarkPostgresRawMiss(b *testing.B) {
 	b.SetParallelism(8) // 16 clients on 2 cores, as the load tests use
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			id, attempt, won, err := rawClaim(ctx, pool, uuid.NewString())
+			key := uuid.NewString()
+			id, attempt, won, err := rawClaim(ctx, pool, key)
 			if err == nil && won {
-				err = rawComplete(ctx, pool, complete, id, attempt)
+				err = rawComplete(ctx, pool, complete, key, id, attempt)
 			} else if err == nil {
 				err = errors.New("a new key's claim lost")
 			}
@@ -317,7 +319,7 @@ func BenchmarkPostgresRawReplay(b *testing.B) {
 	if err != nil || !won {
 		b.Fatalf("claim: won %v, %v", won, err)
 	}
-	if err := rawComplete(ctx, pool, completeArgs(b), id, attempt); err != nil {
+	if err := rawComplete(ctx, pool, completeArgs(b), key, id, attempt); err != nil {
 		b.Fatal(err)
 	}
 	var fails atomic.Int64
