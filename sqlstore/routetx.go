@@ -27,6 +27,11 @@ type routeTx struct {
 	// end; a loser's connection, which nobody changed, goes back to the pool.
 	dirty bool
 
+	// waits counts down the claim's statements that may wait on a row
+	// lock, shared by BeginClaim's tries (nil: no cap, a takeover):
+	// TxLockWaitBudget's promise.
+	waits *int
+
 	savedLock string    // PostgreSQL: the lock_timeout a bounded wait puts back
 	bounds    [2]string // PostgreSQL: statement_timeout and idle_in_transaction_session_timeout as the claim set them
 
@@ -52,6 +57,7 @@ const stateTimeout = 2 * time.Second
 // and begins again, a bounded number of times: the handler has not run.
 func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
 	last := errClaimVanished
+	waits := retries
 	for range retries {
 		t, err := s.begin(ctx, req)
 		if err != nil {
@@ -60,6 +66,7 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 		if req == nil {
 			return t, idempotency.ClaimResult{}, nil
 		}
+		t.waits = &waits
 		res, err := t.claim(ctx, *req)
 		switch {
 		case err == nil:
@@ -85,6 +92,9 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 // wait (1205, MariaDB's no-wait tries included), a statement time limit
 // (1969, 3024), PostgreSQL's lock_timeout (55P03).
 func (s *Store) isLockWait(err error) bool {
+	if errors.Is(err, errWaitsSpent) {
+		return true
+	}
 	if s.d.name == PostgreSQL {
 		return hasCode(err, "55P03")
 	}
@@ -139,6 +149,9 @@ func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) e
 // seconds, at least 1) and f runs once. The connection is closed after
 // the route, so that setting never outlives it.
 func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix string) error) error {
+	if err := t.mayWait(); err != nil {
+		return err
+	}
 	if !t.s.mariadb {
 		t.dirty = true
 		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, mysqlLockWaitSeconds(wait)); err != nil {
@@ -235,4 +248,42 @@ func cmpWait(d time.Duration) time.Duration {
 		return idempotency.DefaultTxLockWait
 	}
 	return d
+}
+
+// errWaitsSpent is a claim whose tries used up its lock waits: contention,
+// as a wait that ran out.
+var errWaitsSpent = errors.New("sqlstore: the claim's lock waits are spent")
+
+// mayWait takes one of the claim's lock waits, or returns errWaitsSpent.
+func (t *routeTx) mayWait() error {
+	if t.waits == nil {
+		return nil
+	}
+	if *t.waits <= 0 {
+		return errWaitsSpent
+	}
+	*t.waits--
+	return nil
+}
+
+// TxLockWaitBudget returns how long one transactional claim with lock
+// wait wait (RouteConfig.TxLockWait) may spend waiting on row locks: the
+// claim runs at most 5 statements that may wait, across all its tries,
+// each bounded by wait as the database applies it (whole milliseconds on
+// PostgreSQL and MariaDB; whole seconds, at least 1s, on MySQL 8.0's
+// innodb_lock_wait_timeout). The middleware calls it when it creates a
+// transactional route and refuses one whose budget is not below
+// Config.StoreTimeout, as it does for the pgx store.
+func (s *Store) TxLockWaitBudget(wait time.Duration) time.Duration {
+	return retries * lockWaitBound(s.d.name == MySQL && !s.mariadb, cmpWait(wait))
+}
+
+// lockWaitBound is one statement's bound on a row lock for wait: whole
+// seconds, at least 1, where the server counts seconds (MySQL 8.0), whole
+// milliseconds otherwise.
+func lockWaitBound(seconds bool, wait time.Duration) time.Duration {
+	if seconds {
+		return time.Duration(mysqlLockWaitSeconds(wait)) * time.Second
+	}
+	return (wait + time.Millisecond - 1) / time.Millisecond * time.Millisecond
 }
