@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency"
@@ -31,6 +33,8 @@ type routeTx struct {
 	// lock, shared by BeginClaim's tries (nil: no cap, a takeover):
 	// TxLockWaitBudget's promise.
 	waits *int
+
+	tableHeld bool // MySQL: the transaction holds the table's metadata lock (holdTable)
 
 	savedLock string    // PostgreSQL: the lock_timeout a bounded wait puts back
 	bounds    [2]string // PostgreSQL: statement_timeout and idle_in_transaction_session_timeout as the claim set them
@@ -92,7 +96,11 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 // wait (1205, MariaDB's no-wait tries included), a statement time limit
 // (1969, 3024), PostgreSQL's lock_timeout (55P03).
 func (s *Store) isLockWait(err error) bool {
-	if errors.Is(err, errWaitsSpent) {
+	var table *tableLockError
+	switch {
+	case errors.As(err, &table):
+		return false // the table's lock: an outage, no owner to wait for
+	case errors.Is(err, errWaitsSpent):
 		return true
 	}
 	if s.d.name == PostgreSQL {
@@ -154,7 +162,11 @@ func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix
 	}
 	if !t.s.mariadb {
 		t.dirty = true
-		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, mysqlLockWaitSeconds(wait)); err != nil {
+		secs := mysqlLockWaitSeconds(wait)
+		if err := t.holdTable(ctx, fmt.Sprintf("/*+ SET_VAR(lock_wait_timeout=%d) */ ", secs)); err != nil {
+			return err
+		}
+		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, secs); err != nil {
 			return err
 		}
 		return f("")
@@ -162,6 +174,11 @@ func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix
 	deadline := time.Now().Add(wait)
 	for {
 		err := f(mariadbNoWait)
+		if hasCode(err, "1205") {
+			if herr := t.holdTable(ctx, mariadbNoWait); herr != nil {
+				err = herr // the table's lock, or the probe's own failure
+			}
+		}
 		if !hasCode(err, "1205") || !time.Now().Before(deadline) {
 			return err
 		}
@@ -286,4 +303,42 @@ func lockWaitBound(seconds bool, wait time.Duration) time.Duration {
 		return time.Duration(mysqlLockWaitSeconds(wait)) * time.Second
 	}
 	return (wait + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+}
+
+// tableLockError is a claim's wait on the table's metadata lock (DDL, a
+// migration, LOCK TABLES) that ran out: not contention on a row, so not
+// 409 in flight (DESIGN-settled-r3 item 30), but the store error of its
+// code (1205, lock_timeout), 503.
+type tableLockError struct{ err error }
+
+func (e *tableLockError) Error() string {
+	return "the table's metadata lock is held (DDL, a migration, LOCK TABLES): " + e.err.Error()
+}
+func (e *tableLockError) Unwrap() error { return e.err }
+
+// holdTable takes the table's metadata lock for the transaction once
+// (tableProbe under prefix's bound), so that every later 1205 in it is a
+// row's. A 1205 on the probe is a *tableLockError.
+func (t *routeTx) holdTable(ctx context.Context, prefix string) error {
+	if t.tableHeld {
+		return nil
+	}
+	q := strings.ReplaceAll(tableProbe, "T_", t.s.table)
+	if strings.HasPrefix(prefix, "/*+") { // MySQL 8.0: the hint follows SELECT
+		q = "SELECT " + prefix + strings.TrimPrefix(q, "SELECT ")
+	} else {
+		q = prefix + q
+	}
+	rows, err := t.tx.QueryContext(ctx, q)
+	if err == nil {
+		err = rows.Close()
+	}
+	switch {
+	case err == nil:
+		t.tableHeld = true
+		return nil
+	case hasCode(err, "1205"):
+		return &tableLockError{err: err}
+	}
+	return err
 }
