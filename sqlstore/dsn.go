@@ -15,7 +15,7 @@ import (
 // parseTime=true added. The port defaults to 3306. A string that is not a
 // mysql:// URL is returned unchanged, taken to be a driver DSN already.
 // Name a dial timeout (timeout=5s): without one, a connect to a host that
-// vanished waits for the operating system's TCP timeout.
+// vanished waits for the operating system's TCP timeout, and New warns.
 func MySQLDSN(rawURL string) (string, error) {
 	if !strings.HasPrefix(rawURL, "mysql://") {
 		return rawURL, nil
