@@ -152,10 +152,13 @@ func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) e
 
 // waiting runs f with its wait on another transaction's row lock
 // bounded by wait: on MariaDB f's statement, prefixed with mariadbNoWait,
-// is tried again until it stops failing with 1205 or wait is over; on
-// MySQL 8.0 the session's innodb_lock_wait_timeout is set to wait (whole
-// seconds, at least 1) and f runs once. The connection is closed after
-// the route, so that setting never outlives it.
+// is tried again until it stops failing with 1205 or wait is over (the
+// first 1205 runs holdTable, which tells the table's lock from a row's);
+// on MySQL 8.0 holdTable runs first, under the same bound, then the
+// session's innodb_lock_wait_timeout is set to wait (whole seconds, at
+// least 1) and f runs once. The connection is closed after the route, so
+// that setting never outlives it. Each call takes one of the claim's
+// waits (mayWait), MySQL 8.0's probe another.
 func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix string) error) error {
 	if err := t.mayWait(); err != nil {
 		return err
@@ -163,8 +166,13 @@ func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix
 	if !t.s.mariadb {
 		t.dirty = true
 		secs := mysqlLockWaitSeconds(wait)
-		if err := t.holdTable(ctx, fmt.Sprintf("/*+ SET_VAR(lock_wait_timeout=%d) */ ", secs)); err != nil {
-			return err
+		if !t.tableHeld { // the probe may wait too: it takes one of the claim's waits
+			if err := t.mayWait(); err != nil {
+				return err
+			}
+			if err := t.holdTable(ctx, fmt.Sprintf("/*+ SET_VAR(lock_wait_timeout=%d) */ ", secs)); err != nil {
+				return err
+			}
 		}
 		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, secs); err != nil {
 			return err
