@@ -176,8 +176,9 @@ type RouteConfig struct {
 	// TxLockWait, on a transactional route, bounds how long a claim (the
 	// takeover and the re-read too, not the handler's statements) waits for
 	// another open transaction that holds the key before answering 409 in
-	// flight; five times it must stay below Config.StoreTimeout. Defaults to
-	// DefaultTxLockWait.
+	// flight; five times it, as the database bounds it (whole seconds, at
+	// least 1s, on MySQL 8.0), must stay below Config.StoreTimeout.
+	// Defaults to DefaultTxLockWait.
 	TxLockWait time.Duration
 	// ReleaseOnError, on a transactional route, releases the key when the
 	// handler fails (>= 500 or panic) instead of marking it failed: the
@@ -249,8 +250,13 @@ func (rc RouteConfig) withDefaults() RouteConfig {
 }
 
 // validate checks a route's policy, defaults filled, under a middleware
-// whose lease is lease and whose store calls are bounded by storeTimeout.
-func (rc *RouteConfig) validate(lease, storeTimeout time.Duration) error {
+// of store s whose lease is lease and whose store calls are bounded by
+// storeTimeout.
+func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) error {
+	budget := txWaitBudget
+	if b, ok := s.(txWaitBudgeter); ok {
+		budget = b.TxLockWaitBudget
+	}
 	floor := max(minTTL, 2*lease)
 	switch {
 	case !storable(rc.Name):
@@ -265,12 +271,12 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration) error {
 		return fmt.Errorf("idempotency: RouteConfig.MaxResponseBytes must be positive, got %d", rc.MaxResponseBytes)
 	case rc.TxLockWait < time.Millisecond:
 		return fmt.Errorf("idempotency: RouteConfig.TxLockWait must be at least 1ms, got %v", rc.TxLockWait)
-	case rc.Transactional && txWaitBudget(rc.TxLockWait) >= storeTimeout:
+	case rc.Transactional && budget(rc.TxLockWait) >= storeTimeout:
 		// Each of the claim's tries may wait the bound out once, all in
 		// one store call: past the store timeout, a duplicate of a key in
 		// flight gets 503 instead of 409.
-		return fmt.Errorf("idempotency: RouteConfig.TxLockWait (%v) times the claim's %d tries must be below Config.StoreTimeout (%v)",
-			rc.TxLockWait, pgRetries, storeTimeout)
+		return fmt.Errorf("idempotency: RouteConfig.TxLockWait (%v): the claim's lock waits may take %v on this store, which must be below Config.StoreTimeout (%v)",
+			rc.TxLockWait, budget(rc.TxLockWait), storeTimeout)
 	case rc.ReleaseOnError && !rc.Transactional:
 		return errors.New("idempotency: RouteConfig.ReleaseOnError needs RouteConfig.Transactional")
 	case rc.Transactional && rc.FailOpen:
@@ -279,6 +285,14 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration) error {
 		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
 	}
 	return nil
+}
+
+// txWaitBudgeter is a TxStore whose database bounds a lock wait
+// differently from PostgreSQL (sqlstore.Store on MySQL 8.0 counts whole
+// seconds): TxLockWaitBudget returns how long one transactional claim
+// with lock wait wait may spend waiting on locks, every try counted.
+type txWaitBudgeter interface {
+	TxLockWaitBudget(wait time.Duration) time.Duration
 }
 
 // txWaitBudget is how long one transactional claim may spend waiting on

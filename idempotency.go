@@ -92,7 +92,7 @@ type policy struct {
 
 // newPolicy validates rc, defaults filled, and returns its policy.
 func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
-	if err := rc.validate(m.cfg.Lease, m.cfg.StoreTimeout); err != nil {
+	if err := rc.validate(m.cfg.Lease, m.cfg.StoreTimeout, m.store); err != nil {
 		return policy{}, err
 	}
 	ts, err := rc.txStore(m.store)

@@ -3,9 +3,10 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
-	"go.uber.org/goleak"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/internal/testdb/mysqldb"

@@ -103,7 +103,18 @@ func mysqlMicros(d time.Duration) int64 { return d.Microseconds() }
 // max_statement_time, which bounds the statement's whole run: under load a
 // claim that waits on nothing can take longer than a lock wait of a few
 // milliseconds, and would be answered 409 for no owner at all.
-const mariadbNoWait = "SET STATEMENT innodb_lock_wait_timeout=0 FOR "
+//
+// lock_wait_timeout=0 makes a wait on the table's metadata lock (DDL, a
+// migration, LOCK TABLES) fail at once too, with the same 1205: the
+// first 1205 of a claim is therefore told apart by tableProbe, never by
+// the message's text.
+const mariadbNoWait = "SET STATEMENT innodb_lock_wait_timeout=0, lock_wait_timeout=0 FOR "
+
+// tableProbe takes the table's metadata lock for the transaction
+// (MDL_SHARED_WRITE, what an INSERT takes, held until the transaction
+// ends) without reading or locking a row: a 1205 on it is the table's
+// lock; once it succeeded, a later 1205 in the transaction is a row's.
+const tableProbe = `SELECT 1 FROM T_ WHERE FALSE FOR UPDATE`
 
 // mysqlLockWaitSeconds is d rounded up to whole seconds, at least 1: the
 // bound innodb_lock_wait_timeout can express on MySQL 8.0.

@@ -195,6 +195,9 @@ func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wai
 	}
 	insert := strings.ReplaceAll(pgTxInsert, "T_", t.s.table)
 	for range retries {
+		if err := t.mayWait(); err != nil {
+			return idempotency.ClaimResult{}, err
+		}
 		var rec idempotency.Record
 		err := scanRecord(t.tx.QueryRowContext(ctx, insert, t.s.insertArgs(req)...), &rec, nil)
 		if err == nil {

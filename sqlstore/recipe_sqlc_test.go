@@ -82,6 +82,11 @@ func TestSqlcRecipe(t *testing.T) {
 					tx, _ := sqlstore.TxFromContext(r.Context())
 					return tx.Commit(), tx.Rollback()
 				},
+				Late: func(r *http.Request) error {
+					tx, _ := sqlstore.TxFromContext(r.Context())
+					_, err := sqlcQueries(b.Dialect, tx).CountOrders(context.Background(), "AAPL")
+					return err
+				},
 			})
 		})
 	}

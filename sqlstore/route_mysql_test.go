@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -153,5 +154,26 @@ func TestMySQLSessionChangesDoNotOutliveTheRoute(t *testing.T) {
 	}
 	if current != d.name || mode == "" {
 		t.Fatalf("pooled connection after the routes: database %q, sql_mode %q; want %q and the server's modes", current, mode, d.name)
+	}
+}
+
+// TestMySQLTxLockWaitBudget: on MariaDB the claim's waits are bounded in
+// milliseconds (polled), five of them per claim: a route is refused when
+// five times its TxLockWait reaches the store timeout, accepted below.
+func TestMySQLTxLockWaitBudget(t *testing.T) {
+	t.Parallel()
+	s := newMySQLDB(t).store(t, 2)
+	if got := s.TxLockWaitBudget(10 * time.Millisecond); got != 50*time.Millisecond {
+		t.Fatalf("TxLockWaitBudget(10ms) on MariaDB: %v, want 50ms", got)
+	}
+	mw, err := idempotency.New(s, idempotency.Config{StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mw.Route(idempotency.RouteConfig{Transactional: true, TxLockWait: 399 * time.Millisecond}); err != nil {
+		t.Errorf("TxLockWait 399ms under StoreTimeout 2s: %v, want accepted", err)
+	}
+	if _, err := mw.Route(idempotency.RouteConfig{Transactional: true, TxLockWait: 400 * time.Millisecond}); err == nil {
+		t.Error("TxLockWait 400ms under StoreTimeout 2s (2s of waits): accepted, want refused")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency"
@@ -26,6 +28,13 @@ type routeTx struct {
 	// claim set its bounds), so on MySQL the connection is closed at the
 	// end; a loser's connection, which nobody changed, goes back to the pool.
 	dirty bool
+
+	// waits counts down the claim's statements that may wait on a row
+	// lock, shared by BeginClaim's tries (nil: no cap, a takeover):
+	// TxLockWaitBudget's promise.
+	waits *int
+
+	tableHeld bool // MySQL: the transaction holds the table's metadata lock (holdTable)
 
 	savedLock string    // PostgreSQL: the lock_timeout a bounded wait puts back
 	bounds    [2]string // PostgreSQL: statement_timeout and idle_in_transaction_session_timeout as the claim set them
@@ -52,6 +61,7 @@ const stateTimeout = 2 * time.Second
 // and begins again, a bounded number of times: the handler has not run.
 func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
 	last := errClaimVanished
+	waits := retries
 	for range retries {
 		t, err := s.begin(ctx, req)
 		if err != nil {
@@ -60,6 +70,7 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 		if req == nil {
 			return t, idempotency.ClaimResult{}, nil
 		}
+		t.waits = &waits
 		res, err := t.claim(ctx, *req)
 		switch {
 		case err == nil:
@@ -85,6 +96,13 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 // wait (1205, MariaDB's no-wait tries included), a statement time limit
 // (1969, 3024), PostgreSQL's lock_timeout (55P03).
 func (s *Store) isLockWait(err error) bool {
+	var table *tableLockError
+	switch {
+	case errors.As(err, &table):
+		return false // the table's lock: an outage, no owner to wait for
+	case errors.Is(err, errWaitsSpent):
+		return true
+	}
 	if s.d.name == PostgreSQL {
 		return hasCode(err, "55P03")
 	}
@@ -134,14 +152,29 @@ func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) e
 
 // waiting runs f with its wait on another transaction's row lock
 // bounded by wait: on MariaDB f's statement, prefixed with mariadbNoWait,
-// is tried again until it stops failing with 1205 or wait is over; on
-// MySQL 8.0 the session's innodb_lock_wait_timeout is set to wait (whole
-// seconds, at least 1) and f runs once. The connection is closed after
-// the route, so that setting never outlives it.
+// is tried again until it stops failing with 1205 or wait is over (the
+// first 1205 runs holdTable, which tells the table's lock from a row's);
+// on MySQL 8.0 holdTable runs first, under the same bound, then the
+// session's innodb_lock_wait_timeout is set to wait (whole seconds, at
+// least 1) and f runs once. The connection is closed after the route, so
+// that setting never outlives it. Each call takes one of the claim's
+// waits (mayWait), MySQL 8.0's probe another.
 func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix string) error) error {
+	if err := t.mayWait(); err != nil {
+		return err
+	}
 	if !t.s.mariadb {
 		t.dirty = true
-		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, mysqlLockWaitSeconds(wait)); err != nil {
+		secs := mysqlLockWaitSeconds(wait)
+		if !t.tableHeld { // the probe may wait too: it takes one of the claim's waits
+			if err := t.mayWait(); err != nil {
+				return err
+			}
+			if err := t.holdTable(ctx, fmt.Sprintf("/*+ SET_VAR(lock_wait_timeout=%d) */ ", secs)); err != nil {
+				return err
+			}
+		}
+		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, secs); err != nil {
 			return err
 		}
 		return f("")
@@ -149,6 +182,11 @@ func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix
 	deadline := time.Now().Add(wait)
 	for {
 		err := f(mariadbNoWait)
+		if hasCode(err, "1205") {
+			if herr := t.holdTable(ctx, mariadbNoWait); herr != nil {
+				err = herr // the table's lock, or the probe's own failure
+			}
+		}
 		if !hasCode(err, "1205") || !time.Now().Before(deadline) {
 			return err
 		}
@@ -235,4 +273,80 @@ func cmpWait(d time.Duration) time.Duration {
 		return idempotency.DefaultTxLockWait
 	}
 	return d
+}
+
+// errWaitsSpent is a claim whose tries used up its lock waits: contention,
+// as a wait that ran out.
+var errWaitsSpent = errors.New("sqlstore: the claim's lock waits are spent")
+
+// mayWait takes one of the claim's lock waits, or returns errWaitsSpent.
+func (t *routeTx) mayWait() error {
+	if t.waits == nil {
+		return nil
+	}
+	if *t.waits <= 0 {
+		return errWaitsSpent
+	}
+	*t.waits--
+	return nil
+}
+
+// TxLockWaitBudget returns how long one transactional claim with lock
+// wait wait (RouteConfig.TxLockWait) may spend waiting on row locks: the
+// claim runs at most 5 statements that may wait, across all its tries,
+// each bounded by wait as the database applies it (whole milliseconds on
+// PostgreSQL and MariaDB; whole seconds, at least 1s, on MySQL 8.0's
+// innodb_lock_wait_timeout). The middleware calls it when it creates a
+// transactional route and refuses one whose budget is not below
+// Config.StoreTimeout, as it does for the pgx store.
+func (s *Store) TxLockWaitBudget(wait time.Duration) time.Duration {
+	return retries * lockWaitBound(s.d.name == MySQL && !s.mariadb, cmpWait(wait))
+}
+
+// lockWaitBound is one statement's bound on a row lock for wait: whole
+// seconds, at least 1, where the server counts seconds (MySQL 8.0), whole
+// milliseconds otherwise.
+func lockWaitBound(seconds bool, wait time.Duration) time.Duration {
+	if seconds {
+		return time.Duration(mysqlLockWaitSeconds(wait)) * time.Second
+	}
+	return (wait + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+}
+
+// tableLockError is a claim's wait on the table's metadata lock (DDL, a
+// migration, LOCK TABLES) that ran out: not contention on a row, so not
+// 409 in flight (DESIGN-settled-r3 item 30), but the store error of its
+// code (1205, lock_timeout), 503.
+type tableLockError struct{ err error }
+
+func (e *tableLockError) Error() string {
+	return "the table's metadata lock is held (DDL, a migration, LOCK TABLES): " + e.err.Error()
+}
+func (e *tableLockError) Unwrap() error { return e.err }
+
+// holdTable takes the table's metadata lock for the transaction once
+// (tableProbe under prefix's bound), so that every later 1205 in it is a
+// row's. A 1205 on the probe is a *tableLockError.
+func (t *routeTx) holdTable(ctx context.Context, prefix string) error {
+	if t.tableHeld {
+		return nil
+	}
+	q := strings.ReplaceAll(tableProbe, "T_", t.s.table)
+	if strings.HasPrefix(prefix, "/*+") { // MySQL 8.0: the hint follows SELECT
+		q = "SELECT " + prefix + strings.TrimPrefix(q, "SELECT ")
+	} else {
+		q = prefix + q
+	}
+	rows, err := t.tx.QueryContext(ctx, q)
+	if err == nil {
+		err = rows.Close()
+	}
+	switch {
+	case err == nil:
+		t.tableHeld = true
+		return nil
+	case hasCode(err, "1205"):
+		return &tableLockError{err: err}
+	}
+	return err
 }

@@ -70,7 +70,9 @@ type dialect struct {
 // New returns a Store on db for cfg.Dialect. It reads the current database
 // or schema (unless cfg.Schema names it) and the server's flavour, so it
 // talks to the database once, under ctx. It does not check the table:
-// call Check at start-up for that.
+// call Check at start-up for that. On MySQL it logs a WARN through
+// cfg.Logger when the pool's DSN (sql.Open's, or mysql.NewConnector's
+// Config) names no dial timeout (timeout=5s).
 func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: New: db is nil")
@@ -88,6 +90,10 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 		schema := cmp.Or(cfg.Schema, current.String)
 		if schema == "" {
 			return nil, errors.New("sqlstore: New: the connection has no current database: name one in the DSN or in Config.Schema")
+		}
+		if set, known := dialTimeout(db); known && !set {
+			s.log.WarnContext(ctx, "sqlstore: the MySQL DSN has no dial timeout: a connect into a black-holed network waits for the "+
+				"operating system's TCP timeout (minutes) and holds a pool slot long after the request gave up; add timeout=5s to the DSN")
 		}
 		s.mariadb = strings.Contains(strings.ToLower(version), "mariadb")
 		s.table = mysqlQuote(schema) + "." + mysqlQuote(table)

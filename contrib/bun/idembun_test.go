@@ -1,6 +1,7 @@
 package idembun_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -76,6 +77,11 @@ func TestBunRecipe(t *testing.T) {
 				EndTx: func(r *http.Request) (error, error) {
 					tx, _ := idembun.FromContext(r.Context(), db)
 					return tx.Commit(), tx.Rollback()
+				},
+				Late: func(r *http.Request) error {
+					tx, _ := idembun.FromContext(r.Context(), db)
+					var back order
+					return tx.NewSelect().Model(&back).Limit(1).Scan(context.Background())
 				},
 			})
 		})

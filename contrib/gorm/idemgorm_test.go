@@ -1,6 +1,7 @@
 package idemgorm_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -87,6 +88,11 @@ func TestGormRecipe(t *testing.T) {
 				EndTx: func(r *http.Request) (error, error) {
 					g, _ := idemgorm.FromContext(r.Context(), db)
 					return g.Commit().Error, g.Rollback().Error
+				},
+				Late: func(r *http.Request) error {
+					g, _ := idemgorm.FromContext(r.Context(), db)
+					var n int64
+					return g.WithContext(context.Background()).Model(&order{}).Count(&n).Error
 				},
 			})
 		})

@@ -12,13 +12,11 @@
 // change nothing: the middleware owns the transaction. Answer >= 500 to
 // roll the handler's writes back; the key is then failed.
 //
-// Every method but QueryRowxContext runs through the *sqlstore.Tx, which
-// refuses a call made after the handler returned. QueryRowxContext cannot
-// (sqlx builds its *sqlx.Row only from a *sql.Tx): it runs on the
-// underlying transaction (sqlstore.Tx.Unwrap), which database/sql refuses
-// only once the route has committed. Prefer GetContext, which is gated.
-// A *sqlx.Tx made from Unwrap would hand the handler a Commit and
-// Rollback that work, which gives up at-most-once: use Tx.
+// Every method runs through the *sqlstore.Tx, which refuses a call made
+// after the handler returned (QueryRowxContext prepares its statement
+// there, since sqlx builds a *sqlx.Row only from a *sql.Tx or *sql.Stmt).
+// A *sqlx.Tx made from sqlstore.Tx.Unwrap would hand the handler a Commit
+// and Rollback that work, which gives up at-most-once: use Tx.
 package idemsqlx
 
 import (
@@ -37,7 +35,7 @@ import (
 type Tx struct {
 	db  *sqlx.DB
 	tx  *sqlstore.Tx
-	row *sqlx.Tx // the underlying *sql.Tx, for QueryRowxContext only
+	row *sqlx.Tx // the underlying *sql.Tx, for QueryRowxContext's refusals and errors only
 }
 
 var _ sqlx.ExtContext = (*Tx)(nil)
@@ -90,11 +88,25 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 	return &sqlx.Rows{Rows: rows, Mapper: t.db.Mapper}, nil
 }
 
-// QueryRowxContext runs a query expected to return at most one row, on
-// the underlying transaction: see the package comment; GetContext is the
-// gated equivalent.
+// QueryRowxContext runs a query expected to return at most one row. sqlx
+// builds a *sqlx.Row only from a real *sql.Tx or *sql.Stmt, so it
+// prepares the query through the *sqlstore.Tx (refused once the handler
+// returned; the statement is closed when the loan ends) and runs the
+// statement: it costs a prepare, GetContext does not. Refused, the Row
+// holds context.Canceled, as sqlstore.Tx.QueryRowContext's does.
 func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
-	return t.row.QueryRowxContext(ctx, query, args...)
+	st, err := t.tx.PrepareContext(ctx, query)
+	switch {
+	case errors.Is(err, sql.ErrTxDone):
+		done, cancel := context.WithCancel(ctx)
+		cancel() // the Row reports context.Canceled; the connection is not touched
+		return t.row.QueryRowxContext(done, query, args...)
+	case err != nil:
+		// The loan held when the prepare failed: the query fails the same
+		// way, and the Row carries its error.
+		return t.row.QueryRowxContext(ctx, query, args...)
+	}
+	return (&sqlx.Stmt{Stmt: st, Mapper: t.db.Mapper}).QueryRowxContext(ctx, args...)
 }
 
 // GetContext scans the query's first row into dest (a struct by its db

@@ -1,6 +1,7 @@
 package idemsqlx_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -65,6 +66,13 @@ func TestSqlxRecipe(t *testing.T) {
 				EndTx: func(r *http.Request) (error, error) {
 					tx, _ := idemsqlx.FromContext(r.Context(), db)
 					return tx.Commit(), tx.Rollback()
+				},
+				// QueryRowxContext between the handler's return and the
+				// commit: refused like every other method.
+				Late: func(r *http.Request) error {
+					tx, _ := idemsqlx.FromContext(r.Context(), db)
+					var n int
+					return tx.QueryRowxContext(context.Background(), "SELECT COUNT(*) FROM orders").Scan(&n)
 				},
 			})
 		})

@@ -6,7 +6,8 @@
 // fails the key; Commit and Rollback on what the recipe hands the handler
 // are refused, and the key is still owned after them (a duplicate sent
 // then is answered 409 in flight and never runs); a write through the
-// recipe after the handler returned is refused.
+// recipe after the handler returned is refused, and so is the recipe's
+// Late read between the handler's return and the route's commit.
 package ormtest
 
 import (
@@ -102,6 +103,37 @@ type Recipe struct {
 	// handler, and returns their errors (both must be
 	// idempotency.ErrTxManaged).
 	EndTx func(r *http.Request) (commitErr, rollbackErr error)
+	// Late, when set, reads through the recipe on r's route transaction
+	// (under a context of its own) after r's handler returned and before
+	// the route commits; it must fail: the loan ended with the handler.
+	Late func(r *http.Request) error
+}
+
+// hookStore is a TxStore whose route transactions run beforeCommit when
+// the middleware records (the handler's loan has ended then).
+type hookStore struct {
+	idempotency.TxStore
+	beforeCommit func()
+}
+
+func (s hookStore) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
+	t, res, err := s.TxStore.BeginClaim(ctx, req)
+	if t != nil {
+		t = hookTx{RouteTx: t, beforeCommit: s.beforeCommit}
+	}
+	return t, res, err
+}
+
+type hookTx struct {
+	idempotency.RouteTx
+	beforeCommit func()
+}
+
+func (t hookTx) Commit(ctx context.Context, s *idempotency.Settlement) error {
+	if s != nil {
+		t.beforeCommit()
+	}
+	return t.RouteTx.Commit(ctx, s)
 }
 
 // failSymbol makes the handler answer 500 after its write.
@@ -116,7 +148,14 @@ const dupHeader = "X-Ormtest-Duplicate"
 // Run checks rec on b: see the package comment.
 func Run(t *testing.T, b Backend, rec Recipe) {
 	t.Helper()
-	mw, err := idempotency.New(b.Store, idempotency.Config{})
+	var lateReq atomic.Pointer[http.Request] // a request whose handler returned, for Late at its record
+	lateRan := make(chan error, 1)
+	store := hookStore{TxStore: b.Store, beforeCommit: func() {
+		if r := lateReq.Swap(nil); r != nil {
+			lateRan <- rec.Late(r)
+		}
+	}}
+	mw, err := idempotency.New(store, idempotency.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +206,9 @@ func Run(t *testing.T, b Backend, rec Recipe) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, `{"symbol":"`+symbol+`"}`)
+		if r.Header.Get(dupHeader) != "" && rec.Late != nil {
+			lateReq.Store(r) // read through the recipe once this handler returned, before its record
+		}
 	}))
 
 	key := uuid.NewString()
@@ -179,6 +221,16 @@ func Run(t *testing.T, b Backend, rec Recipe) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times for one key, want 1", n)
+	}
+	if rec.Late != nil {
+		select {
+		case err := <-lateRan:
+			if err == nil {
+				t.Error("a read through the recipe after the handler returned, before the record, succeeded; want it refused")
+			}
+		default:
+			t.Error("Late did not run: the route recorded no settlement")
+		}
 	}
 	if n := count(t, b, "AAPL"); n != 1 {
 		t.Fatalf("orders after one key's success and replay: %d, want exactly 1", n)
