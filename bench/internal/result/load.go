@@ -143,8 +143,17 @@ func (l Load) Run(ctx context.Context, op func(context.Context) Sample) Run {
 	}
 	close(gate)
 	wg.Wait()
-	if atEnd != nil && !atEnd.Stop() {
-		<-atEndDone // it fired: let it finish
+	if atEnd != nil {
+		if atEnd.Stop() {
+			if ctx.Err() == nil {
+				// The workers saw the window's end before the timer fired
+				// (both count l.Duration, from moments apart): AtEnd runs
+				// now, as promised, instead of never.
+				l.AtEnd()
+			}
+		} else {
+			<-atEndDone // it fired: let it finish
+		}
 	}
 	r.WarmupUnexpected, r.WarmupFailed = warmUnexp.Load(), warmFailed.Load()
 	r.End = end
