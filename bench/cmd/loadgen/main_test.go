@@ -179,10 +179,16 @@ func TestDBPidsCmd(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = busy.Process.Kill(); _ = busy.Wait() })
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /noop", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	// Each request takes a millisecond, so the window's requests leave the
+	// busy loop's CPU well above a microsecond each even when CI's other
+	// packages starve it.
+	mux.HandleFunc("POST /noop", func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(time.Millisecond) // the request's own duration, not synchronisation
+		w.WriteHeader(http.StatusCreated)
+	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	o := options{url: srv.URL, mode: "unique", concurrency: 2, duration: 300 * time.Millisecond,
+	o := options{url: srv.URL, mode: "unique", concurrency: 2, duration: time.Second,
 		warmup: 10 * time.Millisecond, timeout: 10 * time.Second, keys: 1, copies: 1, rounds: 1,
 		path: "/noop", body: `{}`, login: false, dbPidsCmd: "echo " + strconv.Itoa(busy.Process.Pid)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // never hangs
