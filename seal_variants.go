@@ -8,8 +8,8 @@ import (
 )
 
 // The middleware finds what a store can do by type assertion (TxStore for
-// transactional routes, OwnerReleaser to free a claim whose reply was
-// lost, Check at start-up). A wrapper that lacked one would switch its
+// transactional routes, with its lock-wait budget, OwnerReleaser to free
+// a claim whose reply was lost, Check at start-up). A wrapper that lacked one would switch its
 // feature off without a word, and one that claimed one its inner store
 // lacks would fail at run time: so a sealing store is one of eight types,
 // each with exactly the optional interfaces of its inner store. The CLI's
@@ -62,6 +62,17 @@ type (
 
 func (m sealTxStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	return m.w.beginClaim(ctx, req)
+}
+
+// TxLockWaitBudget is the inner store's budget (txWaitBudgeter), or the
+// middleware's default for a TxStore without one: the answer the
+// middleware would get from the inner store itself, so a transactional
+// route is refused through the wrapper exactly when it would be without.
+func (m sealTxStore) TxLockWaitBudget(wait time.Duration) time.Duration {
+	if b, ok := m.w.inner.(txWaitBudgeter); ok {
+		return b.TxLockWaitBudget(wait)
+	}
+	return txWaitBudget(wait)
 }
 
 func (m sealOwnerReleaser) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/operator"
@@ -132,6 +133,48 @@ func TestSealingStoreInterfaces(t *testing.T) {
 		}
 		if got := has(sealing(t, c.inner, sealKeysOf(t, "k1"))); got != c.want {
 			t.Errorf("sealing %s store: %s", name, fmt.Sprint(got))
+		}
+	}
+}
+
+// budgetPart is a store whose database bounds a transactional claim's
+// lock waits its own way (sqlstore.Store on MySQL 8.0 counts seconds).
+type budgetPart struct{}
+
+func (budgetPart) TxLockWaitBudget(time.Duration) time.Duration { return time.Hour }
+
+// TestSealingStoreKeepsTheTxLockWaitBudget: the middleware asks a
+// transactional store how long its claim may wait on locks; through the
+// sealing store it gets the inner store's answer, so a route the inner
+// store would refuse is refused, and one over a store without its own
+// budget is accepted as it would be unwrapped.
+func TestSealingStoreKeepsTheTxLockWaitBudget(t *testing.T) {
+	t.Parallel()
+	var base struct{ idempotency.Store }
+	base.Store = idempotency.NewMemoryStore()
+	for name, c := range map[string]struct {
+		inner   idempotency.Store
+		refused bool
+	}{
+		"an hour's budget": {struct {
+			idempotency.Store
+			txPart
+			budgetPart
+		}{base, txPart{}, budgetPart{}}, true},
+		"the default budget": {struct {
+			idempotency.Store
+			txPart
+		}{base, txPart{}}, false},
+	} {
+		for _, s := range []idempotency.Store{c.inner, sealing(t, c.inner, sealKeysOf(t, "k1"))} {
+			mw, err := idempotency.New(s, idempotency.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = mw.Route(idempotency.RouteConfig{Transactional: true})
+			if refused := err != nil; refused != c.refused {
+				t.Errorf("%s, store %T: route refused %v (%v), want %v", name, s, refused, err, c.refused)
+			}
 		}
 	}
 }
