@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 	idemconnect "github.com/idemkit/idempotency/contrib/connect"
+	"github.com/idemkit/idempotency/internal/routertest"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -62,7 +63,7 @@ func BenchmarkUnary(b *testing.B) {
 		call         func(ctx context.Context, target, key string) error
 	}{
 		{"connect", "Plain", "Keyed", connectCall},
-		{"http", "/plain", "/keyed", httpNoop(b, mw)},
+		{"http", "/plain", "/keyed", routertest.Noop(b, mw)},
 	}
 	for _, tr := range transports {
 		replayKeys := make([]string, 16)

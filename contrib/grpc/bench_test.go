@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 	idemgrpc "github.com/idemkit/idempotency/contrib/grpc"
+	"github.com/idemkit/idempotency/internal/routertest"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"google.golang.org/grpc/codes"
 
@@ -38,7 +39,7 @@ func BenchmarkUnary(b *testing.B) {
 		_, err := invoke(ctx, cc, method, req)
 		return err
 	}
-	httpCall := httpNoop(b, mw)
+	httpCall := routertest.Noop(b, mw)
 	transports := []struct {
 		name         string
 		plain, keyed string

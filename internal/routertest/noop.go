@@ -1,7 +1,8 @@
-package idemgrpc_test
+package routertest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,12 +12,14 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// httpNoop serves the HTTP middleware's counterpart of the benchmarks'
+// Noop serves the HTTP middleware's counterpart of the RPC benchmarks'
 // no-op method on a loopback port: POST /plain without the middleware,
 // POST /keyed behind a fail-closed ordinary route of mw; both answer 201
-// {"ok":true}. It returns the call for a path and a key ("" for none).
-func httpNoop(b *testing.B, mw *idempotency.Middleware) func(ctx context.Context, path, key string) error {
-	b.Helper()
+// {"ok":true}. It returns the call for a path and a key ("" for none),
+// which fails on any other status. contrib/grpc's and contrib/connect's
+// benchmarks share it, so their HTTP figures measure the same thing.
+func Noop(tb testing.TB, mw *idempotency.Middleware) func(ctx context.Context, path, key string) error {
+	tb.Helper()
 	noop := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -27,14 +30,14 @@ func httpNoop(b *testing.B, mw *idempotency.Middleware) func(ctx context.Context
 	mux.Handle("POST /keyed", mw.MustRoute(idempotency.RouteConfig{Name: "noop"})(noop))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
-	b.Cleanup(func() { _ = srv.Close() })
+	tb.Cleanup(func() { _ = srv.Close() })
 	base := "http://" + ln.Addr().String()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	b.Cleanup(hc.CloseIdleConnections)
+	tb.Cleanup(hc.CloseIdleConnections)
 	return func(ctx context.Context, path, key string) error {
 		req, err := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(`{"amount":10}`))
 		if err != nil {
@@ -51,12 +54,8 @@ func httpNoop(b *testing.B, mw *idempotency.Middleware) func(ctx context.Context
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusCreated {
-			return &statusError{resp.StatusCode}
+			return fmt.Errorf("HTTP status %s", http.StatusText(resp.StatusCode))
 		}
 		return nil
 	}
 }
-
-type statusError struct{ code int }
-
-func (e *statusError) Error() string { return "HTTP status " + http.StatusText(e.code) }
