@@ -60,7 +60,7 @@ func TestStormAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	dsn, pool := childDB(t)
 	hc := h2cClient()
-	servers := []string{startChild(t, dsn, false).url, startChild(t, dsn, false).url}
+	servers := []string{startChild(t, dsn, false).Addr, startChild(t, dsn, false).Addr}
 	const keys, dups = 24, 32
 	var wg sync.WaitGroup
 	var unavailable atomic.Int64
@@ -129,16 +129,16 @@ func TestCrashMidMethod(t *testing.T) {
 	for _, w := range wires {
 		key := uuid.NewString()
 		keys[key] = w
-		c := dialProc(hc, doomed.url, svc+"Settle", w)
+		c := dialProc(hc, doomed.Addr, svc+"Settle", w)
 		go func() { _, err := call(t.Context(), c, key, map[string]any{"settle": 10}); lost <- err }()
 	}
 	for range wires { // the barrier: each call wrote its ledger row in its open transaction
-		line := doomed.next(t, 30*time.Second)
+		line := doomed.Next(t, 30*time.Second)
 		if _, ok := keys[strings.TrimPrefix(line, "STARTED ")]; !ok {
 			t.Fatalf("doomed server: %q", line)
 		}
 	}
-	if err := doomed.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := doomed.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	for range wires {
@@ -147,7 +147,7 @@ func TestCrashMidMethod(t *testing.T) {
 		}
 	}
 	for key, w := range keys {
-		c := dialProc(hc, survivor.url, svc+"Settle", w)
+		c := dialProc(hc, survivor.Addr, svc+"Settle", w)
 		resp, err := call(t.Context(), c, key, map[string]any{"settle": 10})
 		if err != nil || resp.Header().Get(idemconnect.ReplayedHeader) != "" {
 			t.Fatalf("%s: the immediate retry: %v; want it executed", w.name, err)

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idempotency"
 	idemgrpc "github.com/idemkit/idempotency/contrib/grpc"
+	"github.com/idemkit/idempotency/internal/childproc"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
@@ -97,63 +95,9 @@ func serveChild(dsn string, block bool) {
 	pool.Close()
 }
 
-// child is a server process started by startChild.
-type child struct {
-	cmd   *exec.Cmd
-	addr  string
-	lines chan string // the child's further stdout lines
-}
-
-// startChild starts a child server over dsn and waits for its address.
-func startChild(t *testing.T, dsn string, block bool) *child {
+// startChild starts a child server over dsn (serveChild in TestMain) and
+// waits for its address.
+func startChild(t *testing.T, dsn string, block bool) *childproc.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChildDSN+"="+dsn, fmt.Sprintf("%s=%v", envChildBlock, map[bool]int{true: 1}[block]))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, lines: make(chan string, 16)}
-	t.Cleanup(func() {
-		stdin.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-		close(c.lines)
-	}()
-	line := c.next(t, 30*time.Second)
-	addr, ok := strings.CutPrefix(line, "ADDR ")
-	if !ok {
-		t.Fatalf("child server: %q", line)
-	}
-	c.addr = addr
-	return c
-}
-
-// next is the child's next stdout line, within limit.
-func (c *child) next(t *testing.T, limit time.Duration) string {
-	t.Helper()
-	select {
-	case line, ok := <-c.lines:
-		if !ok {
-			t.Fatal("the child server exited")
-		}
-		return line
-	case <-time.After(limit):
-		t.Fatalf("no line from the child server in %v", limit)
-	}
-	return ""
+	return childproc.Start(t, envChildDSN+"="+dsn, fmt.Sprintf("%s=%v", envChildBlock, map[bool]int{true: 1}[block]))
 }

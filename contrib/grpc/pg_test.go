@@ -48,7 +48,7 @@ func childDB(t *testing.T) (string, *pgxpool.Pool) {
 func TestStormAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	dsn, pool := childDB(t)
-	servers := []*grpc.ClientConn{dial(t, startChild(t, dsn, false).addr), dial(t, startChild(t, dsn, false).addr)}
+	servers := []*grpc.ClientConn{dial(t, startChild(t, dsn, false).Addr), dial(t, startChild(t, dsn, false).Addr)}
 	const keys, dups = 24, 32
 	var wg sync.WaitGroup
 	var unavailable atomic.Int64
@@ -113,17 +113,17 @@ func TestCrashMidMethod(t *testing.T) {
 	key := uuid.NewString()
 	req := request("settle 10", codes.OK)
 	lost := make(chan error, 1)
-	go func() { _, err := invoke(withKey(t.Context(), key), dial(t, doomed.addr), "Settle", req); lost <- err }()
-	if line := doomed.next(t, 30*time.Second); line != "STARTED "+key {
+	go func() { _, err := invoke(withKey(t.Context(), key), dial(t, doomed.Addr), "Settle", req); lost <- err }()
+	if line := doomed.Next(t, 30*time.Second); line != "STARTED "+key {
 		t.Fatalf("doomed server: %q", line)
 	}
-	if err := doomed.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := doomed.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-lost; status.Code(err) != codes.Unavailable {
 		t.Fatalf("the call to the killed server: %v; want Unavailable", err)
 	}
-	cc := dial(t, survivor.addr)
+	cc := dial(t, survivor.Addr)
 	resp, err := invoke(withKey(t.Context(), key), cc, "Settle", req)
 	if err != nil {
 		t.Fatalf("the immediate retry: %v; want it executed", err)
