@@ -145,10 +145,10 @@ func TestInspectStaleVerdict(t *testing.T) {
 	}
 }
 
-// TestInspectJSONStoredRaw: a JSON body JSONB refuses (a \u0000 escape, a
-// number beyond numeric's range) is kept byte for byte in the raw column,
-// with a marker in the JSONB column. inspect --show-body decodes it as
-// export does: the body itself and its length, never the marker.
+// TestInspectJSONStoredRaw: a JSON body jsonb would have refused (a \u0000
+// escape, a number beyond numeric's range) is stored byte for byte, as every
+// body is; inspect --show-body shows it as export does: the body itself and
+// its length.
 func TestInspectJSONStoredRaw(t *testing.T) {
 	t.Parallel()
 	db := newTestDB(t)

@@ -1,5 +1,5 @@
 // Package storedbody decodes a recorded response body from the two columns
-// the Postgres store keeps it in (replays, export, and the CLI's inspect
+// the stores keep it in (replays, export, and the CLI's inspect
 // through PostgresStore.Lookup).
 package storedbody
 
@@ -14,16 +14,12 @@ const (
 	Raw              // any other bytes, replayed as they are
 )
 
-// Decode returns the body recorded in response_body (JSONB, as text) and
-// response_body_raw, and its kind. A JSONB body alone is JSON. Both columns
-// set mean a JSON body that JSONB refused (a \u0000 escape, a number beyond
-// numeric's range), kept byte for byte in the raw column with a marker in
-// the JSONB column: JSON, from the raw column. A raw body alone is Raw
-// (empty included); neither is None.
+// Decode returns the body recorded in response_body (a JSON body, the
+// bytes the handler wrote) or response_body_raw (any other body, or a
+// sealed envelope), and its kind: the first is JSON, the second Raw (empty
+// included), neither None. The store writes at most one of the two.
 func Decode(jsonCol, rawCol []byte) ([]byte, Kind) {
 	switch {
-	case jsonCol != nil && rawCol != nil:
-		return rawCol, JSON
 	case jsonCol != nil:
 		return jsonCol, JSON
 	case rawCol != nil:

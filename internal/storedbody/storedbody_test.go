@@ -11,8 +11,7 @@ func TestDecode(t *testing.T) {
 		wantNil      bool
 		wantKind     Kind
 	}{
-		{"jsonb", []byte(`{"a": 1}`), nil, `{"a": 1}`, false, JSON},
-		{"json stored raw", []byte(`null`), []byte(`{"a":"\u0000"}`), `{"a":"\u0000"}`, false, JSON},
+		{"json", []byte(`{"a": 1,  "b":"\u0000"}`), nil, `{"a": 1,  "b":"\u0000"}`, false, JSON},
 		{"raw", nil, []byte("hi"), "hi", false, Raw},
 		{"empty raw", nil, []byte{}, "", false, Raw},
 		{"none", nil, nil, "", true, None},
