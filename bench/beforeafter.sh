@@ -46,8 +46,15 @@
 # mysql://, on this machine only): the servers' database. The run works in
 # the schemas (MySQL: databases) idem_ba_<subject>_before and _after,
 # dropped at the end unless KEEP_SCHEMA=1. REPS, DUR, WARM, SETTLE,
-# SUBJECTS as above. Exits non-zero, after printing what it has, when any
-# run failed.
+# SUBJECTS as above. PROFILE=1 builds the example servers with net/http/pprof
+# (bench/profile/pprof.go.in, as a full bench/load.sh run does) and, after the
+# blocks, profiles A's new keys on each ref in PROFILE_ROUNDS (3) adjacent
+# rounds whose order alternates: heap allocations per request (runtime
+# Mallocs and TotalAlloc over a window of DUR) and a CPU profile of the
+# server; bench/results/beforeafter/profile.md gets the merged `pprof -top`
+# of each ref and their difference (after with before as the base,
+# normalized to the same total). Exits non-zero, after printing what it
+# has, when any run failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source bench/lib.sh
@@ -55,7 +62,7 @@ root=$PWD
 started=$SECONDS
 
 case ${1:-} in
-  -h | --help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 if (($# != 2)); then
   echo "usage: bash bench/beforeafter.sh BEFORE_REF AFTER_REF (see -h)" >&2
@@ -76,6 +83,9 @@ case $BASE_DSN in
   *) echo "beforeafter.sh: DATABASE_URL must be postgres:// or mysql://" >&2; exit 2 ;;
 esac
 SUBJECTS=${SUBJECTS:-A N}
+PROFILE=${PROFILE:-0} PROFILE_ROUNDS=${PROFILE_ROUNDS:-3}
+[[ $PROFILE == [01] ]] || { echo "beforeafter.sh: PROFILE must be 0 or 1" >&2; exit 2; }
+[[ $PROFILE_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "beforeafter.sh: PROFILE_ROUNDS must be a positive integer" >&2; exit 2; }
 for s in $SUBJECTS; do
   [[ $s == [ABN] ]] || { echo "beforeafter.sh: unknown subject $s in SUBJECTS (want A, B, N)" >&2; exit 2; }
 done
@@ -146,7 +156,12 @@ fi
 for v in before after; do
   say "building $v = ${ref[$v]} (${commit[$v]:0:12}): examples/server and bench/cmd/noopserver"
   git worktree add --detach --quiet "$tmp/$v" "${commit[$v]}"
-  (cd "$tmp/$v" && GOWORK=off go build -o "$root/$BIN/$v/server" ./examples/server)
+  overlay=()
+  if ((PROFILE)); then
+    printf '{"Replace":{"%s":"%s"}}\n' "$tmp/$v/examples/server/zz_bench_pprof.go" "$root/bench/profile/pprof.go.in" >"$tmp/$v.overlay.json"
+    overlay=(-overlay "$tmp/$v.overlay.json")
+  fi
+  (cd "$tmp/$v" && GOWORK=off go build "${overlay[@]}" -o "$root/$BIN/$v/server" ./examples/server)
   if [[ $SUBJECTS == *N* ]]; then
     [[ -d $tmp/$v/bench/cmd/noopserver ]] ||
       { echo "beforeafter.sh: ${ref[$v]} has no bench/cmd/noopserver: set SUBJECTS without N" >&2; exit 1; }
@@ -155,6 +170,7 @@ for v in before after; do
   git worktree remove --force "$tmp/$v"
 done
 
+declare -A pprof_port
 load_start=$(load_now)
 run_date=$(date -u '+%Y-%m-%d %H:%M UTC')
 points=()
@@ -167,8 +183,13 @@ for s in $SUBJECTS; do
   for v in before after; do
     name="idem_ba_${s,,}_$v"
     server_dsn "$name"
+    pprof_env=()
+    if ((PROFILE)) && [[ $s == A ]]; then
+      pprof_port[$v]=$(free_port)
+      pprof_env=(BENCH_PPROF_ADDR="127.0.0.1:${pprof_port[$v]}")
+    fi
     case $s in
-      A) SERVER_BIN=$BIN/$v/server start_server "A-$v" "$DSN" ;;
+      A) SERVER_BIN=$BIN/$v/server start_server "A-$v" "$DSN" "${pprof_env[@]}" ;;
       B) SERVER_BIN=$BIN/$v/server start_server "B-$v" "$DSN" FLAG_IDEMPOTENCY_MIDDLEWARE=0 ;;
       N) NOOP_BIN=$BIN/$v/noopserver start_noop "N-$v" "$DSN" ;;
     esac
@@ -178,6 +199,60 @@ done
 
 say "before = ${ref[before]} (${commit[before]:0:12}), after = ${ref[after]} (${commit[after]:0:12}): ${points[*]}, $REPS blocks, 16 clients, $DUR each after a $WARM warm-up"
 pair_blocks "$REPS" before after "${points[@]}"
+
+# profile_round VARIANT ROUND: A's new keys on VARIANT for DUR at 16 clients,
+# with the server's heap allocations over the window and a CPU profile of
+# its middle.
+memstat() { curl -sf "http://127.0.0.1:${pprof_port[$1]}/debug/pprof/heap?debug=1" | sed -n "s/^# $2 = //p"; }
+profile_round() {
+  local v=$1 r=$2 m0 b0 m1 b1 lg_pid n secs
+  secs=$((${DUR%s} - 2))
+  ((secs >= 1)) || secs=1
+  m0=$(memstat "$v" Mallocs) b0=$(memstat "$v" TotalAlloc)
+  "$BIN/loadgen" -subject "A/$v" -url "${pair_url[A/$v]}" -mode unique -concurrency 16 \
+    -duration "$DUR" -warmup 0s >"$OUT/profile-$v-$r.log" 2>&1 &
+  lg_pid=$!
+  pids+=("$lg_pid")
+  sleep 1
+  curl -sf -o "$OUT/cpu-A-$v-$r.pprof" "http://127.0.0.1:${pprof_port[$v]}/debug/pprof/profile?seconds=$secs" ||
+    failures+=("CPU profile of A/$v")
+  wait "$lg_pid" || failures+=("profile load of A/$v")
+  stop_pid "$lg_pid"
+  m1=$(memstat "$v" Mallocs) b1=$(memstat "$v" TotalAlloc)
+  n=$(sed -n 's/.* clients, \([0-9]*\) requests in .*/\1/p' "$OUT/profile-$v-$r.log")
+  if [[ -n $n && $n -gt 0 && -n $m0 && -n $m1 ]]; then
+    echo "A/$v round $((r + 1)): $n requests, $(((m1 - m0) / n)) allocations and $(((b1 - b0) / n)) bytes per request" | tee -a "$LOG" "$OUT/profile-allocs.txt"
+  else
+    failures+=("allocations of A/$v")
+  fi
+}
+if ((PROFILE)) && [[ $SUBJECTS == *A* ]]; then
+  say "profiles of A's new keys, $PROFILE_ROUNDS rounds per ref"
+  : >"$OUT/profile-allocs.txt"
+  rm -f "$OUT"/cpu-A-*.pprof
+  for ((r = 0; r < PROFILE_ROUNDS; r++)); do
+    if ((r % 2 == 0)); then profile_round before "$r"; profile_round after "$r"
+    else profile_round after "$r"; profile_round before "$r"; fi
+  done
+  {
+    echo "Heap allocations per request (A, new keys, 16 clients):"
+    echo
+    sed 's/^/    /' "$OUT/profile-allocs.txt"
+    for v in before after; do
+      echo
+      echo "\`go tool pprof -top\` of $v (${ref[$v]}), $PROFILE_ROUNDS profiles merged, top 40 by flat time:"
+      echo
+      go tool pprof -top -nodecount=40 "$BIN/$v/server" "$OUT"/cpu-A-"$v"-*.pprof 2>/dev/null | sed -n '/^Duration/p; /flat%/,$p' | cut -c1-160 | sed 's/^/    /'
+    done
+    go tool pprof -proto "$BIN/before/server" "$OUT"/cpu-A-before-*.pprof >"$OUT/cpu-A-before.pb.gz" 2>/dev/null
+    echo
+    echo "after - before, before scaled to after's total (\`pprof -top -diff_base -normalize\`), top 40:"
+    echo
+    go tool pprof -top -nodecount=40 -normalize -diff_base "$OUT/cpu-A-before.pb.gz" "$BIN/after/server" "$OUT"/cpu-A-after-*.pprof 2>/dev/null |
+      sed -n '/flat%/,$p' | cut -c1-160 | sed 's/^/    /'
+  } >"$OUT/profile.md"
+  echo "wrote $OUT/profile.md"
+fi
 load_end=$(load_now)
 
 report=$OUT/report.md
