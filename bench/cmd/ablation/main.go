@@ -25,6 +25,12 @@
 //	combined       natpk + hash32 + bytea
 //	combined_ff80  combined with fillfactor 80
 //	after          the working tree's statements on the working tree's migration
+//	after_brin     after with idx_idem_keys_expires a BRIN index (a summary per range of pages) instead of a B-tree
+//	after_noexp    after without idx_idem_keys_expires: the floor of any cheaper index on expires_at
+//	after_insert   after with the claim as the plain INSERT ... RETURNING of a transactional route (a loser reads the row in a second statement)
+//	after_insert_pipe  after_insert with the read of the row pipelined after the INSERT, one round trip, on every claim
+//	hot_insert     a replay under after_insert: the INSERT that inserts nothing, then the read, two round trips
+//	hot_insert_pipe    the same two statements pipelined: one round trip
 //	hot_before, hot_combined, hot_after   a replay (the claim of a completed key)
 //	hot_lookup     combined with the claim shaped as a plain lookup first
 //	miss_lookup    the same claim on new keys
@@ -214,6 +220,10 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 		ord("after_async_record", a.migration, afterVars, newKey+claim(aClaim, ":key")+"\n\\gset c_\n"+
 			"\\startpipeline\nBEGIN;\nSET LOCAL synchronous_commit = 'off';\n"+aCompleteSQL+";\nCOMMIT;\n\\endpipeline\n"),
 		ord("miss_lookup", combined, byteaVars, miss(lookup, byKey(complete, ":key"))),
+		ord("after_brin", must(a.migration, "CREATE INDEX idx_idem_keys_expires\n    ON idempotency_keys (expires_at);",
+			"CREATE INDEX idx_idem_keys_expires\n    ON idempotency_keys USING brin (expires_at);"), afterVars, afterMiss),
+		ord("after_noexp", must(a.migration, "CREATE INDEX idx_idem_keys_expires\n    ON idempotency_keys (expires_at);", ""), afterVars, afterMiss),
+		ord("after_insert", a.migration, afterVars, newKey+claim(a.consts["pgTxClaimSQL"], ":key")+"\n\\gset c_\n"+aCompleteSQL+";\n"),
 	}
 	hot := func(name, schema string, vars []string, claimSQL, completeSQL string) candidate {
 		c := ord(name, schema, vars, claim(claimSQL, ":hotkey")+";\n")
@@ -226,6 +236,21 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 		hot("hot_lookup", combined, byteaVars, lookup, byKey(complete, ":key")),
 		hot("hot_after", a.migration, afterVars, aClaim, aCompleteSQL),
 	)
+	// The claim as a plain INSERT, and the read of the row when it inserted
+	// nothing (pgTxReadSQL, bound like the claim).
+	aInsert, aRead := claim(a.consts["pgTxClaimSQL"], ":key"), oneLine(bind(a.consts["pgTxReadSQL"], []string{":key", ":scope", ":endpoint"}))
+	pipe := func(key string) string {
+		return "\\startpipeline\n" + strings.ReplaceAll(aInsert, ":key", key) + ";\n" + strings.ReplaceAll(aRead, ":key", key) + ";\n\\endpipeline\n"
+	}
+	// pgbench has no \gset in a pipeline: the record finds the id by the
+	// key (one index probe more than the store's) and the attempt is 1.
+	recordByKey := must(must(aCompleteSQL, ":c_id", "(SELECT id FROM idempotency_keys WHERE idem_key = :key AND scope_user_id = :scope AND scope_endpoint = :endpoint)"), ":c_attempt", "1")
+	insPipe := ord("after_insert_pipe", a.migration, afterVars, newKey+pipe(":key")+recordByKey+";\n")
+	hotIns := ord("hot_insert", a.migration, afterVars, strings.ReplaceAll(aInsert, ":key", ":hotkey")+";\n"+strings.ReplaceAll(aRead, ":key", ":hotkey")+";\n")
+	hotIns.setup = hotSetup(aClaim, aCompleteSQL)
+	hotPipe := ord("hot_insert_pipe", a.migration, afterVars, pipe(":hotkey"))
+	hotPipe.setup = hotSetup(aClaim, aCompleteSQL)
+	cands = append(cands, insPipe, hotIns, hotPipe)
 	// The transactional route: the order's writes, bare and inside the
 	// store's pipelines (as bench/cmd/pgbenchsql writes them).
 	orderVars := func(v []string) []string {
