@@ -22,7 +22,7 @@ import (
 //	                              transaction, its row written and not committed
 //	EXAMPLE_CONSUMER_HOLD=ack     the first delivery to be acked stops before the ack
 //
-// A held delivery logs "hold" and waits for a line on standard input (or its
+// A held delivery logs "hold" (with its delivery count) and waits for a line on standard input (or its
 // function's deadline).
 //
 //	EXAMPLE_CONSUMER_CHAOS=P      each of a message's first three deliveries, with probability P/3
@@ -74,8 +74,8 @@ func newHooks(log *slog.Logger) (*hooks, error) {
 	return h, nil
 }
 
-// at holds the first delivery to reach point.
-func (h *hooks) at(ctx context.Context, point, key string) {
+// at holds the first delivery to reach point; deliveries is its count.
+func (h *hooks) at(ctx context.Context, point, key string, deliveries uint64) {
 	if h.hold != point {
 		return
 	}
@@ -84,7 +84,7 @@ func (h *hooks) at(ctx context.Context, point, key string) {
 	if !first {
 		return
 	}
-	h.log.Info("hold", "point", point, "key", key)
+	h.log.Info("hold", "point", point, "key", key, "deliveries", deliveries)
 	select {
 	case <-h.release:
 	case <-ctx.Done():
@@ -113,15 +113,22 @@ func (h *hooks) draw(deliveries uint64) string {
 // inLedgerWrite runs inside the function, its ledger row written and not
 // committed.
 func (h *hooks) inLedgerWrite(ctx context.Context, msg jetstream.Msg, key string) {
-	h.at(ctx, "ledger", key)
-	if md, err := msg.Metadata(); err == nil && h.draw(md.NumDelivered) == chaosNakMid {
+	var n uint64
+	md, err := msg.Metadata()
+	if err == nil {
+		n = md.NumDelivered
+	}
+	h.at(ctx, "ledger", key, n)
+	if err == nil && h.draw(n) == chaosNakMid {
 		_ = msg.Nak() // redelivered at once, to whoever fetches, while this transaction is open
 		h.log.Info("chaos", "kind", chaosNakMid, "key", key)
 	}
 }
 
-// beforeAck runs before an ack.
-func (h *hooks) beforeAck(key string) { h.at(context.Background(), "ack", key) }
+// beforeAck runs before the ack of a delivery, its count deliveries.
+func (h *hooks) beforeAck(key string, deliveries uint64) {
+	h.at(context.Background(), "ack", key, deliveries)
+}
 
 // skipAck loses an ack on purpose: nacked instead, or left to the ack
 // wait. It reports whether it did.

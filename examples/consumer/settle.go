@@ -97,7 +97,7 @@ func (c *consumer) perform(msg jetstream.Msg, meta *jetstream.MsgMetadata, key s
 		if c.hooks.skipAck(msg, key, meta.NumDelivered, attrs) {
 			return
 		}
-		c.hooks.beforeAck(key)
+		c.hooks.beforeAck(key, meta.NumDelivered)
 		if err := msg.DoubleAck(ctx); err != nil { // the redelivery replays
 			attrs = append(attrs, "ack_error", err.Error())
 		}
