@@ -29,6 +29,8 @@
 //	after_noexp    after without idx_idem_keys_expires: the floor of any cheaper index on expires_at
 //	after_insert   after with the claim as the plain INSERT ... RETURNING of a transactional route (a loser reads the row in a second statement)
 //	after_insert_pipe  after_insert with the read of the row pipelined after the INSERT, one round trip, on every claim
+//	after_async_claim  after with the claim committed without waiting for its WAL flush (the record synchronous): a commit's flush fewer per new key
+//	after_pipe_claim   after_async_claim's script with the flush kept: its control
 //	hot_insert     a replay under after_insert: the INSERT that inserts nothing, then the read, two round trips
 //	hot_insert_pipe    the same two statements pipelined: one round trip
 //	hot_before, hot_combined, hot_after   a replay (the claim of a completed key)
@@ -250,7 +252,14 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 	hotIns.setup = hotSetup(aClaim, aCompleteSQL)
 	hotPipe := ord("hot_insert_pipe", a.migration, afterVars, pipe(":hotkey"))
 	hotPipe.setup = hotSetup(aClaim, aCompleteSQL)
-	cands = append(cands, insPipe, hotIns, hotPipe)
+	// The claim in BEGIN; SET LOCAL synchronous_commit = off; ...; COMMIT
+	// (one pipeline), the record as deployed: what a new key costs with
+	// one WAL flush instead of two.
+	asyncClaim := ord("after_async_claim", a.migration, afterVars, newKey+"\\startpipeline\nBEGIN;\nSET LOCAL synchronous_commit = 'off';\n"+
+		claim(aClaim, ":key")+";\nCOMMIT;\n\\endpipeline\n"+recordByKey+";\n")
+	// Its control: the same script with the claim's flush kept.
+	syncClaim := ord("after_pipe_claim", a.migration, afterVars, strings.Replace(asyncClaim.script, "SET LOCAL synchronous_commit = 'off';\n", "", 1))
+	cands = append(cands, insPipe, hotIns, hotPipe, asyncClaim, syncClaim)
 	// The transactional route: the order's writes, bare and inside the
 	// store's pipelines (as bench/cmd/pgbenchsql writes them).
 	orderVars := func(v []string) []string {
