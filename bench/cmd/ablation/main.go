@@ -47,11 +47,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/idemkit/idempotency/bench/internal/gosrc"
+	"github.com/idemkit/idempotency/bench/internal/pgbscript"
 )
 
 // The values every script's rows carry: the no-op route's (bench/cmd/
@@ -166,8 +165,10 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 
 	// The statements, bound to pgbench variables.
 	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
-	claim := func(sql, key string) string { return oneLine(bind(sql, append([]string{key}, claimArgs[1:]...))) }
-	complete := oneLine(bind(b.consts["pgCompleteSQL"], []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}))
+	claim := func(sql, key string) string {
+		return pgbscript.OneLine(pgbscript.Bind(sql, append([]string{key}, claimArgs[1:]...)))
+	}
+	complete := pgbscript.OneLine(pgbscript.Bind(b.consts["pgCompleteSQL"], []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}))
 	byKey := func(s, key string) string {
 		return must(s, "WHERE scope_user_id = :scope AND id = :c_id", "WHERE scope_user_id = :scope AND idem_key = "+key+" AND scope_endpoint = :endpoint AND id = :c_id")
 	}
@@ -193,7 +194,7 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 	// The after revision's own statements (the store's claim and record).
 	aClaim, aComplete := a.consts["pgClaimSQL"], a.consts["pgCompleteSQL"]
 	aCompleteArgs := completeParams(aComplete)
-	aCompleteSQL := oneLine(bind(aComplete, aCompleteArgs))
+	aCompleteSQL := pgbscript.OneLine(pgbscript.Bind(aComplete, aCompleteArgs))
 	afterVars := textVars
 	if strings.Contains(a.migration, "request_hash       BYTEA") && !strings.Contains(aClaim, "decode($4, 'hex')") {
 		afterVars = byteaVars
@@ -240,7 +241,7 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 	)
 	// The claim as a plain INSERT, and the read of the row when it inserted
 	// nothing (pgTxReadSQL, bound like the claim).
-	aInsert, aRead := claim(a.consts["pgTxClaimSQL"], ":key"), oneLine(bind(a.consts["pgTxReadSQL"], []string{":key", ":scope", ":endpoint"}))
+	aInsert, aRead := claim(a.consts["pgTxClaimSQL"], ":key"), pgbscript.OneLine(pgbscript.Bind(a.consts["pgTxReadSQL"], []string{":key", ":scope", ":endpoint"}))
 	pipe := func(key string) string {
 		return "\\startpipeline\n" + strings.ReplaceAll(aInsert, ":key", key) + ";\n" + strings.ReplaceAll(aRead, ":key", key) + ";\n\\endpipeline\n"
 	}
@@ -276,15 +277,15 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 		}
 		return out
 	}
-	writes := oneLine(bind(ex["insertOrderSQL"], []string{"1", "'AAPL'", "'buy'", "1", "'filled'", "187.43", ":key"})) + ";\n" +
-		oneLine(bind(ex["insertOrderPlacedSQL"], []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
+	writes := pgbscript.OneLine(pgbscript.Bind(ex["insertOrderSQL"], []string{"1", "'AAPL'", "'buy'", "1", "'filled'", "187.43", ":key"})) + ";\n" +
+		pgbscript.OneLine(pgbscript.Bind(ex["insertOrderPlacedSQL"], []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
 	cands = append(cands,
 		ord("tx_order", base, orderVars(textVars), newKey+"BEGIN;\n"+writes+"COMMIT;\n"),
 		ord("tx_before", base, orderVars(textVars), newKey+txScript(b.consts, writes, false)),
 		ord("tx_combined", combined, orderVars(byteaVars), newKey+txScript(b.consts, writes, true)),
 		ord("tx_after", a.migration, orderVars(afterVars), newKey+txScript(a.consts, writes, false)),
 		ord("tx_after_fold", a.migration, orderVars(afterVars), newKey+txFold(txScript(a.consts, writes, false))),
-		ord("tx_after_nosavepoint", a.migration, orderVars(afterVars), newKey+must(txScript(a.consts, writes, false), oneLine(a.consts["pgSavepointSQL"])+";\n", "")),
+		ord("tx_after_nosavepoint", a.migration, orderVars(afterVars), newKey+must(txScript(a.consts, writes, false), pgbscript.OneLine(a.consts["pgSavepointSQL"])+";\n", "")),
 	)
 	return cands, nil
 }
@@ -309,22 +310,22 @@ func completeParams(sql string) []string {
 // another.
 func txScript(c map[string]string, writes string, natural bool) string {
 	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
-	claimPipe := "\\startpipeline\nBEGIN;\n" + oneLine(bind(c["pgTxBoundsSQL"], []string{"'30000ms'"})) + ";\n" +
-		"SET LOCAL lock_timeout = '10ms';\n" + oneLine(bind(c["pgTxClaimSQL"], claimArgs)) + ";\n" +
-		oneLine(c["pgSavepointSQL"]) + ";\nSET LOCAL lock_timeout = '0';\n\\endpipeline\n"
+	claimPipe := "\\startpipeline\nBEGIN;\n" + pgbscript.OneLine(pgbscript.Bind(c["pgTxBoundsSQL"], []string{"'30000ms'"})) + ";\n" +
+		"SET LOCAL lock_timeout = '10ms';\n" + pgbscript.OneLine(pgbscript.Bind(c["pgTxClaimSQL"], claimArgs)) + ";\n" +
+		pgbscript.OneLine(c["pgSavepointSQL"]) + ";\nSET LOCAL lock_timeout = '0';\n\\endpipeline\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
 	args := []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL"}
 	if strings.Contains(c["pgCompleteSQL"], "$10") {
 		args = append(args, ":key::text", ":endpoint")
 	}
-	record := oneLine(bind(c["pgTxCompleteSQL"], args))
+	record := pgbscript.OneLine(pgbscript.Bind(c["pgTxCompleteSQL"], args))
 	if natural { // the natural key as the primary key: the row found by it, the id a check
 		record = must(record, "WHERE scope_user_id = :scope AND id = ", "WHERE scope_user_id = :scope AND idem_key = :key::text AND scope_endpoint = :endpoint AND id = ")
 	}
-	recordPipe := "\\startpipeline\n" + oneLine(bind(c["pgTxRestoreSQL"], []string{"'30000ms'", "current_setting('search_path')", "'30000ms'"})) + ";\n" +
+	recordPipe := "\\startpipeline\n" + pgbscript.OneLine(pgbscript.Bind(c["pgTxRestoreSQL"], []string{"'30000ms'", "current_setting('search_path')", "'30000ms'"})) + ";\n" +
 		"SET LOCAL ROLE NONE;\nSET LOCAL synchronous_commit = 'on';\nSET LOCAL lock_timeout = '0';\n" +
-		oneLine(c["pgImmediateSQL"]) + ";\n" + record + ";\n" +
-		"COMMIT;\n" + oneLine(c["pgTxSessionSQL"]) + ";\n\\endpipeline\n"
+		pgbscript.OneLine(c["pgImmediateSQL"]) + ";\n" + record + ";\n" +
+		"COMMIT;\n" + pgbscript.OneLine(c["pgTxSessionSQL"]) + ";\n\\endpipeline\n"
 	return claimPipe + writes + recordPipe
 }
 
@@ -386,22 +387,3 @@ const narrowClaim = `INSERT INTO idempotency_keys (idem_key, scope_user_id, scop
 
 const narrowComplete = `UPDATE idempotency_keys SET status = 'completed', response_code = :code, response_body = :body ` +
 	`WHERE scope_user_id = :scope AND idem_key = :key AND scope_endpoint = :endpoint AND status = 'in_flight'`
-
-var param = regexp.MustCompile(`\$([0-9]+)`)
-
-// bind replaces $1..$n with args.
-func bind(sql string, args []string) string {
-	return param.ReplaceAllStringFunc(sql, func(m string) string {
-		n, _ := strconv.Atoi(m[1:])
-		if n < 1 || n > len(args) {
-			return m
-		}
-		return args[n-1]
-	})
-}
-
-// oneLine joins the statement's lines: pgbench reads a statement up to its
-// semicolon, and a meta-command (\gset) must follow on the next line.
-func oneLine(sql string) string {
-	return strings.Join(strings.Fields(sql), " ")
-}

@@ -49,12 +49,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency/bench/internal/gosrc"
+	"github.com/idemkit/idempotency/bench/internal/pgbscript"
 	"github.com/idemkit/idempotency/bench/internal/result"
 )
 
@@ -162,27 +162,27 @@ func run(src, example, out string) error {
 	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL", ":key", ":endpoint"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
-		return oneLine(bind(claim, args))
+		return pgbscript.OneLine(pgbscript.Bind(claim, args))
 	}
-	completeSQL := oneLine(bind(complete, completeArgs))
-	hotCompleteSQL := oneLine(bind(complete, append(completeArgs[:8:8], ":hotkey", ":endpoint")))
+	completeSQL := pgbscript.OneLine(pgbscript.Bind(complete, completeArgs))
+	hotCompleteSQL := pgbscript.OneLine(pgbscript.Bind(complete, append(completeArgs[:8:8], ":hotkey", ":endpoint")))
 	// The order's writes with the values the load generator sends; the
 	// audit context is the size of the example's.
-	orderWrites := oneLine(bind(insOrder, []string{"1", "'AAPL'", "'buy'", "1", "'filled'", "187.43", ":key"})) + ";\n" +
-		oneLine(bind(insPlaced, []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
+	orderWrites := pgbscript.OneLine(pgbscript.Bind(insOrder, []string{"1", "'AAPL'", "'buy'", "1", "'filled'", "187.43", ":key"})) + ";\n" +
+		pgbscript.OneLine(pgbscript.Bind(insPlaced, []string{"1", `'{"order_id":1,"symbol":"AAPL","side":"buy","qty":1,"client_order_id":"0b6f3c1e-9a2d-4e7f-8c5b-3d1a2e4f6a8b"}'`})) + ";\n"
 	newKey := "\\set key random(1, 9223372036854775806)\n"
 	// The one-transaction flow: the claim's pipeline and the record's.
 	// The claim reads the session's state with its bounds (the lease as
 	// text), waits under SET LOCAL lock_timeout and puts the session's
 	// back; the record puts the claim's state back first.
-	claimPipe := oneLine(bind(bounds, []string{"'30000ms'"})) + ";\n" +
+	claimPipe := pgbscript.OneLine(pgbscript.Bind(bounds, []string{"'30000ms'"})) + ";\n" +
 		"SET LOCAL lock_timeout = '10ms';\n" +
-		oneLine(bind(txClaim, claimArgs)) + ";\n" + oneLine(savepoint) + ";\n" +
+		pgbscript.OneLine(pgbscript.Bind(txClaim, claimArgs)) + ";\n" + pgbscript.OneLine(savepoint) + ";\n" +
 		"SET LOCAL lock_timeout = '0';\n"
 	byKey := "(SELECT id FROM idempotency_keys WHERE idem_key = :key::text AND scope_user_id = :scope AND scope_endpoint = :endpoint)"
-	recordPipe := oneLine(bind(restore, []string{"'30000ms'", "current_setting('search_path')", "'30000ms'"})) + ";\n" +
+	recordPipe := pgbscript.OneLine(pgbscript.Bind(restore, []string{"'30000ms'", "current_setting('search_path')", "'30000ms'"})) + ";\n" +
 		"SET LOCAL ROLE NONE;\nSET LOCAL synchronous_commit = 'on';\nSET LOCAL lock_timeout = '0';\n" +
-		oneLine(immediate) + ";\n" + oneLine(bind(txComplete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL", ":key::text", ":endpoint"})) + ";\n"
+		pgbscript.OneLine(immediate) + ";\n" + pgbscript.OneLine(pgbscript.Bind(txComplete, []string{byKey, "1", ":scope", ":code", ":body", "NULL", ":headers", "NULL", ":key::text", ":endpoint"})) + ";\n"
 	files := map[string]string{
 		"example_schema.sql": schema,
 		"order.sql":          newKey + "BEGIN;\n" + orderWrites + "COMMIT;\n",
@@ -191,7 +191,7 @@ func run(src, example, out string) error {
 		"order_idem_tx.sql": newKey + "BEGIN;\n\\startpipeline\n" + claimPipe + "\\endpipeline\n" + orderWrites +
 			"\\startpipeline\n" + recordPipe + "\\endpipeline\nCOMMIT;\n",
 		"order_idem_tx_all.sql": newKey + "\\startpipeline\nBEGIN;\n" + claimPipe + "\\endpipeline\n" + orderWrites +
-			"\\startpipeline\n" + recordPipe + "COMMIT;\n" + oneLine(session) + ";\n\\endpipeline\n",
+			"\\startpipeline\n" + recordPipe + "COMMIT;\n" + pgbscript.OneLine(session) + ";\n\\endpipeline\n",
 		"miss.sql": "\\set key random(1, 9223372036854775806)\n" +
 			claimWith(":key") + "\n\\gset c_\n" + completeSQL + ";\n",
 		"hot_setup.sql": claimWith(":hotkey") + "\n\\gset c_\n" + hotCompleteSQL + ";\n",
@@ -204,23 +204,4 @@ func run(src, example, out string) error {
 		}
 	}
 	return nil
-}
-
-var param = regexp.MustCompile(`\$([0-9]+)`)
-
-// bind replaces $1..$n with args.
-func bind(sql string, args []string) string {
-	return param.ReplaceAllStringFunc(sql, func(m string) string {
-		n, _ := strconv.Atoi(m[1:])
-		if n < 1 || n > len(args) {
-			return m
-		}
-		return args[n-1]
-	})
-}
-
-// oneLine joins the statement's lines: pgbench reads a statement up to its
-// semicolon, and a meta-command (\gset) must follow on the next line.
-func oneLine(sql string) string {
-	return strings.Join(strings.Fields(sql), " ")
 }
