@@ -406,13 +406,13 @@ func TestTxInvalidUTF8JSON(t *testing.T) {
 	}
 }
 
-// hugeNumbersJSON is valid JSON that JSONB refuses (1e400000 is beyond
-// numeric's range), with a long number literal too.
+// hugeNumbersJSON is valid JSON that a JSONB column refuses (1e400000 is
+// beyond numeric's range), with a long number literal too.
 var hugeNumbersJSON = `{"qty":1e400000,"price":` + strings.Repeat("9", 300) + `}`
 
-// TestTxUnrepresentableJSONNumber: a JSON body JSONB would refuse for its
-// numbers is stored raw up front, so the commit succeeds and the key
-// replays it.
+// TestTxUnrepresentableJSONNumber: a JSON body that the ADR's JSONB column
+// would refuse for its numbers is stored as its bytes, like any body, so
+// the commit succeeds and the key replays it.
 func TestTxUnrepresentableJSONNumber(t *testing.T) {
 	t.Parallel()
 	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})

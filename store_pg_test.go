@@ -956,9 +956,10 @@ func TestPostgresLookupAndStats(t *testing.T) {
 	}
 }
 
-// TestPostgresUnrepresentableJSONNumber: a JSON response that JSONB
-// refused (numeric out of range) is recorded as it is, like any body, so
-// the retry replays it rather than finding the key in flight.
+// TestPostgresUnrepresentableJSONNumber: a JSON response with numbers
+// beyond numeric's range (which the ADR's JSONB column refused) is recorded
+// as it is, like any body, so the retry replays it rather than finding the
+// key in flight.
 func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
