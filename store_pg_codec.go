@@ -21,7 +21,7 @@ func completeArgs(resp Response) (jsonBody, rawBody, headers []byte, err error) 
 		// them reaches the table.
 		return nil, nonNil(resp.Body), nil, nil
 	}
-	headers, err = encodeHeaders(resp.Header)
+	headers, err = storedbody.EncodeHeaders(resp.Header)
 	if err != nil {
 		return nil, nil, nil, &StoreError{Op: "complete", Reason: ReasonOther, Err: err}
 	}
@@ -152,7 +152,7 @@ func decodeResponse(code *int16, body, raw, headers []byte, sealKeyID *string) (
 		resp.BodyKind = BodyRaw
 	}
 	if headers != nil {
-		h, err := decodeHeaders(headers)
+		h, err := storedbody.DecodeHeaders(headers)
 		if err != nil {
 			return Response{}, errors.New("idempotency: stored response_headers are not an object of string arrays: " + err.Error())
 		}

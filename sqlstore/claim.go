@@ -41,7 +41,7 @@ func (s *Store) dur(d time.Duration) any {
 
 // insertArgs are the insert statement's arguments for req.
 func (s *Store) insertArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req.Owner)}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req)}
 }
 
 // Claim implements idempotency.Store: a plain INSERT of the in_flight row;
@@ -113,7 +113,7 @@ func (s *Store) insertOn(ctx context.Context, x execer, req idempotency.ClaimReq
 
 // readKeyOn reads req's row; found is false when there is none.
 func (s *Store) readKeyOn(ctx context.Context, x execer, req idempotency.ClaimRequest, locking string) (rec idempotency.Record, won, found bool, err error) {
-	err = scanRecord(x.QueryRowContext(ctx, s.st.readKey+locking, s.ownerArg(req.Owner), req.Key, req.Scope, req.Endpoint), &rec, &won)
+	err = scanRecord(x.QueryRowContext(ctx, s.st.readKey+locking, s.ownerArg(req), req.Key, req.Scope, req.Endpoint), &rec, &won)
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.Record{}, false, false, nil
 	}
@@ -144,7 +144,7 @@ func (s *Store) Takeover(ctx context.Context, f idempotency.Fence, req idempoten
 // takeoverOn runs the fenced takeover of f on x (bounded, a prefix for
 // the statement) and reads the row back.
 func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, req idempotency.ClaimRequest, bounded string) (idempotency.ClaimResult, error) {
-	args := append([]any{s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req.Owner)}, s.fenceArgs(f)...)
+	args := append([]any{s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req)}, s.fenceArgs(f)...)
 	var rec idempotency.Record
 	if s.d.name == PostgreSQL { // UPDATE ... RETURNING: id is not indexed there
 		err := scanRecord(x.QueryRowContext(ctx, s.st.takeover, args...), &rec, nil)
@@ -234,7 +234,7 @@ func (s *Store) ReleaseOwner(ctx context.Context, req idempotency.ClaimRequest) 
 	}
 	var n int64
 	err := s.withConn(ctx, func(c *sql.Conn) error {
-		r, err := c.ExecContext(ctx, s.st.releaseOwner, req.Key, req.Scope, req.Endpoint, s.ownerArg(req.Owner))
+		r, err := c.ExecContext(ctx, s.st.releaseOwner, req.Key, req.Scope, req.Endpoint, s.ownerArg(req))
 		if err == nil {
 			n, err = r.RowsAffected()
 		}

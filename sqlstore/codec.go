@@ -4,11 +4,8 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency"
@@ -110,8 +107,8 @@ func decodeResponse(code sql.NullInt64, body, raw, headers []byte, sealKeyID sql
 		resp.BodyKind = idempotency.BodyRaw
 	}
 	if headers != nil {
-		var h http.Header
-		if err := json.Unmarshal(headers, &h); err != nil {
+		h, err := storedbody.DecodeHeaders(headers)
+		if err != nil {
 			return idempotency.Response{}, errors.New("sqlstore: stored response_headers are not an object of string arrays: " + err.Error())
 		}
 		resp.Header = h
@@ -127,7 +124,7 @@ func completeArgs(resp idempotency.Response) (jsonBody, rawBody any, headers any
 		return nil, nonNil(resp.Body), nil, resp.SealKeyID, nil
 	}
 	if resp.Header != nil {
-		b, err := json.Marshal(withoutNUL(resp.Header))
+		b, err := storedbody.EncodeHeaders(resp.Header)
 		if err != nil {
 			return nil, nil, nil, nil, &idempotency.StoreError{Op: "complete", Reason: idempotency.ReasonOther, Err: err}
 		}
@@ -150,44 +147,16 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// withoutNUL returns h without the values that hold a NUL byte, which HTTP
-// forbids and JSON columns may refuse.
-func withoutNUL(h http.Header) http.Header {
-	out := make(http.Header, len(h))
-	for k, vs := range h {
-		if vs == nil {
-			out[k] = nil
-			continue
-		}
-		kept := []string{}
-		for _, v := range vs {
-			if !strings.ContainsRune(v, 0) {
-				kept = append(kept, v)
-			}
-		}
-		out[k] = kept
-	}
-	return out
-}
-
-// ownerArg is a claim's owner token as bound: NULL for none.
-func (s *Store) ownerArg(owner [16]byte) any {
+// ownerArg is a claim's owner token as bound: NULL for none; on
+// PostgreSQL its text form (the statements cast it to uuid), on MySQL its
+// 16 bytes.
+func (s *Store) ownerArg(req idempotency.ClaimRequest) any {
+	owner := [16]byte(req.Owner)
 	if owner == ([16]byte{}) {
 		return nil
 	}
 	if s.d.name == PostgreSQL {
-		const hex = "0123456789abcdef"
-		var b [36]byte
-		j := 0
-		for i, c := range owner {
-			if i == 4 || i == 6 || i == 8 || i == 10 {
-				b[j] = '-'
-				j++
-			}
-			b[j], b[j+1] = hex[c>>4], hex[c&15]
-			j += 2
-		}
-		return string(b[:])
+		return req.Owner.String()
 	}
 	return owner[:]
 }

@@ -1,6 +1,7 @@
 // Package storedbody decodes a recorded response body from the two columns
 // the stores keep it in (replays, export, and the CLI's inspect
-// through PostgresStore.Lookup).
+// through PostgresStore.Lookup), and encodes and decodes the recorded
+// headers' column; the pgx store and sqlstore share it.
 package storedbody
 
 // Kind says how a decoded body is to be read. Its values match the root

@@ -1,6 +1,6 @@
-package idempotency
+package storedbody
 
-// How the store writes and reads the response_headers column: JSON, as
+// How the stores write and read the response_headers column: JSON, as
 // encoding/json writes and reads an http.Header, with a direct path for the
 // usual headers (printable ASCII, no escapes) that gives the same bytes and
 // the same values without reflection.
@@ -12,12 +12,12 @@ import (
 	"strings"
 )
 
-// decodeHeaders decodes a response_headers column as json.Unmarshal into
+// DecodeHeaders decodes a response_headers column as json.Unmarshal into
 // an http.Header does. The usual column (an object of arrays of printable
 // ASCII strings without escapes) is parsed directly, its names and values
 // slices of one string; anything else, errors included, goes through
 // json.Unmarshal.
-func decodeHeaders(b []byte) (http.Header, error) {
+func DecodeHeaders(b []byte) (http.Header, error) {
 	if h, ok := parsePlainHeaders(b); ok {
 		return h, nil
 	}
@@ -27,8 +27,8 @@ func decodeHeaders(b []byte) (http.Header, error) {
 }
 
 // parsePlainHeaders parses b when it is an object of string arrays whose
-// strings are printable ASCII without escapes, the form JSONB prints the
-// headers Complete stores; ok is false for anything else (null, escapes,
+// strings are printable ASCII without escapes, the form EncodeHeaders
+// writes; ok is false for anything else (null, escapes,
 // other bytes, any syntax error), which the caller hands to json.Unmarshal.
 // Like json.Unmarshal, a repeated name keeps its last value and an empty
 // array is an empty, non-nil slice.
@@ -119,10 +119,11 @@ func (p *plainJSON) end() bool {
 	return p.i == len(p.s)
 }
 
-// encodeHeaders returns h as a JSONB object of string arrays, or nil (NULL)
-// when h is nil. Values holding a NUL byte are left out: HTTP forbids them
-// (RFC 9110, section 5.5) and JSONB cannot store them.
-func encodeHeaders(h http.Header) ([]byte, error) {
+// EncodeHeaders returns h as the JSON of an object of string arrays, the
+// bytes json.Marshal writes, or nil (NULL) when h is nil. Values holding a
+// NUL byte are left out: HTTP forbids them (RFC 9110, section 5.5) and a
+// JSON column cannot store them.
+func EncodeHeaders(h http.Header) ([]byte, error) {
 	if h == nil {
 		return nil, nil
 	}
