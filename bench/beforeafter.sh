@@ -203,12 +203,13 @@ pair_blocks "$REPS" before after "${points[@]}"
 # profile_round VARIANT ROUND: A's new keys on VARIANT for DUR at 16 clients,
 # with the server's heap allocations over the window and a CPU profile of
 # its middle.
-memstat() { curl -sf "http://127.0.0.1:${pprof_port[$1]}/debug/pprof/heap?debug=1" | sed -n "s/^# $2 = //p"; }
+# memstat VARIANT: the server's runtime Mallocs and TotalAlloc, one read.
+memstat() { curl -sf "http://127.0.0.1:${pprof_port[$1]}/debug/pprof/heap?debug=1" | awk '$2 == "Mallocs" { m = $4 } $2 == "TotalAlloc" { b = $4 } END { print m, b }'; }
 profile_round() {
   local v=$1 r=$2 m0 b0 m1 b1 lg_pid n secs
   secs=$((${DUR%s} - 2))
   ((secs >= 1)) || secs=1
-  m0=$(memstat "$v" Mallocs) b0=$(memstat "$v" TotalAlloc)
+  read -r m0 b0 <<<"$(memstat "$v")"
   "$BIN/loadgen" -subject "A/$v" -url "${pair_url[A/$v]}" -mode unique -concurrency 16 \
     -duration "$DUR" -warmup 0s >"$OUT/profile-$v-$r.log" 2>&1 &
   lg_pid=$!
@@ -218,7 +219,7 @@ profile_round() {
     failures+=("CPU profile of A/$v")
   wait "$lg_pid" || failures+=("profile load of A/$v")
   stop_pid "$lg_pid"
-  m1=$(memstat "$v" Mallocs) b1=$(memstat "$v" TotalAlloc)
+  read -r m1 b1 <<<"$(memstat "$v")"
   n=$(sed -n 's/.* clients, \([0-9]*\) requests in .*/\1/p' "$OUT/profile-$v-$r.log")
   if [[ -n $n && $n -gt 0 && -n $m0 && -n $m1 ]]; then
     echo "A/$v round $((r + 1)): $n requests, $(((m1 - m0) / n)) allocations and $(((b1 - b0) / n)) bytes per request" | tee -a "$LOG" "$OUT/profile-allocs.txt"
