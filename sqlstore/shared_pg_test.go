@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"database/sql"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // TestPostgresSharesThePgxStoresTable: the pgx store and the database/sql
 // store on one table. A key either records is found by the other as the
 // same row, and its response (JSON body and headers, raw body) replays
-// the same; a claim either makes is a duplicate for the other.
+// the same bytes; a claim either makes is a duplicate for the other.
 func TestPostgresSharesThePgxStoresTable(t *testing.T) {
 	t.Parallel()
 	dsn := testdb.NewDSN(t)
@@ -42,6 +43,9 @@ func TestPostgresSharesThePgxStoresTable(t *testing.T) {
 				{Status: 201, BodyKind: idempotency.BodyJSON, Body: []byte(`{"id":7,"symbol":"AAPL"}`),
 					Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/7"}}},
 				{Status: 200, BodyKind: idempotency.BodyRaw, Body: []byte("\x00raw bytes\xff")},
+				// Backslashes, which bytea's text input would read as escapes.
+				{Status: 201, BodyKind: idempotency.BodyJSON, Body: []byte(`{"path":"C:\\dir","q":"a\"b","x":"\\x41"}`),
+					Header: http.Header{"Location": {`/a\b`}, "X-Hex": {`\x41`}}},
 			} {
 				req := idempotencytest.Request("user-1", time.Hour, time.Minute)
 				rec := idempotencytest.MustClaim(t, dir.writer, req)
@@ -56,8 +60,8 @@ func TestPostgresSharesThePgxStoresTable(t *testing.T) {
 					got.Response.BodyKind != resp.BodyKind || got.Response.Header.Get("Location") != resp.Header.Get("Location") {
 					t.Fatalf("%s: read back %+v, want the recorded %+v", dir.name, got, resp)
 				}
-				if resp.BodyKind == idempotency.BodyRaw && string(got.Response.Body) != string(resp.Body) {
-					t.Fatalf("%s: raw body %q, want %q", dir.name, got.Response.Body, resp.Body)
+				if string(got.Response.Body) != string(resp.Body) || !reflect.DeepEqual(got.Response.Header, resp.Header) {
+					t.Fatalf("%s: body %q and headers %v, want %q and %v", dir.name, got.Response.Body, got.Response.Header, resp.Body, resp.Header)
 				}
 			}
 		}
