@@ -88,6 +88,10 @@ func failureOf(reason string) failure {
 			"PostgresStore.Check names it): every request fails alike until it is fixed"}
 	case ReasonLockTimeout:
 		return failure{false, slog.LevelWarn, "idempotency: the claim waited past lock_timeout behind a table lock (DDL, a migration)"}
+	case ReasonStatementTimeout:
+		return failure{false, slog.LevelWarn, "idempotency: the database cancelled the claim at its statement timeout (a lock wait or a slow statement)"}
+	case ReasonRemoteNode:
+		return failure{false, slog.LevelWarn, "idempotency: the database answered that a node behind it failed or refused the connection (a Citus worker)"}
 	case ReasonClosed:
 		return failure{false, slog.LevelWarn, "idempotency: the store is closed"}
 	case ReasonFull:

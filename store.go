@@ -291,9 +291,11 @@ var ErrStoreUnavailable = errors.New("idempotency: store unavailable")
 
 // Reasons a store was unavailable, used in logs and metric labels.
 const (
-	ReasonTimeout            = "timeout"              // an outage (a fail-open route's only bypass, with connection): a sent statement or a connect got no answer in time
-	ReasonConnection         = "connection"           // an outage: the connection failed or was refused, or the server failed (SQLSTATE 08, 53, 58, XX, 57P01-57P03)
-	ReasonPoolExhausted      = "pool_exhausted"       // every pooled connection was in use and none being opened: saturation, the database was never asked
+	ReasonTimeout            = "timeout"              // a sent statement got no reply before its deadline: a fail-open route probes, and bypasses only if the probe fails
+	ReasonConnection         = "connection"           // the connection failed or was refused, or the server failed (SQLSTATE 53, 58, XX, 57P01-57P03): a fail-open route probes, as for timeout
+	ReasonPoolExhausted      = "pool_exhausted"       // the call never got a pooled connection (every one in use, or the pool still opening one): 503, never a bypass
+	ReasonStatementTimeout   = "statement_timeout"    // the server cancelled the statement (query_canceled; MySQL 1969, 3024): a lock wait or a slow statement, 503
+	ReasonRemoteNode         = "remote_node"          // the server answered with SQLSTATE class 08: a node behind it (a Citus worker) failed or refused, 503
 	ReasonTooManyConnections = "too_many_connections" // the database refused a connection: too many (53300)
 	ReasonAuth               = "auth"                 // the database refused the login: role, password or database (class 28, 3D000)
 	ReasonSchema             = "schema"               // the table, a column or a setting is missing, or a statement is unsupported (Citus): migrations not run

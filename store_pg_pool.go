@@ -20,8 +20,7 @@ func newPostgresStore(pool *pgxpool.Pool, log *slog.Logger) *PostgresStore {
 // acquire takes a connection from the pool under ctx. The store acquires
 // explicitly, then runs its statement on the connection, so it knows which
 // step ran out of time: a wait for a connection that ran out is an
-// *acquireError, classified from the pool's state as saturation or an
-// outage (acquireReason).
+// *acquireError (pool_exhausted), logged with the pool's state.
 func (s *PostgresStore) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	c, err := s.pool.Acquire(ctx)
 	if err == nil {
@@ -32,7 +31,7 @@ func (s *PostgresStore) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	}
 	st := s.pool.Stat()
 	inUse, opening, max := st.AcquiredConns(), st.ConstructingConns(), st.MaxConns()
-	return nil, &acquireError{reason: acquireReason(inUse, opening, max), err: err, inUse: inUse, opening: opening, max: max}
+	return nil, &acquireError{err: err, inUse: inUse, opening: opening, max: max}
 }
 
 // release gives c back to the pool. A connection pgx closed because a
