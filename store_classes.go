@@ -23,6 +23,7 @@ type dialect struct {
 	unsent     func(error) bool           // err reports that nothing was sent
 	linkFailed func(error) bool           // the driver's own connection errors (refused, TLS, closed)
 	closed     func(error) bool           // the pool or handle was closed
+	probeCode  func(string) string        // the outage probe's verdict on a server's code; "" when it answered
 }
 
 // reason classifies err: the acquire's verdict, a closed store, the
@@ -52,6 +53,25 @@ func (d dialect) reason(err error) string {
 		return ReasonConnection
 	}
 	return ReasonOther
+}
+
+// probeVerdict is the outage probe's verdict on what it got (Store.Probe):
+// nil when the database answered, ReasonConnection when it could not be
+// reached, ReasonAuth or ReasonTooManyConnections when it refused the
+// login, and ReasonOther for anything else (503, never a bypass).
+func (d dialect) probeVerdict(err error) error {
+	if err == nil {
+		return nil
+	}
+	reason := ReasonOther
+	if code, coded := d.code(err); coded {
+		if reason = d.probeCode(code); reason == "" {
+			return nil // the database answered
+		}
+	} else if r := d.reason(err); r == ReasonConnection || r == ReasonTimeout || r == ReasonPoolExhausted {
+		reason = ReasonConnection // no answer, whichever way it failed
+	}
+	return &StoreError{Op: "probe", Reason: reason, Err: err}
 }
 
 // acquireError is a failed wait for a pooled connection, with the pool's

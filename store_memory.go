@@ -289,6 +289,10 @@ func (s *MemoryStore) Erase(ctx context.Context, scope string) (ErasureResult, e
 	return res, nil
 }
 
+// Probe implements Store: a MemoryStore has no database to lose, so it
+// never reports an outage.
+func (s *MemoryStore) Probe(context.Context) error { return nil }
+
 // ExportScope implements Store.
 func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, error) {
 	if err := memoryCtxError(ctx, "export"); err != nil {

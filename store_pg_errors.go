@@ -52,7 +52,7 @@ func pgReason(err error) string { return postgresClasses.reason(err) }
 
 // postgresClasses is the class table's PostgreSQL column.
 var postgresClasses = dialect{code: pgCode, codeReason: pgCodeReason,
-	unsent: pgconn.SafeToRetry, linkFailed: pgLinkFailed, closed: pgPoolClosed}
+	unsent: pgconn.SafeToRetry, linkFailed: pgLinkFailed, closed: pgPoolClosed, probeCode: sqlstate.PostgresProbe}
 
 // pgLinkFailed reports pgx's own connection errors: a connect that failed
 // without a server's answer (refused, TLS), or a connection pgx closed.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -57,4 +58,30 @@ func (s *PostgresStore) withConn(ctx context.Context, f func(pgConn) error) erro
 	}
 	defer c.release()
 	return f(c)
+}
+
+// Probe implements Store: a new connection with the pool's settings (its
+// BeforeConnect included), outside the pool, runs SELECT 1. Through
+// PgBouncer the statement reaches the database, and PgBouncer's own error
+// for a server it cannot reach (class 08) is a failed probe.
+func (s *PostgresStore) Probe(ctx context.Context) error {
+	return s.probes.Do(ctx, func(ctx context.Context) error {
+		return postgresClasses.probeVerdict(s.probe(ctx))
+	})
+}
+
+func (s *PostgresStore) probe(ctx context.Context) error {
+	cfg := s.pool.Config() // a copy
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
+			return err
+		}
+	}
+	c, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a connection of one statement
+	_, err = c.Exec(ctx, "SELECT 1")
+	return err
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/probe"
 )
 
 // Dialect is the SQL dialect of the database behind the *sql.DB.
@@ -50,6 +51,7 @@ type Store struct {
 	table   string // qualified
 	mariadb bool
 	log     *slog.Logger
+	probes  probe.Gate // one outage probe at a time (Probe)
 }
 
 // The dialects' columns of the class table and their codes.
