@@ -64,7 +64,9 @@ func (d dialect) probeVerdict(err error) error {
 		return nil
 	}
 	reason := ReasonOther
-	if code, coded := d.code(err); coded {
+	if code, coded := d.code(err); errors.Is(err, context.Canceled) {
+		// The caller gave up: no evidence either way.
+	} else if coded {
 		if reason = d.probeCode(code); reason == "" {
 			return nil // the database answered
 		}

@@ -84,7 +84,9 @@ func (s *Store) probeVerdict(err error) error {
 		return nil
 	}
 	reason := idempotency.ReasonOther
-	if code, coded := serverCode(err); coded {
+	if code, coded := serverCode(err); errors.Is(err, context.Canceled) {
+		// The caller gave up: no evidence either way.
+	} else if coded {
 		if reason = s.probeCode(code); reason == "" {
 			return nil // the database answered
 		}
