@@ -32,8 +32,9 @@ type verdict struct {
 
 // Do returns a verdict of probe: the last one if it came less than Reuse
 // ago, else that of the probe running now, else that of a new run of probe
-// under ctx. A caller whose ctx ends while it waits for another caller's
-// probe gets ctx's error, never a verdict.
+// under ctx, its deadline brought forward by a tenth of the time left. A
+// caller whose ctx ends while it waits for another caller's probe gets
+// ctx's error, never a verdict.
 func (g *Gate) Do(ctx context.Context, probe func(context.Context) error) error {
 	g.mu.Lock()
 	if l := g.last; l != nil && time.Since(l.at) < Reuse {
@@ -59,6 +60,20 @@ func (g *Gate) Do(ctx context.Context, probe func(context.Context) error) error 
 		g.mu.Unlock()
 		close(v.done)
 	}()
-	v.err = probe(ctx)
+	pctx, cancel := shortened(ctx)
+	defer cancel()
+	v.err = probe(pctx)
 	return v.err
+}
+
+// shortened is ctx with a tenth of its time left taken off its deadline:
+// the callers that join a probe a moment after it began, with the same
+// bound (the store timeout), then get its verdict before their own
+// deadlines end their wait.
+func shortened(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, d.Add(-time.Until(d)/10))
 }

@@ -96,3 +96,36 @@ func TestWaiterBoundedByItsContext(t *testing.T) {
 		t.Fatal("TestWaiterBoundedByItsContext: the waiter did not return at its deadline")
 	}
 }
+
+// TestJoinersGetTheVerdictInTime: callers that join a probe a moment
+// after it began, each bounded as it is, get its verdict, not their own
+// deadline: the probe runs under a deadline brought forward.
+func TestJoinersGetTheVerdictInTime(t *testing.T) {
+	t.Parallel()
+	var g Gate
+	const bound = 200 * time.Millisecond
+	started := make(chan struct{})
+	failed := errors.New("no answer")
+	probe := func(ctx context.Context) error {
+		close(started)
+		<-ctx.Done() // a black hole: no answer within the bound
+		return failed
+	}
+	lctx, lcancel := context.WithTimeout(context.Background(), bound)
+	defer lcancel()
+	errs := make(chan error, 9)
+	go func() { errs <- g.Do(lctx, probe) }()
+	<-started
+	for range 8 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			defer cancel()
+			errs <- g.Do(ctx, probe)
+		}()
+	}
+	for range 9 {
+		if err := <-errs; !errors.Is(err, failed) {
+			t.Errorf("verdict %v, want the probe's", err)
+		}
+	}
+}

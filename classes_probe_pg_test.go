@@ -1,0 +1,228 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idempotencytest"
+	"github.com/idemkit/idempotency/internal/tcpproxy"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// proxiedPool is a pool on a schema of its own, reached through a
+// tcpproxy, configured further by configure.
+func proxiedPool(t *testing.T, configure func(*pgxpool.Config)) (*pgxpool.Pool, *tcpproxy.Proxy) {
+	t.Helper()
+	cfg := testdb.New(t).Config()
+	proxy := tcpproxy.New(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	host, port, _ := strings.Cut(proxy.Addr(), ":")
+	pool := testdb.New(t, testdb.Configure(func(c *pgxpool.Config) {
+		c.ConnConfig.Host = host
+		fmt.Sscan(port, &c.ConnConfig.Port)
+		c.ConnConfig.Fallbacks = nil
+		c.ConnConfig.ConnectTimeout = time.Second
+		if configure != nil {
+			configure(c)
+		}
+	}))
+	return pool, proxy
+}
+
+// burst sends n requests with new keys to h at once and returns their
+// statuses.
+func burst(h http.Handler, n int) []int {
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = sendAs(h, uuid.NewString(), "u1").Code
+		}()
+	}
+	wg.Wait()
+	return codes
+}
+
+// TestPostgresBypassNeedsAFailedProbe: with the link cut (new connections
+// refused, open ones cut), the fail-open route's claim fails, its outage
+// probe fails too, and it bypasses within two store timeouts and a margin
+// (DESIGN-settled-r4 item 4).
+func TestPostgresBypassNeedsAFailedProbe(t *testing.T) {
+	t.Parallel()
+	const storeTimeout = 300 * time.Millisecond
+	pool, proxy := proxiedPool(t, nil)
+	c := newClassRoutes(t, pool, storeTimeout)
+	proxy.Cut()
+	key := uuid.NewString()
+	start := time.Now()
+	w := sendAs(c.billing, key, "u1")
+	took := time.Since(start)
+	if w.Code != http.StatusCreated || c.billed.Load() != 1 {
+		t.Fatalf("fail-open route with the link cut: %d %s, runs %d; want the bypass", w.Code, w.Body, c.billed.Load())
+	}
+	if bound := 2*storeTimeout + 5*storeTimeout; took > bound {
+		t.Errorf("the bypass came after %v, want within two store timeouts and a margin (%v)", took, bound)
+	}
+	if n := gathered(t, c.reg, "idempotency_store_errors_total", "probe", idempotency.ReasonConnection); n != 1 {
+		t.Errorf("store errors {probe, connection} = %v, want 1", n)
+	}
+}
+
+// TestPostgresProbeVerdictShared: N fail-open requests whose claims fail
+// at once (their statements sent into a black hole) share one probe: the
+// proxy sees exactly one new connection, the probe's, and every request
+// bypasses once it failed.
+func TestPostgresProbeVerdictShared(t *testing.T) {
+	t.Parallel()
+	const n, storeTimeout = 8, 300 * time.Millisecond
+	var connects atomic.Int64 // every new connection resolves its host once; a cancel request does not
+	pool, proxy := proxiedPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.LookupFunc = func(ctx context.Context, host string) ([]string, error) {
+			connects.Add(1)
+			return net.DefaultResolver.LookupHost(ctx, host)
+		}
+		c.MaxConns, c.MinConns = n, 0
+		// The claims must go out on the warm connections, not ping them
+		// first and dial new ones: the probe's dial is the one counted.
+		c.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	})
+	c := newClassRoutes(t, pool, storeTimeout)
+	warm := make([]*pgxpool.Conn, n)
+	for i := range warm {
+		conn, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm[i] = conn
+	}
+	for _, conn := range warm {
+		conn.Release()
+	}
+	before, connectsBefore := proxy.Accepted(), connects.Load()
+	proxy.Blackhole()
+	start := time.Now()
+	codes := burst(c.billing, n)
+	took := time.Since(start)
+	for i, code := range codes {
+		if code != http.StatusCreated {
+			t.Errorf("request %d: %d, want the bypass", i, code)
+		}
+	}
+	if dials := connects.Load() - connectsBefore; dials != 1 {
+		t.Errorf("%d new connections during the outage, want 1 (one probe for every failed claim)", dials)
+	}
+	// Through the proxy: the probe's dial and the cancel request pgx sends
+	// for each claim its deadline interrupted (they need no lookup).
+	if dials := proxy.Accepted() - before; dials < 1 || dials > n+1 {
+		t.Errorf("%d dials through the proxy during the outage, want the probe's and at most one cancel request per claim (%d)", dials, n+1)
+	}
+	if t.Failed() {
+		t.Logf("logs:\n%s", c.logs)
+	}
+	if got := gathered(t, c.reg, "idempotency_bypasses_total", "billing", "store_unavailable"); got != n {
+		t.Errorf("bypasses = %v, want %d", got, n)
+	}
+	if bound := 2*storeTimeout + 5*storeTimeout; took > bound {
+		t.Errorf("the burst's answers took %v, want within two store timeouts and a margin (%v)", took, bound)
+	}
+}
+
+// TestPostgresPoolOpeningIsNoOutage: a burst under a short store timeout
+// while the pool is still opening its connections, on a healthy
+// database (the connects are held until the burst is answered), is 503
+// pool_exhausted on the fail-open route: no bypass, no probe, no run
+// (DESIGN-settled-r4 item 4, reversing r3 item 2). Once the connects
+// finish, the route serves again.
+func TestPostgresPoolOpeningIsNoOutage(t *testing.T) {
+	t.Parallel()
+	const n, storeTimeout = 12, 200 * time.Millisecond
+	gate := make(chan struct{})
+	var hold atomic.Bool // set once the schema is migrated
+	pool := testdb.New(t, testdb.MaxConns(4), testdb.Configure(func(c *pgxpool.Config) {
+		c.MinConns = 0
+		c.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error {
+			if !hold.Load() {
+				return nil
+			}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}))
+	hold.Store(true)
+	pool.Reset() // the connections opened so far go: every claim needs a connect
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	c := newClassRoutes(t, pool, storeTimeout)
+	codes := burst(c.billing, n)
+	open()
+	for i, code := range codes {
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("request %d while the pool was opening: %d, want 503", i, code)
+		}
+	}
+	if c.billed.Load() != 0 {
+		t.Errorf("the handler ran %d times", c.billed.Load())
+	}
+	if got := gathered(t, c.reg, "idempotency_bypasses_total", "billing", "store_unavailable"); got != 0 {
+		t.Errorf("bypasses = %v, want 0", got)
+	}
+	if got := gathered(t, c.reg, "idempotency_store_errors_total", "claim", idempotency.ReasonPoolExhausted); got != n {
+		t.Errorf("store errors {claim, pool_exhausted} = %v, want %d", got, n)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for ctx.Err() == nil { // the connects, let go, finish in the background
+		if w := sendAs(c.billing, uuid.NewString(), "u1"); w.Code == http.StatusCreated {
+			return
+		}
+	}
+	t.Fatal("TestPostgresPoolOpeningIsNoOutage: the route did not serve within 10s of the connects finishing")
+}
+
+// TestPostgresStatementTimeoutIsNoOutage: a claim the server cancels at
+// the session's statement_timeout (SQLSTATE 57014), here behind a table
+// lock, is statement_timeout: 503 on the fail-open route, no probe.
+func TestPostgresStatementTimeoutIsNoOutage(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t, testdb.Configure(func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["statement_timeout"] = "100"
+	}))
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(t.Context())) //nolint:errcheck
+	if _, err := tx.Exec(t.Context(), `LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err = idempotency.NewPostgresStore(pool).Claim(ctx, idempotencytest.Request("u", time.Hour, time.Minute))
+	if r := idempotencytest.StoreReason(t, "Claim", err); r != idempotency.ReasonStatementTimeout {
+		t.Fatalf("a claim cancelled by statement_timeout: %q (%v), want statement_timeout", r, err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		t.Fatalf("a claim cancelled by statement_timeout: %v carries no server error", err)
+	}
+}
