@@ -162,19 +162,11 @@ type Store interface {
 	// returns how many it deleted. The package's Cleanup runs batches until
 	// one comes back short.
 	Cleanup(ctx context.Context, limit int) (int64, error)
-	// Probe tells an outage from everything else, for a fail-open route
-	// whose claim failed with ReasonConnection or ReasonTimeout: the route
-	// bypasses only when Probe returns ReasonConnection. It opens a new
-	// connection outside any pool, with the pool's connection settings,
-	// runs one trivial statement (SELECT 1; DO 0 on MySQL) and closes it,
-	// all bounded by ctx. It returns nil when the database answered; a
-	// *StoreError (Op "probe") with ReasonConnection only when the
-	// database could not be reached (a network error, no answer within
-	// ctx, a server error of SQLSTATE class 08 or 57P01-57P03); with
-	// ReasonAuth or ReasonTooManyConnections when the server refused the
-	// login, which is no outage. At most one probe runs per store at a
-	// time, and its verdict serves every call made while it ran or in the
-	// second after. A store that needs no connection returns nil.
+	// Probe runs SELECT 1 on a new connection outside any pool, bounded by
+	// ctx: nil when the database answered, a *StoreError with
+	// ReasonConnection only when it could not be reached (a fail-open
+	// route's one cause to bypass). One probe runs at a time; its verdict
+	// serves the calls made while it ran and for a second after.
 	Probe(ctx context.Context) error
 	// Erase deletes every row of the user scope except in_flight rows
 	// still inside their lease, which it reports (GDPR erasure).

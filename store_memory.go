@@ -289,8 +289,7 @@ func (s *MemoryStore) Erase(ctx context.Context, scope string) (ErasureResult, e
 	return res, nil
 }
 
-// Probe implements Store: a MemoryStore has no database to lose, so it
-// never reports an outage.
+// Probe implements Store: nil, there is no database to lose.
 func (s *MemoryStore) Probe(context.Context) error { return nil }
 
 // ExportScope implements Store.

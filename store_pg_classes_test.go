@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -153,4 +154,58 @@ func TestPoolWaitsArePoolExhausted(t *testing.T) {
 	if got := pgReason(fmt.Errorf("claim: %w", unsentErr{})); got != ReasonPoolExhausted {
 		t.Errorf("a deadline before the statement left: %q, want pool_exhausted", got)
 	}
+}
+
+// TestProbeVerdicts: what the outage probe makes of what it got
+// (DESIGN-settled-r4 item 4): only no answer, a network error or a server
+// error of class 08 (PgBouncer's own for a server it cannot reach) or
+// 57P01-57P03 is a failed probe; a refused login is auth or
+// too_many_connections; any other answer means the database answered.
+func TestProbeVerdicts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		err  error
+		want string // "" for nil
+	}{
+		{"answered", nil, ""},
+		{"08P01 (PgBouncer: no server)", &pgconn.PgError{Code: "08P01"}, ReasonConnection},
+		{"08006", &pgconn.PgError{Code: "08006"}, ReasonConnection},
+		{"57P03 cannot_connect_now", &pgconn.PgError{Code: "57P03"}, ReasonConnection},
+		{"57P01 admin_shutdown", &pgconn.PgError{Code: "57P01"}, ReasonConnection},
+		{"28P01 password", &pgconn.PgError{Code: "28P01"}, ReasonAuth},
+		{"3D000 no database", &pgconn.PgError{Code: "3D000"}, ReasonAuth},
+		{"53300 too many", &pgconn.PgError{Code: "53300"}, ReasonTooManyConnections},
+		{"42P01: the server answered", &pgconn.PgError{Code: "42P01"}, ""},
+		{"57014: the server answered", &pgconn.PgError{Code: "57014"}, ""},
+		{"no answer in time", fmt.Errorf("connect: %w", context.DeadlineExceeded), ReasonConnection},
+		{"refused", refusedConnect(t), ReasonConnection},
+		{"reset", io.ErrUnexpectedEOF, ReasonConnection},
+		{"the caller gave up", context.Canceled, ReasonOther},
+		{"something else", errors.New("something"), ReasonOther},
+	} {
+		got := postgresClasses.probeVerdict(c.err)
+		if c.want == "" {
+			if got != nil {
+				t.Errorf("%s: %v, want nil", c.name, got)
+			}
+			continue
+		}
+		var se *StoreError
+		if !errors.As(got, &se) || se.Reason != c.want || se.Op != "probe" {
+			t.Errorf("%s: %v, want a probe StoreError with reason %s", c.name, got, c.want)
+		}
+	}
+}
+
+// refusedConnect is pgx's error for a connect to a port nothing listens on.
+func refusedConnect(t *testing.T) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, "postgres://u@127.0.0.1:1/db?sslmode=disable")
+	if err == nil {
+		c.Close(ctx)
+		t.Fatal("a connect to port 1 succeeded")
+	}
+	return err
 }

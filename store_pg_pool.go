@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,16 +61,17 @@ func (s *PostgresStore) withConn(ctx context.Context, f func(pgConn) error) erro
 	return f(c)
 }
 
-// Probe implements Store: a new connection with the pool's settings (its
-// BeforeConnect included), outside the pool, runs SELECT 1. Through
-// PgBouncer the statement reaches the database, and PgBouncer's own error
-// for a server it cannot reach (class 08) is a failed probe.
+// Probe implements Store with the pool's connection settings.
 func (s *PostgresStore) Probe(ctx context.Context) error {
 	return s.probes.Do(ctx, func(ctx context.Context) error {
 		return postgresClasses.probeVerdict(s.probe(ctx))
 	})
 }
 
+// probe connects as the pool does (BeforeConnect included) and runs
+// SELECT 1. Through PgBouncer the statement reaches the database, and
+// PgBouncer's own error for a server it cannot reach (class 08) is a
+// failed probe.
 func (s *PostgresStore) probe(ctx context.Context) error {
 	cfg := s.pool.Config() // a copy
 	if cfg.BeforeConnect != nil {
@@ -81,7 +83,9 @@ func (s *PostgresStore) probe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a connection of one statement
 	_, err = c.Exec(ctx, "SELECT 1")
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second) // the Terminate, not the verdict
+	defer cancel()
+	_ = c.Close(cctx)
 	return err
 }

@@ -58,7 +58,8 @@ func (s *Store) dialProbe(ctx context.Context) error {
 		return err
 	}
 	defer st.Close()
-	_, err = st.Exec(nil) //nolint:staticcheck // a driver without ExecerContext has only Exec
+	//lint:ignore SA1019 a driver without ExecerContext has only Stmt.Exec
+	_, err = st.Exec(nil)
 	return err
 }
 
