@@ -226,3 +226,44 @@ func TestPostgresStatementTimeoutIsNoOutage(t *testing.T) {
 		t.Fatalf("a claim cancelled by statement_timeout: %v carries no server error", err)
 	}
 }
+
+// TestPostgresProbeThroughPgBouncer: through PgBouncer (which answers
+// logins itself) the probe's SELECT 1 reaches the database: nil while it
+// is up; with the link from PgBouncer to PostgreSQL cut, PgBouncer's own
+// class-08 error (query_wait_timeout, 08P01) is a failed probe.
+func TestPostgresProbeThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	cfg := testdb.New(t).Config()
+	proxy := tcpproxy.New(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	host, port, _ := strings.Cut(proxy.Addr(), ":")
+	var p uint16
+	fmt.Sscan(port, &p)
+	bouncer := testdb.PgBouncerTo(t, host, p)
+	pcfg, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&default_query_exec_mode=exec&connect_timeout=5",
+		cfg.ConnConfig.User, bouncer, cfg.ConnConfig.Database))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := idempotency.NewPostgresStore(pool)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := s.Probe(ctx); err != nil {
+		t.Fatalf("Probe through PgBouncer with the database up: %v, want nil", err)
+	}
+	proxy.Cut()
+	// A fresh store: the first store's verdict stands for a second.
+	s = idempotency.NewPostgresStore(pool)
+	err = s.Probe(ctx)
+	if r := idempotencytest.StoreReason(t, "Probe", err); r != idempotency.ReasonConnection {
+		t.Fatalf("Probe through PgBouncer with the database cut off: %q (%v), want connection", r, err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code[:2] != "08" {
+		t.Errorf("the failed probe's cause %v, want PgBouncer's class-08 error", err)
+	}
+}
