@@ -267,3 +267,17 @@ func TestPostgresProbeThroughPgBouncer(t *testing.T) {
 		t.Errorf("the failed probe's cause %v, want PgBouncer's class-08 error", err)
 	}
 }
+
+// TestPostgresProbeRefusedLogin: a probe the server refuses at login
+// (class 28) reached a database that answers: reason auth, never a failed
+// probe, so a fail-open route does not bypass on a configuration error.
+func TestPostgresProbeRefusedLogin(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	s := idempotency.NewPostgresStore(rolePool(t, pool, testRole(t, pool, "NOLOGIN")))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if r := idempotencytest.StoreReason(t, "Probe", s.Probe(ctx)); r != idempotency.ReasonAuth {
+		t.Fatalf("Probe refused at login: %q, want auth", r)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -12,7 +13,7 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// mysqlError stands in for go-sql-driver's *MySQLError, read by its type
+// MySQLError stands in for go-sql-driver's *MySQLError, read by its type
 // name and Number field.
 type MySQLError struct{ Number uint16 }
 
@@ -82,4 +83,43 @@ func openUnreachable(t *testing.T) *sql.DB {
 	db := sql.OpenDB(blockingConnector{})
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// TestProbeVerdicts: the outage probe's verdicts on both dialects' codes:
+// only no answer, a network error or a connection-class code is a failed
+// probe; a refused login is auth or too_many_connections; any other
+// answer means the database answered.
+func TestProbeVerdicts(t *testing.T) {
+	t.Parallel()
+	pg, my := &Store{d: pgDialect}, &Store{d: mysqlDialect}
+	for _, c := range []struct {
+		name string
+		s    *Store
+		err  error
+		want string // "" for nil
+	}{
+		{"pg 08P01", pg, &pgconn.PgError{Code: "08P01"}, idempotency.ReasonConnection},
+		{"pg 57P03", pg, &pgconn.PgError{Code: "57P03"}, idempotency.ReasonConnection},
+		{"pg 28P01", pg, &pgconn.PgError{Code: "28P01"}, idempotency.ReasonAuth},
+		{"pg 53300", pg, &pgconn.PgError{Code: "53300"}, idempotency.ReasonTooManyConnections},
+		{"pg 57014 answered", pg, &pgconn.PgError{Code: "57014"}, ""},
+		{"mysql 2013", my, &MySQLError{Number: 2013}, idempotency.ReasonConnection},
+		{"mysql 1045", my, &MySQLError{Number: 1045}, idempotency.ReasonAuth},
+		{"mysql 1049", my, &MySQLError{Number: 1049}, idempotency.ReasonAuth},
+		{"mysql 1040", my, &MySQLError{Number: 1040}, idempotency.ReasonTooManyConnections},
+		{"mysql 1205 answered", my, &MySQLError{Number: 1205}, ""},
+		{"no answer in time", my, context.DeadlineExceeded, idempotency.ReasonConnection},
+		{"bad connection", my, driver.ErrBadConn, idempotency.ReasonConnection},
+		{"the caller gave up", pg, context.Canceled, idempotency.ReasonOther},
+		{"no connector", pg, errNoConnector, idempotency.ReasonOther},
+	} {
+		got := c.s.probeVerdict(c.err)
+		var se *idempotency.StoreError
+		switch {
+		case c.want == "" && got != nil:
+			t.Errorf("%s: %v, want nil", c.name, got)
+		case c.want != "" && (!errors.As(got, &se) || se.Reason != c.want || se.Op != "probe"):
+			t.Errorf("%s: %v, want a probe StoreError with reason %s", c.name, got, c.want)
+		}
+	}
 }
