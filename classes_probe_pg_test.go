@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,19 +44,36 @@ func proxiedPool(t *testing.T, configure func(*pgxpool.Config)) (*pgxpool.Pool, 
 }
 
 // burst sends n requests with new keys to h at once and returns their
-// statuses.
-func burst(h http.Handler, n int) []int {
-	var wg sync.WaitGroup
+// statuses, failing the test by name if they are not all answered within
+// bound.
+func burst(t *testing.T, h http.Handler, n int, bound time.Duration) []int {
+	t.Helper()
 	codes := make([]int, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			codes[i] = sendAs(h, uuid.NewString(), "u1").Code
-		}()
-	}
-	wg.Wait()
+	within(t, bound, "the burst", func() {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				codes[i] = sendAs(h, uuid.NewString(), "u1").Code
+			}()
+		}
+		wg.Wait()
+	})
 	return codes
+}
+
+// within runs f, failing the test by its name and what if f has not
+// returned after bound (f is then left running).
+func within(t *testing.T, bound time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(bound):
+		t.Fatalf("%s: %s did not finish within %v", t.Name(), what, bound)
+	}
 }
 
 // TestPostgresBypassNeedsAFailedProbe: with the link cut (new connections
@@ -70,7 +88,8 @@ func TestPostgresBypassNeedsAFailedProbe(t *testing.T) {
 	proxy.Cut()
 	key := uuid.NewString()
 	start := time.Now()
-	w := sendAs(c.billing, key, "u1")
+	var w *httptest.ResponseRecorder
+	within(t, 20*storeTimeout, "the fail-open request", func() { w = sendAs(c.billing, key, "u1") })
 	took := time.Since(start)
 	if w.Code != http.StatusCreated || c.billed.Load() != 1 {
 		t.Fatalf("fail-open route with the link cut: %d %s, runs %d; want the bypass", w.Code, w.Body, c.billed.Load())
@@ -116,7 +135,7 @@ func TestPostgresProbeVerdictShared(t *testing.T) {
 	before, connectsBefore := proxy.Accepted(), connects.Load()
 	proxy.Blackhole()
 	start := time.Now()
-	codes := burst(c.billing, n)
+	codes := burst(t, c.billing, n, 20*storeTimeout)
 	took := time.Since(start)
 	for i, code := range codes {
 		if code != http.StatusCreated {
@@ -173,7 +192,7 @@ func TestPostgresPoolOpeningIsNoOutage(t *testing.T) {
 	open := func() { once.Do(func() { close(gate) }) }
 	t.Cleanup(open)
 	c := newClassRoutes(t, pool, storeTimeout)
-	codes := burst(c.billing, n)
+	codes := burst(t, c.billing, n, 20*storeTimeout)
 	open()
 	for i, code := range codes {
 		if code != http.StatusServiceUnavailable {

@@ -67,7 +67,15 @@ func TestMySQLLockWaitIsNoOutage(t *testing.T) {
 			}))
 			release := c.hold(t, d.open(t, 2))
 			start := time.Now()
-			code, body, _ := post(t, billing, uuid.NewString(), `{}`)
+			var code int
+			var body string
+			answered := make(chan struct{})
+			go func() { defer close(answered); code, body, _ = post(t, billing, uuid.NewString(), `{}`) }()
+			select {
+			case <-answered:
+			case <-time.After(20 * storeTimeout):
+				t.Fatalf("TestMySQLLockWaitIsNoOutage/%s: no answer within %v", c.name, 20*storeTimeout)
+			}
 			took := time.Since(start)
 			release()
 			if code != http.StatusServiceUnavailable || ran.Load() != 0 {

@@ -92,7 +92,13 @@ func TestPostgresPoolOpeningIsNoOutage(t *testing.T) {
 			codes[i], _, _ = post(t, billing, uuid.NewString(), `{}`)
 		}()
 	}
-	wg.Wait()
+	answered := make(chan struct{})
+	go func() { wg.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(20 * storeTimeout):
+		t.Fatalf("TestPostgresPoolOpeningIsNoOutage: the burst was not answered within %v", 20*storeTimeout)
+	}
 	open()
 	for i, code := range codes {
 		if code != http.StatusServiceUnavailable {
