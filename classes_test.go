@@ -261,3 +261,41 @@ func TestBypassLogRateLimited(t *testing.T) {
 		t.Errorf("the next second's first line: first %v, held back %d; want true, 4", first, n)
 	}
 }
+
+// TestProbeIsNotARecovery: a probe that finds the database answering
+// while claims keep failing (a lock wait, a statement timeout) does not log
+// the store as recovered; the next claim the store answers does, once.
+func TestProbeIsNotARecovery(t *testing.T) {
+	t.Parallel()
+	logger, buf := jsonLogger()
+	h := newHarness(t, Config{Logger: logger})
+	e := error(&StoreError{Op: "claim", Reason: ReasonTimeout, Err: errors.New("no reply")})
+	h.store.fail.Store(&e)
+	rt := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
+	for range 2 {
+		if w := send(t, rt, "POST", "/x", testKey, `{}`); w.Code != 503 {
+			t.Fatalf("a timed-out claim with the probe answering: %d, want 503", w.Code)
+		}
+	}
+	if n := h.store.probes.Load(); n != 2 {
+		t.Fatalf("%d probes, want 2", n)
+	}
+	recovered := func() (n int) {
+		for _, l := range logLines(t, buf.String()) {
+			if l["level"] == "INFO" && strings.Contains(l["msg"].(string), "recovered") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := recovered(); n != 0 {
+		t.Fatalf("%d recovery lines while claims fail, want 0:\n%s", n, buf)
+	}
+	h.store.fail.Store(nil)
+	if w := send(t, rt, "POST", "/x", testKey2, `{}`); w.Code != 201 {
+		t.Fatalf("after: %d", w.Code)
+	}
+	if n := recovered(); n != 1 {
+		t.Fatalf("%d recovery lines once a claim is answered, want 1:\n%s", n, buf)
+	}
+}

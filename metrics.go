@@ -110,7 +110,7 @@ type storeOps map[string]prometheus.Observer
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
 	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
-		"begin", "commit", "cleanup", "erase", "probe"} {
+		"begin", "commit", "cleanup", "erase", opProbe} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops

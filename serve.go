@@ -64,13 +64,16 @@ func (rq *request) claimFailed(err error) {
 	rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
 }
 
+// opProbe is the outage probe's store-call operation.
+const opProbe = "probe"
+
 // probeFailed runs the store's outage probe (Store.Probe, a store call of
 // its own under the store timeout) and reports whether it found the
 // database unreachable: the only evidence a bypass needs
 // (DESIGN-settled-r4 item 4). A probe that could not decide is no such
 // evidence.
 func (rq *request) probeFailed() bool {
-	_, err := storeCall(rq, "probe", func(ctx context.Context) (struct{}, error) {
+	_, err := storeCall(rq, opProbe, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, rq.m.store.Probe(ctx)
 	})
 	return err != nil && storeReason(err) == ReasonConnection
