@@ -64,13 +64,14 @@ func (d dialect) probeVerdict(err error) error {
 		return nil
 	}
 	reason := ReasonOther
-	if code, coded := d.code(err); errors.Is(err, context.Canceled) {
-		// The caller gave up: no evidence either way.
-	} else if coded {
+	code, coded := d.code(err)
+	switch r := d.reason(err); {
+	case errors.Is(err, context.Canceled): // the caller gave up: no evidence either way
+	case coded:
 		if reason = d.probeCode(code); reason == "" {
 			return nil // the database answered
 		}
-	} else if r := d.reason(err); r == ReasonConnection || r == ReasonTimeout || r == ReasonPoolExhausted {
+	case r == ReasonConnection, r == ReasonTimeout, r == ReasonPoolExhausted:
 		reason = ReasonConnection // no answer, whichever way it failed
 	}
 	return &StoreError{Op: "probe", Reason: reason, Err: err}

@@ -85,14 +85,15 @@ func (s *Store) probeVerdict(err error) error {
 		return nil
 	}
 	reason := idempotency.ReasonOther
-	if code, coded := serverCode(err); errors.Is(err, context.Canceled) {
-		// The caller gave up: no evidence either way.
-	} else if coded {
+	code, coded := serverCode(err)
+	switch r := s.reason(err); {
+	case errors.Is(err, context.Canceled): // the caller gave up: no evidence either way
+	case coded:
 		if reason = s.probeCode(code); reason == "" {
 			return nil // the database answered
 		}
-	} else if r := s.reason(err); r == idempotency.ReasonConnection || r == idempotency.ReasonTimeout || r == idempotency.ReasonPoolExhausted {
-		reason = idempotency.ReasonConnection
+	case r == idempotency.ReasonConnection, r == idempotency.ReasonTimeout, r == idempotency.ReasonPoolExhausted:
+		reason = idempotency.ReasonConnection // no answer, whichever way it failed
 	}
 	return &idempotency.StoreError{Op: "probe", Reason: reason, Err: err}
 }
