@@ -35,6 +35,7 @@ func (s *Store) Probe(ctx context.Context) error {
 // be read: 503, never a bypass.
 var errNoConnector = errors.New("sqlstore: the *sql.DB's connector cannot be read: the outage probe cannot open a connection")
 
+// dialProbe opens the probe's connection and runs its statement.
 func (s *Store) dialProbe(ctx context.Context) error {
 	c := connector(s.db)
 	if c == nil {
@@ -50,8 +51,9 @@ func (s *Store) dialProbe(ctx context.Context) error {
 		stmt = "DO 0"
 	}
 	if ex, ok := conn.(driver.ExecerContext); ok {
-		_, err = ex.ExecContext(ctx, stmt, nil)
-		return err
+		if _, err = ex.ExecContext(ctx, stmt, nil); !errors.Is(err, driver.ErrSkip) {
+			return err
+		}
 	}
 	st, err := conn.Prepare(stmt)
 	if err != nil {
