@@ -54,6 +54,10 @@ func TestMySQLDeadlockedTransferRunsOnce(t *testing.T) {
 	h := orderRoute(t, s, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		tx, _ := sqlstore.TxFromContext(r.Context())
+		var autocommit int
+		if err := tx.QueryRowContext(r.Context(), "SELECT @@SESSION.autocommit").Scan(&autocommit); err != nil || autocommit != 0 {
+			t.Errorf("the handler's session: autocommit %d (%v), want 0: a statement after the server ended the transaction would commit on its own", autocommit, err)
+		}
 		transfer := func() error {
 			if _, err := tx.ExecContext(r.Context(), "UPDATE accounts SET balance = balance - 10 WHERE id = 1"); err != nil {
 				return err

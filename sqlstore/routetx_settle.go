@@ -28,15 +28,22 @@ func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 }
 
 // endsTx reports a handler's error after which the server has no
-// transaction, or may have none: a lost connection; on MySQL a deadlock
-// (1213), which InnoDB answers by rolling the whole transaction back, and
-// a lock wait (1205), whatever innodb_rollback_on_timeout says
-// (DESIGN-settled-r4 item 3).
+// transaction, or may have none: on MySQL a deadlock (1213), which InnoDB
+// answers by rolling the whole transaction back, a lock wait (1205),
+// whatever innodb_rollback_on_timeout says (DESIGN-settled-r4 item 3), and
+// a connection the server lost or ended; on PostgreSQL a connection the
+// server ended (class 08, 57P01-57P03); on both, a connection that failed
+// under the driver (driver.ErrBadConn, a network error). Any other
+// PostgreSQL error leaves the transaction aborted, which refuses every
+// later statement itself.
 func (s *Store) endsTx(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) || isInvalidConn(err) || s.reason(err) == idempotency.ReasonConnection {
-		return true
+	if code, ok := serverCode(err); ok {
+		if s.d.name == MySQL && (code == "1213" || code == "1205") {
+			return true
+		}
+		return s.d.codeReason(code) == idempotency.ReasonConnection && (s.d.name == MySQL || code[:2] == "08" || code[:2] == "57")
 	}
-	return s.d.name == MySQL && hasCode(err, "1213", "1205", "2006", "2013")
+	return errors.Is(err, driver.ErrBadConn) || s.reason(err) == idempotency.ReasonConnection
 }
 
 // State implements idempotency.RouteTx by asking the server, once per
