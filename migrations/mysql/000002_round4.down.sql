@@ -1,7 +1,8 @@
--- MYSQL: back to 000001's columns: JSON bodies and headers as utf8mb4 text under a JSON_VALID check.
--- It fails, and changes nothing, while a row holds what those columns refuse (JSON deeper than the
--- server's JSON_VALID takes, a lone surrogate escape, bytes that are not UTF-8 under a strict
--- sql_mode): delete those keys, or let them expire and run cleanup, first.
+-- MYSQL: back to 000001's column types: JSON bodies and headers as utf8mb4 text. Not its JSON_VALID
+-- checks: they were the defect 000002 fixes (they refused JSON 32 levels deep and lone surrogate
+-- escapes), a binary of v0.1.0 works without them, and with them this step would fail on the very
+-- rows it has to keep, and leave `migrate down` (which drops the table) stuck at a dirty version.
+-- Every body and header the library records in these columns is UTF-8, so the conversion keeps them.
 ALTER TABLE idempotency_keys
-    MODIFY response_body    LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL CHECK (response_body IS NULL OR JSON_VALID(response_body)),
-    MODIFY response_headers LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL CHECK (response_headers IS NULL OR JSON_VALID(response_headers))
+    MODIFY response_body    LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    MODIFY response_headers LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL
