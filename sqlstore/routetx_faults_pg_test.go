@@ -3,7 +3,9 @@ package sqlstore_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -164,6 +166,44 @@ func TestPostgresTableLockIsAnOutage(t *testing.T) {
 			}
 			if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || ran != 0 {
 				t.Fatalf("claim behind a table lock: %d %s (Retry-After %q), ran %d; want 503 with Retry-After, not run", code, body, hdr.Get("Retry-After"), ran)
+			}
+		})
+	}
+}
+
+// TestPostgresHandlerEndsItsTransaction: a handler that runs ROLLBACK (or
+// COMMIT) through ExecContext ended the transaction that holds the claim;
+// PostgreSQL has no autocommit = 0, so a statement after it would run and
+// commit on its own. The lent Tx reads the connection's transaction status
+// after each call (pgx stdlib, lib/pq) and refuses every later call:
+// nothing the handler runs after its ROLLBACK commits, and State reports
+// TxEnded (issue 33, "no statement of the handler runs outside the
+// transaction that holds the claim").
+func TestPostgresHandlerEndsItsTransaction(t *testing.T) {
+	t.Parallel()
+	for _, driver := range pgDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db, _ := pgDB(t, driver, 2)
+			exec(t, db, "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, symbol TEXT NOT NULL)")
+			s := pgStore(t, db)
+			for _, end := range []string{"ROLLBACK", "COMMIT"} {
+				var after error
+				h := orderRoute(t, s, func(w http.ResponseWriter, r *http.Request) {
+					tx, _ := sqlstore.TxFromContext(r.Context())
+					if _, err := tx.ExecContext(r.Context(), end); err != nil {
+						t.Errorf("%s: %v", end, err)
+					}
+					_, after = tx.ExecContext(r.Context(), "INSERT INTO orders (symbol) VALUES ('AFTER')")
+					w.WriteHeader(http.StatusCreated)
+				})
+				_, _, _ = post(t, h, uuid.NewString(), "x")
+				if !errors.Is(after, sql.ErrTxDone) {
+					t.Errorf("a statement after the handler's %s: %v, want refused (sql.ErrTxDone)", end, after)
+				}
+				if n := countRows(t, db, "orders"); n != 0 {
+					t.Fatalf("after the handler's %s: %d orders committed, want 0: a statement ran outside the claim's transaction", end, n)
+				}
 			}
 		})
 	}

@@ -19,7 +19,11 @@ func (t *routeTx) Tx() any { return t.c }
 // Lend implements idempotency.RouteTx: the handler's *Tx (TxFromContext).
 func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 	t.known, t.dirty = false, true
-	ctx, lent := lend(ctx, t.c, t.s.endsTx)
+	var idle func() bool
+	if t.s.d.name == PostgreSQL {
+		idle = func() bool { return pgIdle(t.c) }
+	}
+	ctx, lent := lend(ctx, t.c, t.s.endsTx, idle)
 	t.lent = lent
 	return ctx, func() {
 		lent.end()
@@ -51,16 +55,20 @@ func (s *Store) endsTx(err error) bool {
 // @@in_transaction, MySQL's information_schema.innodb_trx, PostgreSQL's
 // clock (now() is the transaction's start inside one); an aborted
 // PostgreSQL transaction refuses the question (25P02), and a connection
-// that is gone fails it. A transaction the server ended under the
-// handler (Tx's refusals), or lost to a call past its deadline, is
-// TxClosed without asking.
+// that is gone fails it. A transaction that ended under the handler
+// (Tx's refusals: TxClosed when the server ended it, TxEnded when the
+// handler's own COMMIT or ROLLBACK did), or was lost to a call past its
+// deadline, is known without asking.
 func (t *routeTx) State() idempotency.TxState {
 	switch {
 	case t.lost, t.ended:
 		return idempotency.TxClosed
-	case t.lent != nil && t.lent.endedBy() != nil:
-		return idempotency.TxClosed
-	case t.known:
+	case t.lent != nil:
+		if as, err := t.lent.endedBy(); err != nil {
+			return as
+		}
+	}
+	if t.known {
 		return t.state
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stateTimeout)

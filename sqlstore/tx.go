@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -20,23 +21,27 @@ import (
 // idempotency.ErrTxManaged and change nothing (answer >= 500 to roll the
 // writes back). Every call is refused with an error that errors.Is
 // sql.ErrTxDone, and sends nothing, once the handler has returned, or once
-// a call failed in a way that ended the transaction on the server (MySQL:
-// a deadlock, 1213, or a lock wait, 1205, which InnoDB may answer by
-// rolling the transaction back; a lost connection on either database): the
-// claim went with it, so nothing the handler runs afterwards may commit,
-// and the client gets 503. The middleware waits for calls still under way
+// a call ended the transaction: it failed in a way that ends it on the
+// server (MySQL: a deadlock, 1213, or a lock wait, 1205, which InnoDB may
+// answer by rolling the transaction back; a lost connection on either
+// database), or, on PostgreSQL through pgx's stdlib or lib/pq, it ran
+// COMMIT or ROLLBACK itself (the connection reports no transaction). So
+// nothing the handler runs afterwards runs outside the claim's
+// transaction, and the client gets 503. The middleware waits for calls still under way
 // before it records; rows and statements the handler left open are closed
 // then. QueryRowContext reads its row before it returns, so a Row that is
 // never scanned holds nothing open.
 type Tx struct {
 	c    *sql.Conn
 	ends func(error) bool // reports an error that ended the transaction on the server
+	idle func() bool      // PostgreSQL: reports a connection outside any transaction (pgIdle); nil on MySQL
 
 	mu     sync.RWMutex // held shared by each call, exclusively by end
 	closed bool         // under mu
 
 	endedMu sync.Mutex
-	ended   error // the error that ended the transaction on the server, under endedMu
+	ended   error               // what ended the transaction under the handler, under endedMu
+	endedAs idempotency.TxState // TxClosed: the server ended it; TxEnded: the handler's own SQL did
 
 	openMu sync.Mutex
 	open   []interface{ Close() error } // rows and statements not closed by the handler
@@ -53,9 +58,10 @@ func TxFromContext(ctx context.Context) (*Tx, bool) {
 }
 
 // lend returns ctx carrying the handler's view of the transaction on c,
-// and that view; ends reports the errors that end the transaction.
-func lend(ctx context.Context, c *sql.Conn, ends func(error) bool) (context.Context, *Tx) {
-	t := &Tx{c: c, ends: ends}
+// and that view; ends reports the errors that end the transaction, idle
+// (nil: none) a connection outside any transaction.
+func lend(ctx context.Context, c *sql.Conn, ends func(error) bool, idle func() bool) (context.Context, *Tx) {
+	t := &Tx{c: c, ends: ends, idle: idle}
 	return context.WithValue(ctx, txCtxKey{}, t), t
 }
 
@@ -74,13 +80,26 @@ func (t *Tx) end() {
 	}
 }
 
-// endedBy returns the error that ended the transaction on the server, or
-// nil.
-func (t *Tx) endedBy() error {
+// endedBy returns how the transaction ended under the handler (TxClosed,
+// TxEnded) and what ended it, or a nil error.
+func (t *Tx) endedBy() (idempotency.TxState, error) {
 	t.endedMu.Lock()
 	defer t.endedMu.Unlock()
-	return t.ended
+	return t.endedAs, t.ended
 }
+
+// endAs notes that err ended the transaction, as state; the first cause
+// stays.
+func (t *Tx) endAs(err error, state idempotency.TxState) {
+	t.endedMu.Lock()
+	if t.ended == nil {
+		t.ended, t.endedAs = err, state
+	}
+	t.endedMu.Unlock()
+}
+
+// errHandlerEnded is a transaction the handler ended with its own SQL.
+var errHandlerEnded = errors.New("the handler ran COMMIT or ROLLBACK itself")
 
 // enter begins a call: nil, or the refusal once the loan or the
 // transaction ended (then the call is not under way).
@@ -90,7 +109,7 @@ func (t *Tx) enter() error {
 		t.mu.RUnlock()
 		return sql.ErrTxDone
 	}
-	if err := t.endedBy(); err != nil {
+	if _, err := t.endedBy(); err != nil {
 		t.mu.RUnlock()
 		// The cause is named, not wrapped: a handler that retries on a
 		// deadlock must not see one in the refusal.
@@ -99,14 +118,14 @@ func (t *Tx) enter() error {
 	return nil
 }
 
-// leave ends a call, noting an error that ended the transaction.
+// leave ends a call, noting an error that ended the transaction, or a
+// transaction the call itself ended (PostgreSQL: the connection is idle).
 func (t *Tx) leave(err error) {
-	if err != nil && t.ends(err) {
-		t.endedMu.Lock()
-		if t.ended == nil {
-			t.ended = err
-		}
-		t.endedMu.Unlock()
+	switch {
+	case err != nil && t.ends(err):
+		t.endAs(err, idempotency.TxClosed)
+	case t.idle != nil && t.idle():
+		t.endAs(errHandlerEnded, idempotency.TxEnded)
 	}
 	t.mu.RUnlock()
 }
