@@ -15,6 +15,7 @@ import (
 // still counts tx open afterwards: only the middleware, which never hands
 // tx out again once the handler returned (handlerTx), may hold it.
 type pgRouteTx struct {
+	s       *PostgresStore
 	c       *pgxpool.Conn // nil once given back
 	tx      pgx.Tx        // qualifies what it sends (pgQualifiedTx)
 	q       *pgQualified  // the store's table, as its statements name it
@@ -84,6 +85,12 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 		return ClaimResult{}, nil
 	}
 	return ClaimResult{}, pgStoreError("takeover", err)
+}
+
+// EndLease implements RouteTx: pgEndLeaseSQL on a connection of the pool,
+// the route's own given back by Abort.
+func (t *pgRouteTx) EndLease(ctx context.Context, f Fence) error {
+	return pgOwnerError("end_lease", t.s.fenced(ctx, pgEndLeaseSQL, f))
 }
 
 // isLockWait reports a lock wait that ran out (lock_not_available).
