@@ -23,6 +23,7 @@ type pgRouteTx struct {
 	// bounds are statement_timeout and idle_in_transaction_session_timeout
 	// as the claim bounded them (pgTxBoundsSQL); unclaimed, the session's.
 	bounds [2]string
+	gate   *txGate // the handler's view, once lent
 }
 
 // pipe sends steps in the transaction (sendPipe), qualified.
@@ -35,11 +36,20 @@ func (t *pgRouteTx) Tx() any { return t.tx }
 
 // Lend implements RouteTx: the handler's view is a handlerTx behind its
 // gate (handler_tx.go, TxFromContext).
-func (t *pgRouteTx) Lend(ctx context.Context) (context.Context, func()) { return withTx(ctx, t.tx) }
+func (t *pgRouteTx) Lend(ctx context.Context) (context.Context, func()) {
+	ctx, t.gate = withTx(ctx, t.tx)
+	return ctx, t.gate.close
+}
 
 // State implements RouteTx from the connection and the transaction status
-// the server reports after each statement (pgconn's TxStatus).
+// the server reports after each statement (pgconn's TxStatus). A
+// transaction the gate saw end under the handler is TxEnded even when the
+// connection closed afterwards: its COMMIT may have made the claim
+// permanent.
 func (t *pgRouteTx) State() TxState {
+	if t.gate != nil && t.gate.ended.Load() {
+		return TxEnded
+	}
 	pc := t.tx.Conn().PgConn()
 	if pc.IsClosed() {
 		return TxClosed
