@@ -234,8 +234,11 @@ func (x *execution) endedUnderHandler(state TxState) bool {
 		return false
 	}
 	x.abort()
-	if state == TxEnded && x.owned {
-		x.endLease()
+	if state == TxEnded {
+		x.cause = ErrTxEnded // Do's error says so, besides ErrStoreUnavailable
+		if x.owned {
+			x.endLease()
+		}
 	}
 	x.answer(answerUnavailable)
 	return true

@@ -104,8 +104,8 @@ func TestTxHandlerEndsTransaction(t *testing.T) {
 }
 
 // TestDoTransactionEndedUnderFunction: Do's function that commits the
-// lent transaction itself gets an error that is ErrStoreUnavailable, never
-// its own result; its write stays once and the retry gets outcome_unknown.
+// lent transaction itself gets an error that is ErrStoreUnavailable (and
+// ErrTxEnded, the cause), never its own result; its write stays once and the retry gets outcome_unknown.
 func TestDoTransactionEndedUnderFunction(t *testing.T) {
 	t.Parallel()
 	op, pool := ledgerOp(t, idempotency.Config{Logger: quiet}, idempotency.RouteConfig{})
@@ -123,8 +123,8 @@ func TestDoTransactionEndedUnderFunction(t *testing.T) {
 		}
 		return receipt{Ledger: id}, nil
 	}
-	if r, _, err := idempotency.Do(t.Context(), op, payment(key), fn); !errors.Is(err, idempotency.ErrStoreUnavailable) {
-		t.Fatalf("first: %+v %v; want ErrStoreUnavailable", r, err)
+	if r, _, err := idempotency.Do(t.Context(), op, payment(key), fn); !errors.Is(err, idempotency.ErrStoreUnavailable) || !errors.Is(err, idempotency.ErrTxEnded) {
+		t.Fatalf("first: %+v %v; want ErrStoreUnavailable and ErrTxEnded", r, err)
 	}
 	_, _, err := idempotency.Do(t.Context(), op, payment(key), fn)
 	wantAnswer(t, "retry", err, idempotency.ErrOutcomeUnknown, 409)
