@@ -40,9 +40,8 @@ type txGate struct {
 	pc     *pgconn.PgConn
 	ended  atomic.Bool // the transaction ended under the handler
 
-	openMu   sync.Mutex
-	open     []gatedResult   // not closed yet, in the order they were opened
-	prepared map[string]bool // the names of the statements the handler prepared
+	openMu sync.Mutex
+	open   []gatedResult // not closed yet, in the order they were opened
 }
 
 // gatedResult is a result the handler may leave open: gatedRows. (A
@@ -239,35 +238,32 @@ func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 		return nil, err
 	}
 	defer h.g.leave()
-	sd, err := h.tx.Prepare(ctx, name, sql)
-	if err == nil {
-		h.g.openMu.Lock()
-		if h.g.prepared == nil {
-			h.g.prepared = map[string]bool{}
-		}
-		h.g.prepared[name] = true
-		h.g.openMu.Unlock()
-	}
-	return sd, err
+	return h.tx.Prepare(ctx, name, sql)
 }
 
-// Exec runs one statement in the transaction: over the extended protocol
-// (oneStatement), and without arguments through PgConn().ExecParams, since
-// pgx sends such a call over the simple protocol whatever the mode.
+// Exec runs one statement in the transaction, over the extended protocol
+// (oneStatement). pgx sends an Exec without arguments over the simple
+// protocol whatever the mode, so such a call goes through Query in
+// QueryExecModeExec instead: PgConn().ExecParams, with pgx's tracer and its
+// prepared statements (a name the handler prepared still runs).
 func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := h.g.enter(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	defer h.g.leave()
 	sql, args, n, err := oneStatement(ctx, h.tx.Conn(), sql, args)
+	switch {
+	case err != nil:
+		return pgconn.CommandTag{}, err
+	case n > 0:
+		return h.tx.Exec(ctx, sql, args...)
+	}
+	rows, err := h.tx.Query(ctx, sql, pgx.QueryExecModeExec)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	if n == 0 && !h.g.isPrepared(sql) {
-		res := h.g.pc.ExecParams(ctx, sql, nil, nil, nil, nil).Read()
-		return res.CommandTag, res.Err
-	}
-	return h.tx.Exec(ctx, sql, args...)
+	rows.Close()
+	return rows.CommandTag(), rows.Err()
 }
 
 // Query runs one statement in the transaction (oneStatement); the rows
@@ -294,14 +290,6 @@ func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 
 // Conn returns the transaction's connection (pgx's own, not guarded).
 func (h *handlerTx) Conn() *pgx.Conn { return h.tx.Conn() }
-
-// isPrepared reports a statement the handler prepared under name, which
-// pgx runs by its name.
-func (g *txGate) isPrepared(name string) bool {
-	g.openMu.Lock()
-	defer g.openMu.Unlock()
-	return g.prepared[name]
-}
 
 // oneStatement returns a call's sql and arguments as the lent transaction
 // sends them, and how many arguments the statement has: never over the

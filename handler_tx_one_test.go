@@ -193,3 +193,38 @@ func TestTxLentCallAfterCommit(t *testing.T) {
 		}
 	}
 }
+
+// TestTxLentExecWithoutArguments: an Exec without arguments still runs a
+// statement the handler prepared by its name, and an ordinary statement,
+// in the route's transaction: both writes commit with the record, once.
+func TestTxLentExecWithoutArguments(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			t.Parallel()
+			f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{},
+				testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
+			f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+				tx, _ := idempotency.TxFromContext(r.Context())
+				if _, err := tx.Prepare(r.Context(), "book", `INSERT INTO orders (idem_key, execution) VALUES ('prepared', 0)`); err != nil {
+					t.Error(err)
+				}
+				for _, sql := range []string{"book", `INSERT INTO orders (idem_key, execution) VALUES ('plain', 0)`} {
+					if tag, err := tx.Exec(r.Context(), sql); err != nil || tag.RowsAffected() != 1 {
+						t.Errorf("%s: %v %v", sql, tag, err)
+					}
+				}
+				return false
+			}
+			key := uuid.NewString()
+			for range 2 {
+				if w := do(h, key, `{}`); w.Code != http.StatusCreated {
+					t.Fatalf("%d %s", w.Code, w.Body)
+				}
+			}
+			if f.calls.Load() != 1 || f.orders(t) != 3 {
+				t.Fatalf("executions %d, orders %d; want 1 and 3", f.calls.Load(), f.orders(t))
+			}
+		})
+	}
+}
