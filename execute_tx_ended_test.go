@@ -132,3 +132,31 @@ func TestDoTransactionEndedUnderFunction(t *testing.T) {
 		t.Fatalf("calls %d, ledger rows %d; want 1 and 1", calls, ledgerRows(t, pool, key))
 	}
 }
+
+// TestTxCommitThenConnectionLost: a handler that ran COMMIT and whose
+// connection then closed left a committed claim behind: the engine still
+// ends its lease (the gate saw the end before the connection went), so the
+// retry answers 409 outcome_unknown at once, not in_flight for the lease.
+func TestTxCommitThenConnectionLost(t *testing.T) {
+	t.Parallel()
+	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{})
+	f.behave = func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		if _, err := tx.Exec(r.Context(), `COMMIT`); err != nil {
+			t.Error(err)
+		}
+		if err := tx.Conn().Close(r.Context()); err != nil {
+			t.Error(err)
+		}
+		w.WriteHeader(http.StatusCreated)
+		return true
+	}
+	key := uuid.NewString()
+	wantUnavailable(t, "first", do(h, key, `{}`))
+	if w := do(h, key, `{}`); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "idempotency_outcome_unknown") {
+		t.Fatalf("retry: %d %s, want 409 idempotency_outcome_unknown", w.Code, w.Body)
+	}
+	if f.calls.Load() != 1 || f.orders(t) != 1 {
+		t.Fatalf("executions %d, orders %d; want 1 and 1", f.calls.Load(), f.orders(t))
+	}
+}
