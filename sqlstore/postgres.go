@@ -69,6 +69,9 @@ WHERE scope_user_id = $7 AND idem_key = $9 AND scope_endpoint = $10 AND id = $6 
 		// $1 id, $2 scope, $3 attempt, $4 key, $5 endpoint.
 		fail: q(`UPDATE T_ SET status = 'failed'
 WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
+		// endLease ends an in_flight row's lease now; fail's arguments.
+		endLease: q(`UPDATE T_ SET locked_until = now()
+WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
 		release: q(`DELETE FROM T_
 WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
 		// $1 key, $2 scope, $3 endpoint, $4 owner.

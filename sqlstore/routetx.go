@@ -129,8 +129,8 @@ func (s *Store) beginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 }
 
 // bounded runs f, which uses a connection, and returns its result, or
-// ctx's error once ctx is done, whichever comes first. A call still
-// running then (lib/pq does not return at a deadline on a link that
+// ctx's error once ctx is done (and lostGrace more), whichever comes
+// first. A call still running then (lib/pq does not return at a deadline on a link that
 // answers nothing) is left to finish on its own: lost runs with its result
 // when it does, to close the connection, and the error is errLost with
 // ctx's.
@@ -150,10 +150,16 @@ func bounded[T any](ctx context.Context, f func() (T, error), lost func(T, error
 		return r.v, r.err
 	case <-ctx.Done():
 	}
+	// A driver that stops at the deadline (pgx's stdlib, go-sql-driver)
+	// returns within moments, its connection closed: wait that long, so
+	// that the caller's next step (a retry, a release) comes after the
+	// close, as it would without bounded.
+	grace := time.NewTimer(lostGrace)
+	defer grace.Stop()
 	select {
 	case r = <-done:
 		return r.v, r.err
-	default:
+	case <-grace.C:
 	}
 	go func() {
 		r := <-done
@@ -175,6 +181,10 @@ func (t *routeTx) run(ctx context.Context, f func() error) error {
 	}
 	return err
 }
+
+// lostGrace is how long past its deadline bounded waits for a call before
+// it leaves it to finish on its own.
+const lostGrace = 50 * time.Millisecond
 
 // errLost is a call that ran past its deadline and was left to finish on
 // its own, and every later call on its transaction.

@@ -174,3 +174,42 @@ func TestTxCommitLinkCutStoreAPI(t *testing.T) {
 		})
 	}
 }
+
+// TestOrdinaryRouteLinkCut: an ordinary fail-closed route answers within
+// the bound on every driver when the link is black-holed before the
+// claim (503) and while the handler runs (the record gets no reply; the
+// engine tries to settle for up to the lease, 3s here): no store call
+// waits past its deadline, lib/pq's included.
+func TestOrdinaryRouteLinkCut(t *testing.T) {
+	t.Parallel()
+	for _, c := range cutStores(t) {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			mw, err := idempotency.New(c.s, idempotency.Config{StoreTimeout: cutStoreTimeout, Lease: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			route, err := mw.Route(idempotency.RouteConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cutInHandler := false
+			h := route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if cutInHandler {
+					c.proxy.Blackhole()
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			c.proxy.Blackhole()
+			var code int
+			within(t, c.proxy, "black-holed before the claim", func() { code, _, _ = post(t, h, uuid.NewString(), "x") })
+			if code != http.StatusServiceUnavailable {
+				t.Fatalf("black-holed before the claim: %d, want 503", code)
+			}
+			c.proxy.Restore()
+			cutInHandler = true
+			within(t, c.proxy, "black-holed mid-handler", func() { code, _, _ = post(t, h, uuid.NewString(), "x") })
+			c.proxy.Restore()
+		})
+	}
+}

@@ -31,23 +31,29 @@ func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 	}
 }
 
-// endsTx reports a handler's error after which the server has no
-// transaction, or may have none: on MySQL a deadlock (1213), which InnoDB
-// answers by rolling the whole transaction back, a lock wait (1205),
-// whatever innodb_rollback_on_timeout says (DESIGN-settled-r4 item 3), and
-// a connection the server lost or ended; on PostgreSQL a connection the
-// server ended (class 08, 57P01-57P03); on both, a connection that failed
-// under the driver (driver.ErrBadConn, a network error). Any other
-// PostgreSQL error leaves the transaction aborted, which refuses every
-// later statement itself.
-func (s *Store) endsTx(err error) bool {
+// endsTx reports how a handler's error left the transaction: TxEnded
+// when the server ended it with the connection still there (MySQL: a
+// deadlock, 1213, which InnoDB answers by rolling the whole transaction
+// back, and a lock wait, 1205, whatever innodb_rollback_on_timeout says:
+// DESIGN-settled-r4 item 3); TxClosed when the connection is gone or the
+// server ended the session (MySQL's lost-connection codes; PostgreSQL's
+// class 08 and 57P01-57P03; driver.ErrBadConn, a network error); TxOpen
+// otherwise (any other PostgreSQL error aborts the transaction, which then
+// refuses every later statement itself).
+func (s *Store) endsTx(err error) idempotency.TxState {
 	if code, ok := serverCode(err); ok {
-		if s.d.name == MySQL && (code == "1213" || code == "1205") {
-			return true
+		switch {
+		case s.d.name == MySQL && (code == "1213" || code == "1205"):
+			return idempotency.TxEnded
+		case s.d.codeReason(code) == idempotency.ReasonConnection && (s.d.name == MySQL || code[:2] == "08" || code[:2] == "57"):
+			return idempotency.TxClosed
 		}
-		return s.d.codeReason(code) == idempotency.ReasonConnection && (s.d.name == MySQL || code[:2] == "08" || code[:2] == "57")
+		return idempotency.TxOpen
 	}
-	return errors.Is(err, driver.ErrBadConn) || s.reason(err) == idempotency.ReasonConnection
+	if errors.Is(err, driver.ErrBadConn) || s.reason(err) == idempotency.ReasonConnection {
+		return idempotency.TxClosed
+	}
+	return idempotency.TxOpen
 }
 
 // State implements idempotency.RouteTx by asking the server, once per
@@ -56,9 +62,9 @@ func (s *Store) endsTx(err error) bool {
 // clock (now() is the transaction's start inside one); an aborted
 // PostgreSQL transaction refuses the question (25P02), and a connection
 // that is gone fails it. A transaction that ended under the handler
-// (Tx's refusals: TxClosed when the server ended it, TxEnded when the
-// handler's own COMMIT or ROLLBACK did), or was lost to a call past its
-// deadline, is known without asking.
+// (Tx's refusals: TxEnded when the server rolled it back or the handler's
+// own COMMIT or ROLLBACK ended it, TxClosed when its connection is gone),
+// or was lost to a call past its deadline, is known without asking.
 func (t *routeTx) State() idempotency.TxState {
 	switch {
 	case t.lost, t.ended:

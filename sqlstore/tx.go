@@ -19,9 +19,9 @@ import (
 //
 // The middleware owns the transaction: Commit and Rollback return
 // idempotency.ErrTxManaged and change nothing (answer >= 500 to roll the
-// writes back). Every call is refused with an error that errors.Is
-// sql.ErrTxDone, and sends nothing, once the handler has returned, or once
-// a call ended the transaction: it failed in a way that ends it on the
+// writes back). Every call is refused, and sends nothing, once the handler
+// has returned (sql.ErrTxDone), or once a call ended the transaction (an
+// error that errors.Is idempotency.ErrTxEnded and sql.ErrTxDone): it failed in a way that ends it on the
 // server (MySQL: a deadlock, 1213, or a lock wait, 1205, which InnoDB may
 // answer by rolling the transaction back; a lost connection on either
 // database), or, on PostgreSQL through pgx's stdlib or lib/pq, it ran
@@ -33,15 +33,15 @@ import (
 // never scanned holds nothing open.
 type Tx struct {
 	c    *sql.Conn
-	ends func(error) bool // reports an error that ended the transaction on the server
-	idle func() bool      // PostgreSQL: reports a connection outside any transaction (pgIdle); nil on MySQL
+	ends func(error) idempotency.TxState // how an error left the transaction: TxOpen, or ended (TxEnded, TxClosed)
+	idle func() bool                     // PostgreSQL: reports a connection outside any transaction (pgIdle); nil on MySQL
 
 	mu     sync.RWMutex // held shared by each call, exclusively by end
 	closed bool         // under mu
 
 	endedMu sync.Mutex
 	ended   error               // what ended the transaction under the handler, under endedMu
-	endedAs idempotency.TxState // TxClosed: the server ended it; TxEnded: the handler's own SQL did
+	endedAs idempotency.TxState // TxClosed: the connection is gone; TxEnded: the server or the handler's own SQL ended it
 
 	openMu sync.Mutex
 	open   []interface{ Close() error } // rows and statements not closed by the handler
@@ -60,7 +60,7 @@ func TxFromContext(ctx context.Context) (*Tx, bool) {
 // lend returns ctx carrying the handler's view of the transaction on c,
 // and that view; ends reports the errors that end the transaction, idle
 // (nil: none) a connection outside any transaction.
-func lend(ctx context.Context, c *sql.Conn, ends func(error) bool, idle func() bool) (context.Context, *Tx) {
+func lend(ctx context.Context, c *sql.Conn, ends func(error) idempotency.TxState, idle func() bool) (context.Context, *Tx) {
 	t := &Tx{c: c, ends: ends, idle: idle}
 	return context.WithValue(ctx, txCtxKey{}, t), t
 }
@@ -113,7 +113,7 @@ func (t *Tx) enter() error {
 		t.mu.RUnlock()
 		// The cause is named, not wrapped: a handler that retries on a
 		// deadlock must not see one in the refusal.
-		return fmt.Errorf("sqlstore: the server ended the route's transaction (%v): %w", err, sql.ErrTxDone)
+		return fmt.Errorf("sqlstore: %w (%v): %w", idempotency.ErrTxEnded, err, sql.ErrTxDone)
 	}
 	return nil
 }
@@ -122,8 +122,8 @@ func (t *Tx) enter() error {
 // transaction the call itself ended (PostgreSQL: the connection is idle).
 func (t *Tx) leave(err error) {
 	switch {
-	case err != nil && t.ends(err):
-		t.endAs(err, idempotency.TxClosed)
+	case err != nil && t.ends(err) != idempotency.TxOpen:
+		t.endAs(err, t.ends(err))
 	case t.idle != nil && t.idle():
 		t.endAs(errHandlerEnded, idempotency.TxEnded)
 	}
