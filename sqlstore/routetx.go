@@ -130,10 +130,10 @@ func (s *Store) beginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 
 // bounded runs f, which uses a connection, and returns its result, or
 // ctx's error once ctx is done (and lostGrace more), whichever comes
-// first. A call still running then (lib/pq does not return at a deadline on a link that
-// answers nothing) is left to finish on its own: lost runs with its result
-// when it does, to close the connection, and the error is errLost with
-// ctx's.
+// first. A call still running then (lib/pq does not return at a deadline
+// on a link that answers nothing) is left to finish on its own: lost runs
+// with its result when it does, to close the connection, and the error is
+// errLost with ctx's.
 func bounded[T any](ctx context.Context, f func() (T, error), lost func(T, error)) (T, error) {
 	type result struct {
 		v   T
@@ -173,7 +173,7 @@ func bounded[T any](ctx context.Context, f func() (T, error), lost func(T, error
 // the transaction is lost and its connection closed once f returns.
 func (t *routeTx) run(ctx context.Context, f func() error) error {
 	if t.lost {
-		return errLost
+		return fmt.Errorf("%w: %w", errLost, sql.ErrConnDone)
 	}
 	_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, f() }, func(struct{}, error) { t.discard() })
 	if errors.Is(err, errLost) {
