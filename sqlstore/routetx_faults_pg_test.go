@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,6 +206,90 @@ func TestPostgresHandlerEndsItsTransaction(t *testing.T) {
 				if n := countRows(t, db, "orders"); n != 0 {
 					t.Fatalf("after the handler's %s: %d orders committed, want 0: a statement ran outside the claim's transaction", end, n)
 				}
+			}
+		})
+	}
+}
+
+// TestPostgresDeadlockedTransferRunsOnce: TestMySQLDeadlockedTransferRunsOnce
+// on PostgreSQL, both drivers. The handler is the deadlock's victim (the
+// other session's deadlock_timeout is longer, so the handler's check finds
+// the cycle): 40P01, class 40, transaction rollback. Its retried
+// statements are refused, its 201 is never sent (503), and the retry of
+// the same key executes once.
+func TestPostgresDeadlockedTransferRunsOnce(t *testing.T) {
+	t.Parallel()
+	for _, driver := range pgDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db, _ := pgDB(t, driver, 4)
+			exec(t, db, "CREATE TABLE accounts (id INT PRIMARY KEY, balance INT NOT NULL)", "INSERT INTO accounts VALUES (1, 1000), (2, 1000)")
+			s := pgStore(t, db)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			other, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			for _, q := range []string{"SET deadlock_timeout = '10s'", "BEGIN", "UPDATE accounts SET balance = balance WHERE id = 2"} {
+				if _, err := other.ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			otherDone := make(chan error, 1)
+			var runs, deadlocks atomic.Int32
+			h := orderRoute(t, s, func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				tx, _ := sqlstore.TxFromContext(r.Context())
+				transfer := func() error {
+					if _, err := tx.ExecContext(r.Context(), "UPDATE accounts SET balance = balance - 10 WHERE id = 1"); err != nil {
+						return err
+					}
+					if runs.Load() == 1 && deadlocks.Load() == 0 {
+						go func() {
+							_, err := other.ExecContext(ctx, "UPDATE accounts SET balance = balance WHERE id = 1")
+							if err == nil {
+								_, err = other.ExecContext(ctx, "ROLLBACK")
+							}
+							otherDone <- err
+						}()
+					}
+					_, err := tx.ExecContext(r.Context(), "UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+					return err
+				}
+				err := transfer()
+				if err != nil && strings.Contains(err.Error(), "40P01") {
+					deadlocks.Add(1)
+					_ = transfer() // the application's own retry of a deadlock
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			key := uuid.NewString()
+			code, body, hdr := post(t, h, key, "transfer")
+			select {
+			case err := <-otherDone:
+				if err != nil {
+					t.Fatalf("the other transaction: %v", err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the other transaction never got account 1")
+			}
+			if deadlocks.Load() != 1 {
+				t.Fatalf("the handler saw %d deadlocks, want 1", deadlocks.Load())
+			}
+			if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") != "1" {
+				t.Fatalf("deadlocked transfer: %d %s (Retry-After %q), want 503 with Retry-After: 1", code, body, hdr.Get("Retry-After"))
+			}
+			if code, body, _ := post(t, h, key, "transfer"); code != http.StatusCreated {
+				t.Fatalf("retry: %d %s, want 201", code, body)
+			}
+			var b1, b2 int
+			if err := db.QueryRowContext(ctx, "SELECT (SELECT balance FROM accounts WHERE id = 1), (SELECT balance FROM accounts WHERE id = 2)").Scan(&b1, &b2); err != nil {
+				t.Fatal(err)
+			}
+			if b1 != 990 || b2 != 1010 || runs.Load() != 2 {
+				t.Fatalf("balances %d and %d after %d runs, want 990 and 1010 after 2", b1, b2, runs.Load())
 			}
 		})
 	}

@@ -19,11 +19,7 @@ func (t *routeTx) Tx() any { return t.c }
 // Lend implements idempotency.RouteTx: the handler's *Tx (TxFromContext).
 func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 	t.known, t.dirty = false, true
-	var idle func() bool
-	if t.s.d.name == PostgreSQL {
-		idle = func() bool { return pgIdle(t.c) }
-	}
-	ctx, lent := lend(ctx, t.c, t.s.endsTx, idle)
+	ctx, lent := lend(ctx, t.c, t.s.endsTx, func() bool { return txIdle(t.c) })
 	t.lent = lent
 	return ctx, func() {
 		lent.end()
@@ -35,7 +31,9 @@ func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 // when the server ended it with the connection still there (MySQL: a
 // deadlock, 1213, which InnoDB answers by rolling the whole transaction
 // back, and a lock wait, 1205, whatever innodb_rollback_on_timeout says:
-// DESIGN-settled-r4 item 3); TxClosed when the connection is gone or the
+// DESIGN-settled-r4 item 3; PostgreSQL: class 40, a deadlock or a
+// serialization failure, whose transaction can only be rolled back: its
+// handler's work is lost, so its answer must not be recorded); TxClosed when the connection is gone or the
 // server ended the session (MySQL's lost-connection codes; PostgreSQL's
 // class 08 and 57P01-57P03; driver.ErrBadConn, a network error); TxOpen
 // otherwise (any other PostgreSQL error aborts the transaction, which then
@@ -43,7 +41,8 @@ func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 func (s *Store) endsTx(err error) idempotency.TxState {
 	if code, ok := serverCode(err); ok {
 		switch {
-		case s.d.name == MySQL && (code == "1213" || code == "1205"):
+		case s.d.name == MySQL && (code == "1213" || code == "1205"),
+			s.d.name == PostgreSQL && code[:2] == "40": // class 40, transaction rollback: a deadlock, a serialization failure
 			return idempotency.TxEnded
 		case s.d.codeReason(code) == idempotency.ReasonConnection && (s.d.name == MySQL || code[:2] == "08" || code[:2] == "57"):
 			return idempotency.TxClosed

@@ -21,20 +21,22 @@ import (
 // idempotency.ErrTxManaged and change nothing (answer >= 500 to roll the
 // writes back). Every call is refused, and sends nothing, once the handler
 // has returned (sql.ErrTxDone), or once a call ended the transaction (an
-// error that errors.Is idempotency.ErrTxEnded and sql.ErrTxDone): it failed in a way that ends it on the
-// server (MySQL: a deadlock, 1213, or a lock wait, 1205, which InnoDB may
-// answer by rolling the transaction back; a lost connection on either
-// database), or, on PostgreSQL through pgx's stdlib or lib/pq, it ran
-// COMMIT or ROLLBACK itself (the connection reports no transaction). So
-// nothing the handler runs afterwards runs outside the claim's
-// transaction, and the client gets 503. The middleware waits for calls still under way
-// before it records; rows and statements the handler left open are closed
-// then. QueryRowContext reads its row before it returns, so a Row that is
-// never scanned holds nothing open.
+// error that errors.Is idempotency.ErrTxEnded and sql.ErrTxDone): it
+// failed in a way that ends it on the server (MySQL: a deadlock, 1213, or
+// a lock wait, 1205, which InnoDB may answer by rolling the transaction
+// back; PostgreSQL: a deadlock or a serialization failure, class 40; a
+// lost connection on either), or it ran COMMIT or ROLLBACK itself, or DDL
+// that commits implicitly (the connection reports no transaction; read
+// from pgx's stdlib, lib/pq and go-sql-driver). So nothing the handler
+// runs afterwards runs outside the claim's transaction, and the client
+// gets 503. The middleware waits for calls still under way before it
+// records; rows and statements the handler left open are closed then.
+// QueryRowContext reads its row before it returns, so a Row that is never
+// scanned holds nothing open.
 type Tx struct {
 	c    *sql.Conn
 	ends func(error) idempotency.TxState // how an error left the transaction: TxOpen, or ended (TxEnded, TxClosed)
-	idle func() bool                     // PostgreSQL: reports a connection outside any transaction (pgIdle); nil on MySQL
+	idle func() bool                     // reports a connection outside any transaction (txIdle)
 
 	mu     sync.RWMutex // held shared by each call, exclusively by end
 	closed bool         // under mu
@@ -119,7 +121,7 @@ func (t *Tx) enter() error {
 }
 
 // leave ends a call, noting an error that ended the transaction, or a
-// transaction the call itself ended (PostgreSQL: the connection is idle).
+// transaction the call itself ended (the connection is idle).
 func (t *Tx) leave(err error) {
 	switch {
 	case err != nil && t.ends(err) != idempotency.TxOpen:
