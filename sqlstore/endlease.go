@@ -2,22 +2,16 @@ package sqlstore
 
 import (
 	"context"
-	"strings"
 
 	"github.com/idemkit/idempotency"
 )
 
-// EndLease implements idempotency.RouteTx: the fenced statement of Fail,
-// setting the lease to end now instead of marking the row failed, on a
-// connection of the pool (autocommit), outside the route's transaction.
-//
-// A stopgap of the engine rule's commit (r4-pgxtx), so the module builds:
-// the sqlstore work of round 4 owns this file and may replace it.
+// EndLease implements idempotency.RouteTx: f's in_flight row gets a lease
+// that ends now, fenced as Fail is, on a connection of the pool
+// (autocommit), outside the route's transaction, which has ended: the
+// handler's own COMMIT made the claim permanent, so the retry answers
+// idempotency_outcome_unknown. When nothing committed it finds no row
+// (ErrNotOwner) and the key is free.
 func (t *routeTx) EndLease(ctx context.Context, f idempotency.Fence) error {
-	now := "now()"
-	if t.s.d.name != PostgreSQL {
-		now = mysqlNow
-	}
-	stmt := strings.Replace(t.s.st.fail, "SET status = 'failed'", "SET locked_until = "+now, 1)
-	return t.s.fenced(ctx, "end_lease", stmt, t.s.fenceArgs(f)...)
+	return t.s.fenced(ctx, "end_lease", t.s.st.endLease, t.s.fenceArgs(f)...)
 }
