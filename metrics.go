@@ -110,7 +110,7 @@ type storeOps map[string]prometheus.Observer
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
 	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
-		"begin", "commit", "cleanup", "erase", opProbe} {
+		"begin", "commit", "end_lease", "cleanup", "erase", opProbe} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops

@@ -252,6 +252,16 @@ type RouteTx interface {
 	// called after Commit failed, and again after it already ended; such
 	// calls change nothing.
 	Abort(ctx context.Context) error
+	// EndLease is for a transaction that ended under the handler (State
+	// TxEnded), called after Abort: the claim committed with it only if
+	// the handler committed (its own COMMIT, or a statement that commits
+	// implicitly). It sets the lease of f's row to end now
+	// (locked_until = now()), outside the route's transaction, fenced on f
+	// and only while the row is in_flight, and records nothing else, so a
+	// retry answers idempotency_outcome_unknown. When nothing committed it
+	// finds no row and returns ErrNotOwner: the key is free. Its other
+	// errors are *StoreError (Op "end_lease").
+	EndLease(ctx context.Context, f Fence) error
 }
 
 // Settlement is the record a RouteTx commits: the claim's fence and the
@@ -277,8 +287,11 @@ const (
 	// TxAborted: a statement failed and the handler carried on; nothing
 	// more can be written in it.
 	TxAborted
-	// TxEnded: the handler ended the transaction itself with SQL (COMMIT
-	// or ROLLBACK through Exec); what it wrote may have committed.
+	// TxEnded: the transaction ended while the handler had it, and the
+	// connection is still there: the handler ran COMMIT or ROLLBACK itself,
+	// or the server rolled the transaction back (InnoDB on a deadlock). What
+	// it wrote, the claim included, may have committed; the lent
+	// transaction refuses every later call (ErrTxEnded).
 	TxEnded
 	// TxClosed: the connection closed (a statement ran past the handler's
 	// deadline and pgx closed it, or the server ended the session): the

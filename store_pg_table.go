@@ -67,6 +67,7 @@ var pgStatements = map[string]string{
 	"pgImmediateSQL":           pgImmediateSQL,
 	"pgTxCompleteSQL":          pgTxCompleteSQL,
 	"pgTxFailSQL":              pgTxFailSQL,
+	"pgEndLeaseSQL":            pgEndLeaseSQL,
 	"pgCommitSQL":              pgCommitSQL,
 	"pgCheckSQL":               pgCheckSQL,
 	"pgTableSQL":               pgTableSQL,

@@ -83,12 +83,10 @@ func TestMySQLStoreCut(t *testing.T) {
 		name  string
 		start func()
 	}{{"Cut", proxy.Cut}, {"Blackholed", proxy.Blackhole}} {
-		// One live connection, for the billing claim: it sends its
-		// statement into the outage rather than connect into it. (The
-		// order then connects: go-sql-driver's BeginTx on a black-holed
-		// live connection ignores its context, the sqlstore transaction
-		// work's to bound.)
-		idleConns(t, db, 1)
+		// A live connection for each route's claim: it sends its
+		// statement into the outage rather than connect into it (a
+		// connect into the black hole is a pool wait, asserted below).
+		idleConns(t, db, 2)
 		outage.start()
 		before, beforeBilling := o.ordersRan.Load(), o.billingRan.Load()
 		start := time.Now()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,7 +65,7 @@ var (
 type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
 	cleanup, countCleanup, now, eraseDelete, eraseKept, export, lookup       string
-	releaseKey, stats, savepoint, rollbackSavepoint                          string
+	releaseKey, stats, savepoint, rollbackSavepoint, endLease                string
 }
 
 // dialect is what differs between the databases beyond the statements.
@@ -138,12 +139,20 @@ func (s *Store) conn(ctx context.Context) (*sql.Conn, error) {
 }
 
 // withConn runs f on a connection taken explicitly (conn), given back
-// after.
+// after. It returns by ctx's deadline whatever the driver does (bounded):
+// a call lib/pq cannot stop on a link that answers nothing is left to
+// finish on its own, and its connection is closed when it does.
 func (s *Store) withConn(ctx context.Context, f func(c *sql.Conn) error) error {
 	c, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	return f(c)
+	_, err = bounded(ctx, func() (struct{}, error) { return struct{}{}, f(c) }, func(struct{}, error) {
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		_ = c.Close()
+	})
+	if !errors.Is(err, errLost) {
+		_ = c.Close()
+	}
+	return err
 }
