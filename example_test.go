@@ -164,7 +164,7 @@ func ExampleDo() {
 	if err != nil {
 		panic(err)
 	}
-	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{})
+	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{Scoped: true}) // every message names its user
 	if err != nil {
 		panic(err)
 	}
