@@ -132,3 +132,37 @@ func TestScopedOperationEmptyScope(t *testing.T) {
 
 // userKey carries the test's user in a context.
 type userKey struct{}
+
+// TestExecReplaysTheBytesRecorded: an Operation's replay (what gRPC and
+// Connect answer, and what Do decodes) is the body recorded, byte for
+// byte, on every store: white space, member order and escapes kept, and
+// no marker.
+func TestExecReplaysTheBytesRecorded(t *testing.T) {
+	t.Parallel()
+	forStores(t, func(t *testing.T, store idempotency.Store) {
+		mw, err := idempotency.New(store, idempotency.Config{Registerer: prometheus.NewRegistry(), Logger: quiet,
+			Enabled: func(context.Context) bool { return true }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		op, err := mw.Operation("grpc:/payments.v1.Ledger/Settle", idempotency.RouteConfig{MinKeyLength: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, body := range []string{" {\"z\" : \"<&>\",\n\"a\":\"\\u003c\"}\n", "{\"idempotency_replayed\":1}\n", "[1, 2]\n"} {
+			key := uuid.NewString()
+			exec := func() (idempotency.Response, idempotency.CallInfo, error) {
+				return op.Exec(t.Context(), idempotency.Call{Key: key}, func(context.Context) idempotency.Response {
+					return idempotency.Response{Status: 200, Body: []byte(body), BodyKind: idempotency.BodyJSON}
+				})
+			}
+			if _, _, err := exec(); err != nil {
+				t.Fatal(err)
+			}
+			resp, info, err := exec()
+			if err != nil || !info.Replayed || string(resp.Body) != body {
+				t.Fatalf("replay of %q: %q (%+v, %v), want the bytes recorded", body, resp.Body, info, err)
+			}
+		}
+	})
+}
