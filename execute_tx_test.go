@@ -469,6 +469,12 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 	}))
 	// Hold every connection, so the claim waits for one.
 	var held []*pgxpool.Conn
+	releaseHeld := sync.OnceFunc(func() {
+		for _, c := range held {
+			c.Release()
+		}
+	})
+	t.Cleanup(releaseHeld) // before the pool's own cleanup, which waits for them
 	for range pool.Config().MaxConns {
 		c, err := pool.Acquire(context.Background())
 		if err != nil {
@@ -489,11 +495,12 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 	case <-time.After(10 * lease):
 		t.Fatal("the claim never asked the pool for a connection")
 	}
+	if claimDeadline.IsZero() {
+		t.Fatal("the claim waits for a pooled connection without a deadline")
+	}
 	handlerDeadline := claimDeadline.Add(lease - 2*storeTimeout)
 	time.Sleep(time.Until(handlerDeadline) + 10*time.Millisecond) // until that deadline has passed
-	for _, c := range held {
-		c.Release()
-	}
+	releaseHeld()
 	var w *httptest.ResponseRecorder
 	select {
 	case w = <-answered:
@@ -513,8 +520,8 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 }
 
 // acquireWatch is a pool tracer that reports the deadline of the first
-// connection request made under one once armed (the middleware's; the
-// test's own have none).
+// connection request made once armed (the middleware's; the test's own
+// come before), the zero time when it has none.
 type acquireWatch struct {
 	armed    atomic.Bool
 	once     sync.Once
@@ -526,7 +533,8 @@ func (a *acquireWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 }
 func (a *acquireWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 func (a *acquireWatch) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
-	if d, ok := ctx.Deadline(); ok && a.armed.Load() {
+	if a.armed.Load() {
+		d, _ := ctx.Deadline()
 		a.once.Do(func() { a.deadline <- d })
 	}
 	return ctx

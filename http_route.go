@@ -93,7 +93,7 @@ func (rq *httpRequest) admitScope(key string, body []byte) bool {
 		// A value the store cannot hold would fail every claim of this
 		// key alike: refuse it rather than treat it as an outage (which a
 		// fail-open route would run without deduplication, every time).
-		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
+		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long), or the scope that guards the route's keys is empty",
 			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
 		rq.answer(answerInvalidScope)
 		return false

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,19 +21,18 @@ import (
 // many times the store timeout; it only proves nothing hangs.
 const answerWait = 30 * time.Second
 
-// doWithin is do with its own deadline: a request that gets no answer in
-// answerWait fails the test by name instead of hanging it.
-func doWithin(t *testing.T, what string, h http.Handler, key, body string) *httptest.ResponseRecorder {
+// doWithin is do with its own deadline: a request that gets no answer
+// within wait fails the test by name instead of hanging it (a store call
+// without its deadline).
+func doWithin(t *testing.T, what string, wait time.Duration, h http.Handler, key, body string) *httptest.ResponseRecorder {
 	t.Helper()
-	done := make(chan *httptest.ResponseRecorder, 1)
-	go func() { done <- do(h, key, body) }()
-	select {
-	case w := <-done:
-		return w
-	case <-time.After(answerWait):
-		t.Fatalf("%s: no answer within %v", what, answerWait)
-		return nil
+	r := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
+	r.Header.Set(idempotency.HeaderKey, key)
+	w := serveWithin(h, r, wait)
+	if w.Code == statusNoAnswer {
+		t.Fatalf("%s: %s", what, w.Body)
 	}
+	return w
 }
 
 // TestTakeoverOfACrashedOwner: a crashed owner's row, in flight with its
@@ -94,7 +94,7 @@ func TestTakeoverOfACrashedOwner(t *testing.T) {
 				expires_at = now() - interval '1 second' WHERE idem_key = $1 AND status = 'in_flight'`, key); err != nil {
 				t.Fatal(err)
 			}
-			if w := doWithin(t, "the request after the crash", next, key, `{"qty":1}`); w.Code != http.StatusCreated || calls.Load() != 2 {
+			if w := doWithin(t, "the request after the crash", answerWait, next, key, `{"qty":1}`); w.Code != http.StatusCreated || calls.Load() != 2 {
 				t.Fatalf("the request after the crash: %d %s, %d executions; want 201 from its own run (the crashed owner's row taken over)",
 					w.Code, w.Body, calls.Load())
 			}
@@ -107,7 +107,7 @@ func TestTakeoverOfACrashedOwner(t *testing.T) {
 				t.Fatalf("the row after the takeover: attempt %d, %s; want attempt 2, completed", attempt, status)
 			}
 			release()
-			if w := doWithin(t, "a retry", next, key, `{"qty":1}`); w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "true" || calls.Load() != 2 {
+			if w := doWithin(t, "a retry", answerWait, next, key, `{"qty":1}`); w.Code != http.StatusCreated || w.Header().Get(idempotency.HeaderReplayed) != "true" || calls.Load() != 2 {
 				t.Fatalf("a retry after the crashed owner ended: %d replayed %q, %d executions; want the takeover's replay",
 					w.Code, w.Header().Get(idempotency.HeaderReplayed), calls.Load())
 			}
