@@ -53,7 +53,7 @@ func Example_orderRoute() {
 	fmt.Println("orders placed:", orders)
 	// Output:
 	// 201  {"id":1,"status":"filled"}
-	// 201 true {"id":1,"status":"filled","idempotency_replayed":true}
+	// 201 true {"idempotency_replayed":true,"id":1,"status":"filled"}
 	// 422  {"error":"idempotency_key_body_mismatch"}
 	// orders placed: 1
 }
@@ -170,7 +170,7 @@ func ExampleDo() {
 	if err != nil {
 		panic(err)
 	}
-	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{})
+	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{Scoped: true}) // every message names its user
 	if err != nil {
 		panic(err)
 	}

@@ -160,3 +160,60 @@ func TestTxCommitThenConnectionLost(t *testing.T) {
 		t.Fatalf("executions %d, orders %d; want 1 and 1", f.calls.Load(), f.orders(t))
 	}
 }
+
+// TestTxHandlerLosesDeadlock: a class-40 error (a deadlock, a
+// serialization failure) inside the lent transaction ends it on every
+// store (DESIGN-settled-r4.md items 2 and 3; sqlstore does the same): the
+// handler's work is lost, so its answer must not be recorded, whatever it
+// answers after catching the error. Its later calls are refused with
+// ErrTxEnded, the client gets 503, nothing of the first run commits, and
+// the retry executes once. The error comes from PL/pgSQL's RAISE with the
+// deadlock's SQLSTATE, through Exec and through Query's rows alike.
+func TestTxHandlerLosesDeadlock(t *testing.T) {
+	t.Parallel()
+	const raise = `DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$`
+	for _, via := range []string{"Exec", "Query"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			f, h := newTxFixture(t, idempotency.Config{Logger: quiet}, idempotency.RouteConfig{})
+			var after error
+			f.behave = func(n int64, w http.ResponseWriter, r *http.Request) bool {
+				if n > 1 {
+					return false // the retry: an ordinary 201
+				}
+				tx, _ := idempotency.TxFromContext(r.Context())
+				var err error
+				if via == "Exec" {
+					_, err = tx.Exec(r.Context(), raise)
+				} else {
+					rows, qerr := tx.Query(r.Context(), raise)
+					if err = qerr; err == nil {
+						rows.Close()
+						err = rows.Err()
+					}
+				}
+				if err == nil {
+					t.Errorf("%s: the raised deadlock came back as no error", via)
+				}
+				// A handler that retries its statements after the deadlock.
+				_, after = tx.Exec(r.Context(), `INSERT INTO orders (idem_key, execution) VALUES ('after', 0)`)
+				w.WriteHeader(201)
+				return true
+			}
+			key := uuid.NewString()
+			wantUnavailable(t, "first", do(h, key, `{}`))
+			if !errors.Is(after, idempotency.ErrTxEnded) {
+				t.Errorf("the handler's statement after the deadlock: %v, want ErrTxEnded", after)
+			}
+			if n := f.orders(t); n != 0 {
+				t.Fatalf("%d orders committed by the run that lost its deadlock, want 0", n)
+			}
+			if w := do(h, key, `{}`); w.Code != 201 {
+				t.Fatalf("retry: %d %s, want 201", w.Code, w.Body)
+			}
+			if f.calls.Load() != 2 || f.orders(t) != 1 {
+				t.Fatalf("executions %d, orders %d; want 2 and 1", f.calls.Load(), f.orders(t))
+			}
+		})
+	}
+}

@@ -346,7 +346,7 @@ func TestTxEscapedJSONBody(t *testing.T) {
 	if first.Code != 201 || second.Header().Get(idempotency.HeaderReplayed) != "true" {
 		t.Fatalf("first %d %s, second %d %s", first.Code, first.Body, second.Code, second.Body)
 	}
-	if second.Body.String() != `{"note":"caf\u00e9 \u0000 \ud800","idempotency_replayed":true}` {
+	if second.Body.String() != `{"idempotency_replayed":true,"note":"caf\u00e9 \u0000 \ud800"}` {
 		t.Fatalf("replay %s", second.Body)
 	}
 	if f.orders(t) != 1 {
@@ -427,7 +427,7 @@ func TestTxUnrepresentableJSONNumber(t *testing.T) {
 		t.Fatalf("first: %d %s", w.Code, w.Body)
 	}
 	w := do(h, key, `{}`)
-	want := strings.TrimSuffix(hugeNumbersJSON, "}") + `,"idempotency_replayed":true}`
+	want := `{"idempotency_replayed":true,` + strings.TrimPrefix(hugeNumbersJSON, "{")
 	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {
 		t.Fatalf("retry: %d %s", w.Code, w.Body)
 	}
@@ -469,6 +469,12 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 	}))
 	// Hold every connection, so the claim waits for one.
 	var held []*pgxpool.Conn
+	releaseHeld := sync.OnceFunc(func() {
+		for _, c := range held {
+			c.Release()
+		}
+	})
+	t.Cleanup(releaseHeld) // before the pool's own cleanup, which waits for them
 	for range pool.Config().MaxConns {
 		c, err := pool.Acquire(context.Background())
 		if err != nil {
@@ -489,11 +495,12 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 	case <-time.After(10 * lease):
 		t.Fatal("the claim never asked the pool for a connection")
 	}
+	if claimDeadline.IsZero() {
+		t.Fatal("the claim waits for a pooled connection without a deadline")
+	}
 	handlerDeadline := claimDeadline.Add(lease - 2*storeTimeout)
 	time.Sleep(time.Until(handlerDeadline) + 10*time.Millisecond) // until that deadline has passed
-	for _, c := range held {
-		c.Release()
-	}
+	releaseHeld()
 	var w *httptest.ResponseRecorder
 	select {
 	case w = <-answered:
@@ -513,8 +520,8 @@ func TestTxNoTimeLeftForTheHandler(t *testing.T) {
 }
 
 // acquireWatch is a pool tracer that reports the deadline of the first
-// connection request made under one once armed (the middleware's; the
-// test's own have none).
+// connection request made once armed (the middleware's; the test's own
+// come before), the zero time when it has none.
 type acquireWatch struct {
 	armed    atomic.Bool
 	once     sync.Once
@@ -526,7 +533,8 @@ func (a *acquireWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 }
 func (a *acquireWatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 func (a *acquireWatch) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
-	if d, ok := ctx.Deadline(); ok && a.armed.Load() {
+	if a.armed.Load() {
+		d, _ := ctx.Deadline()
 		a.once.Do(func() { a.deadline <- d })
 	}
 	return ctx

@@ -2,7 +2,9 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -107,6 +109,21 @@ func (g *txGate) leave() {
 	g.mu.RUnlock()
 }
 
+// note returns err, first noting a transaction the server rolled back: a
+// class-40 error (a deadlock, a serialization failure) leaves a
+// transaction that can only be rolled back, so the handler's work is
+// lost whatever it answers next, and the transaction counts as ended
+// under it (every later call ErrTxEnded; the answer 503), as on every
+// store (sqlstore does the same, and InnoDB rolls such a transaction back
+// itself).
+func (g *txGate) note(err error) error {
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "40") {
+		g.ended.Store(true)
+	}
+	return err
+}
+
 // close waits for the calls under way, refuses every later one, and
 // closes, last opened first, what the handler left open.
 func (g *txGate) close() {
@@ -172,7 +189,7 @@ func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	defer h.g.leave()
 	sp, err := h.tx.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, h.g.note(err)
 	}
 	return &handlerTx{tx: sp, g: h.g, nested: true}, nil
 }
@@ -187,7 +204,7 @@ func (h *handlerTx) Commit(ctx context.Context) error {
 		return err
 	}
 	defer h.g.leave()
-	return h.tx.Commit(ctx)
+	return h.g.note(h.tx.Commit(ctx))
 }
 
 // Rollback refuses on the route's transaction: answer >= 500 (or panic)
@@ -200,7 +217,7 @@ func (h *handlerTx) Rollback(ctx context.Context) error {
 		return err
 	}
 	defer h.g.leave()
-	return h.tx.Rollback(ctx)
+	return h.g.note(h.tx.Rollback(ctx))
 }
 
 // CopyFrom delegates to the transaction.
@@ -209,7 +226,8 @@ func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns 
 		return 0, err
 	}
 	defer h.g.leave()
-	return h.tx.CopyFrom(ctx, table, columns, src)
+	n, err := h.tx.CopyFrom(ctx, table, columns, src)
+	return n, h.g.note(err)
 }
 
 // SendBatch runs the batch's statements one at a time, each as Exec or
@@ -238,7 +256,8 @@ func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 		return nil, err
 	}
 	defer h.g.leave()
-	return h.tx.Prepare(ctx, name, sql)
+	sd, err := h.tx.Prepare(ctx, name, sql)
+	return sd, h.g.note(err)
 }
 
 // Exec runs one statement in the transaction, over the extended protocol
@@ -246,11 +265,12 @@ func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 // protocol whatever the mode, so such a call goes through Query in
 // QueryExecModeExec instead: PgConn().ExecParams, with pgx's tracer and its
 // prepared statements (a name the handler prepared still runs).
-func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
 	if err := h.g.enter(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	defer h.g.leave()
+	defer func() { err = h.g.note(err) }()
 	sql, args, n, err := oneStatement(ctx, h.tx.Conn(), sql, args)
 	switch {
 	case err != nil:
@@ -278,7 +298,7 @@ func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 		return refusedRows{err}, err
 	}
 	rows, err := h.tx.Query(ctx, sql, args...)
-	return h.g.rows(rows), err
+	return h.g.rows(rows), h.g.note(err)
 }
 
 // QueryRow runs one statement in the transaction; the row is gated, and

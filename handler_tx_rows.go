@@ -39,6 +39,7 @@ func (r *gatedRows) Close() {
 	}
 	defer r.g.leave()
 	r.rows.Close()
+	_ = r.g.note(r.rows.Err())
 	r.g.untrack(r)
 }
 
@@ -52,7 +53,7 @@ func (r *gatedRows) Err() error {
 		return r.rows.Err()
 	}
 	defer r.g.leave()
-	return r.rows.Err()
+	return r.g.note(r.rows.Err())
 }
 
 // CommandTag is the rows' command tag.
@@ -79,7 +80,11 @@ func (r *gatedRows) Next() bool {
 		return false
 	}
 	defer r.g.leave()
-	return r.rows.Next()
+	if r.rows.Next() {
+		return true
+	}
+	_ = r.g.note(r.rows.Err()) // the rows are done: an error of theirs is final
+	return false
 }
 
 // Scan reads the current row into dest.
