@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,6 +67,8 @@ func TestStoreTimeouts(t *testing.T) {
 	const storeTimeout, hang = 50 * time.Millisecond, 5 * time.Second
 	h := newHarness(t, Config{StoreTimeout: storeTimeout, Lease: time.Second})
 	h.store.block.Store(true)
+	down := error(&StoreError{Op: "probe", Reason: ReasonConnection, Err: errors.New("connection refused")})
+	h.store.probe.Store(&down) // the outage probe fails too: the bypass's evidence
 	closed := h.route(RouteConfig{Name: "orders"}, orderHandler)
 	open := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
 	// sendTimed sends one request and checks the blocked claim's deadline

@@ -65,6 +65,12 @@ func (failingStore) Claim(context.Context, idempotency.ClaimRequest) (idempotenc
 	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConnection, Err: fmt.Errorf("connection refused")}
 }
 
+// Probe reports the database unreachable: the evidence a fail-open route
+// needs before it runs a handler without deduplication.
+func (failingStore) Probe(context.Context) error {
+	return &idempotency.StoreError{Op: "probe", Reason: idempotency.ReasonConnection, Err: fmt.Errorf("connection refused")}
+}
+
 // Wrap a billing route fail-open: when the store is down the handler still
 // runs (without deduplication), while a fail-closed order route answers
 // 503 and runs nothing.

@@ -123,6 +123,19 @@ func TestPostgresOutage(t *testing.T) {
 			if w := do(closed, uuid.NewString(), `{}`); w.Code != 201 {
 				t.Fatalf("before the outage: %d %s", w.Code, w.Body)
 			}
+			// A live connection for each route's claim (and the fail-closed
+			// claim's background release): a claim that had to
+			// connect through the black hole would wait on the pool, 503
+			// on every policy (DESIGN-settled-r4 item 4), not an outage.
+			held := make([]*pgxpool.Conn, 3) // the third for the fail-closed claim's background release
+			for i := range held {
+				if held[i], err = pool.Acquire(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range held {
+				c.Release()
+			}
 			if mode == "cut" {
 				proxy.Cut()
 			} else {

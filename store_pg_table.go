@@ -75,6 +75,7 @@ var pgStatements = map[string]string{
 	"pgTxReadSQL":              pgTxReadSQL,
 	"pgLookupSQL":              pgLookupSQL,
 	"pgNowSQL":                 pgNowSQL,
+	"pgProbeSQL":               pgProbeSQL,
 	"pgStatsSQL":               pgStatsSQL,
 	"pgCountCleanupSQL":        pgCountCleanupSQL,
 	"pgReleaseKeySQL":          pgReleaseKeySQL,

@@ -134,7 +134,7 @@ FROM (SELECT current_setting('lock_timeout') AS lt, current_setting('statement_t
 // newPostgres finishes New for the PostgreSQL dialect: the schema is
 // cfg.Schema, or the connection's current_schema().
 func newPostgres(ctx context.Context, s *Store, db *sql.DB, cfg Config, table string) (*Store, error) {
-	s.d = dialect{name: PostgreSQL, codeReason: pgReason, duplicate: []string{"23505"}, restart: []string{"40001", "40P01"}}
+	s.d = pgDialect
 	schema := cfg.Schema
 	if schema == "" {
 		var cur sql.NullString

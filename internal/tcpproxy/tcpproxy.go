@@ -29,10 +29,11 @@ type Proxy struct {
 	ln     net.Listener
 	wg     sync.WaitGroup // the accept loop and every connection's goroutines
 
-	mu     sync.Mutex
-	mode   mode
-	closed bool
-	links  map[*link]struct{}
+	mu       sync.Mutex
+	mode     mode
+	closed   bool
+	links    map[*link]struct{}
+	accepted int64 // connections accepted, whatever the mode
 }
 
 // link is one client connection and, when forwarding, its upstream one.
@@ -66,6 +67,14 @@ func New(tb testing.TB, target string) *Proxy {
 
 // Addr returns the address clients connect to, as host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Accepted returns how many connections the proxy has accepted since it
+// started, in every mode: the dials clients made through it.
+func (p *Proxy) Accepted() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
+}
 
 // Cut closes every live connection and, until Restore, closes each new one
 // as soon as it is accepted: clients see the connection refused or reset.
@@ -147,6 +156,7 @@ func (p *Proxy) accept() {
 		}
 		p.mu.Lock()
 		m, closed := p.mode, p.closed
+		p.accepted++
 		p.mu.Unlock()
 		switch {
 		case closed || m == refusing:
