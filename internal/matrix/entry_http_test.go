@@ -37,6 +37,10 @@ func serveHTTP(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 			return answer{err: err}
 		}
 		req.Header.Set("Content-Type", "application/json")
+		// net/http resends a request with an Idempotency-Key whose
+		// connection broke; without GetBody it cannot, so every answer
+		// seen is the first.
+		req.GetBody = nil
 		if key != "" {
 			req.Header.Set(idempotency.HeaderKey, key)
 		}

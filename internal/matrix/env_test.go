@@ -273,7 +273,7 @@ func (e *env) atMostOnce(key string, want int) {
 	e.t.Helper()
 	n := e.executions(key)
 	if n > 1 || (want >= 0 && n != want) {
-		e.failf("key %s: %d executions, want %s", key[:8], n, map[bool]string{true: "at most 1", false: fmt.Sprint(want)}[want < 0])
+		e.failf("key %s: %d executions (handler started %d times), want %s", key[:8], n, e.started(key), map[bool]string{true: "at most 1", false: fmt.Sprint(want)}[want < 0])
 	}
 }
 

@@ -21,6 +21,8 @@ var faults = sync.OnceValue(func() []*fault {
 	var all []*fault
 	for _, group := range [][]*fault{
 		baselineFaults(),
+		{deadlockFault()},
+		txFaults(),
 	} {
 		all = append(all, group...)
 	}

@@ -181,9 +181,10 @@ func (se *storeEnv) q(s string) string {
 	return s
 }
 
-// ledgerRows counts the ledger's committed rows of key.
+// ledgerRows counts the committed effects of key: its ledger rows but
+// those a handler wrote after its transaction ended (note 'after').
 func (se *storeEnv) ledgerRows(ctx context.Context, key string) (int, error) {
 	var n int
-	err := se.direct.QueryRowContext(ctx, se.q("SELECT count(*) FROM matrix_ledger WHERE k = $1"), key).Scan(&n)
+	err := se.direct.QueryRowContext(ctx, se.q("SELECT count(*) FROM matrix_ledger WHERE k = $1 AND note = ''"), key).Scan(&n)
 	return n, err
 }
