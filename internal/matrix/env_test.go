@@ -79,7 +79,8 @@ type env struct {
 	opts envOpts
 
 	enabled  atomic.Bool  // the kill-switch
-	bypassed atomic.Int64 // Observations with OutcomeBypassed
+	bypassed atomic.Int64 // Observations with OutcomeBypassed for a store outage
+	disabled atomic.Int64 // Observations with OutcomeBypassed for the kill-switch
 	passed   atomic.Int64 // Observations with OutcomePassThrough
 
 	mu      sync.Mutex
@@ -119,7 +120,11 @@ func tryEnv(t *testing.T, c cell, o envOpts) (*env, error) {
 		Observer: func(_ context.Context, ob idempotency.Observation) {
 			switch ob.Outcome {
 			case idempotency.OutcomeBypassed:
-				e.bypassed.Add(1)
+				if ob.Reason == "disabled" { // the kill-switch, not a store outage
+					e.disabled.Add(1)
+				} else {
+					e.bypassed.Add(1)
+				}
 			case idempotency.OutcomePassThrough:
 				e.passed.Add(1)
 			}
@@ -151,6 +156,12 @@ func tryEnv(t *testing.T, c cell, o envOpts) (*env, error) {
 		h = record
 	}
 	e.call, err = entryServers[c.entry](e, rc, e.counted(h))
+	if e.se.proxy != nil {
+		// Cleanups run last first: the proxy closes its links before the
+		// entry's server waits for its handlers, so a handler stuck on a
+		// black-holed link ends.
+		t.Cleanup(e.se.proxy.Close)
+	}
 	return e, err
 }
 
@@ -202,12 +213,24 @@ func (e *env) send(key string) answer {
 	return e.sendBody(key, []byte(`{"amount":10}`))
 }
 
-// sendBody is send with a body of the caller's.
+// sendBody is send with a body of the caller's. A call that has not
+// answered a second after its deadline is reported as hung, and left to
+// end when the cell's cleanup closes the proxy.
 func (e *env) sendBody(key string, body []byte) answer {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*e.bound())
-	defer cancel()
+	limit := e.bound() + 5*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	start := time.Now()
-	a := e.call(ctx, key, body)
+	done := make(chan answer, 1)
+	go func() {
+		defer cancel()
+		done <- e.call(ctx, key, body)
+	}()
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(limit + time.Second):
+		a = answer{err: fmt.Errorf("hung: no answer %v after its deadline", time.Second)}
+	}
 	a.took = time.Since(start)
 	return a
 }

@@ -14,6 +14,9 @@ type fault struct {
 	name string
 	na   func(c column) string // "" when the fault applies to c
 	run  func(t *testing.T, c cell)
+	// global: the fault takes a lock of the whole MariaDB server (FLUSH
+	// TABLES WITH READ LOCK), so no other MariaDB cell runs meanwhile.
+	global bool
 }
 
 // faults lists every fault the DESIGN names, in the report's order.
@@ -23,6 +26,11 @@ var faults = sync.OnceValue(func() []*fault {
 		baselineFaults(),
 		{deadlockFault()},
 		txFaults(),
+		lockFaults(),
+		poolFaults(),
+		linkFaults(),
+		bodyFaults(),
+		keyFaults(),
 	} {
 		all = append(all, group...)
 	}

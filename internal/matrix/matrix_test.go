@@ -76,8 +76,21 @@ func runCell(t *testing.T, c cell, res *results) {
 		}
 		res.add(c, statePassed)
 	}()
+	if c.store.mysql() {
+		if c.fault.global {
+			mysqlServer.Lock()
+			defer mysqlServer.Unlock()
+		} else {
+			mysqlServer.RLock()
+			defer mysqlServer.RUnlock()
+		}
+	}
 	c.fault.run(t, c)
 }
+
+// mysqlServer is held shared by every MariaDB cell and exclusively by a
+// cell whose fault locks the whole server.
+var mysqlServer sync.RWMutex
 
 // notes holds what each running cell saw that the contract forbids, by its
 // *testing.T.

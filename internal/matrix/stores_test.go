@@ -36,6 +36,10 @@ type storeEnv struct {
 	// dsn is the store's connection string (through the proxy), in the
 	// driver's own form, for faults that open connections of their own.
 	dsn string
+	// The store's own pool, for the pool faults: one of the two.
+	pgPool  *pgxpool.Pool
+	sqlPool *sql.DB
+	max     int // the pool's size
 }
 
 // storeOpts sizes a cell's store.
@@ -67,6 +71,7 @@ func newStore(t *testing.T, c column, o storeOpts) *storeEnv {
 	default:
 		se = newPGStore(t, c.store, o)
 	}
+	se.max = o.maxConns
 	if se.direct != nil {
 		for _, s := range ledgerDDL {
 			if _, err := se.direct.ExecContext(t.Context(), s); err != nil {
@@ -111,10 +116,11 @@ func newPGStore(t *testing.T, kind storeKind, o storeOpts) *storeEnv {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		se.store = idempotency.NewPostgresStore(pool)
+		se.store, se.pgPool = idempotency.NewPostgresStore(pool), pool
 	case storeSQLPgx, storeSQLPq:
 		driver := map[storeKind]string{storeSQLPgx: "pgx", storeSQLPq: "postgres"}[kind]
-		se.store = newSQLStore(t, openSQL(t, driver, se.dsn, o.maxConns), sqlstore.PostgreSQL)
+		se.sqlPool = openSQL(t, driver, se.dsn, o.maxConns)
+		se.store = newSQLStore(t, se.sqlPool, sqlstore.PostgreSQL)
 	}
 	return se
 }
@@ -131,7 +137,8 @@ func newMySQLStore(t *testing.T, o storeOpts) *storeEnv {
 	cfg.Addr = proxy.Addr()
 	cfg.Timeout = 2 * time.Second
 	se := &storeEnv{kind: storeMySQL, proxy: proxy, direct: openSQL(t, "mysql", d.DSN, 4), dsn: cfg.FormatDSN()}
-	se.store = newSQLStore(t, openSQL(t, "mysql", se.dsn, o.maxConns), sqlstore.MySQL)
+	se.sqlPool = openSQL(t, "mysql", se.dsn, o.maxConns)
+	se.store = newSQLStore(t, se.sqlPool, sqlstore.MySQL)
 	return se
 }
 
