@@ -42,7 +42,7 @@ test/failover: ## Kill -9 the Patroni leader under load (needs the patroni, etcd
 
 .PHONY: test/matrix
 test/matrix: ## The fault matrix: every fault x entry point x store x route policy, printed with N/A reasons and wall time (MATRIX_PARALLEL cells at once, default 4; a few minutes)
-	cd internal/matrix && $(GO) test -tags matrix -count=1 -timeout 25m -parallel 64 -run TestMatrix .
+	cd internal/matrix && $(GO) test -tags matrix -count=1 -timeout 25m -parallel 64 -run '^TestMatrix$$'
 
 .PHONY: bench
 bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DATABASE_URL)

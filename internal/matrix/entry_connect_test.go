@@ -38,11 +38,18 @@ func serveConnect(e *env, rc idempotency.RouteConfig, h behaviour) (caller, erro
 			}
 			return connect.NewResponse(wrapperspb.Bytes(out)), nil
 		}, connect.WithInterceptors(ic)))
-	srv := httptest.NewUnstartedServer(mux)
-	srv.EnableHTTP2 = true
-	srv.Start()
+	srv := httptest.NewServer(mux)
 	e.t.Cleanup(srv.Close)
-	client := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](srv.Client(), srv.URL+rpcMethod)
+	e.addr = srv.Listener.Addr().String()
+	return connectClient(e, e.addr), nil
+}
+
+// connectClient calls the procedure on the server at addr (Connect's
+// protocol over HTTP/1.1).
+func connectClient(e *env, addr string) caller {
+	hc := &http.Client{Transport: &http.Transport{}}
+	e.t.Cleanup(hc.CloseIdleConnections)
+	client := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](hc, "http://"+addr+rpcMethod)
 	return func(ctx context.Context, key string, body []byte) answer {
 		req := connect.NewRequest(wrapperspb.Bytes(body))
 		if key != "" {
@@ -53,7 +60,7 @@ func serveConnect(e *env, rc idempotency.RouteConfig, h behaviour) (caller, erro
 			return answer{handler: true, status: 201, body: resp.Msg.GetValue(), replayed: resp.Header().Get(idemconnect.ReplayedHeader) == "true"}
 		}
 		return connectAnswer(err)
-	}, nil
+	}
 }
 
 // connectAnswer reads a Connect error as rpcAnswer reads a gRPC status.

@@ -55,7 +55,13 @@ func serveGRPC(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 		}}}}, nil)
 	go func() { _ = srv.Serve(ln) }()
 	e.t.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	e.addr = ln.Addr().String()
+	return grpcClient(e, e.addr), nil
+}
+
+// grpcClient calls the method on the server at addr.
+func grpcClient(e *env, addr string) caller {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -73,7 +79,7 @@ func serveGRPC(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 		}
 		a.replayed = len(hdr.Get(idemgrpc.ReplayedKey)) == 1 && hdr.Get(idemgrpc.ReplayedKey)[0] == "true"
 		return a
-	}, nil
+	}
 }
 
 // rpcHandlerError is a behaviour's non-2xx status as an RPC status: 5xx

@@ -30,9 +30,16 @@ func serveHTTP(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 	})))
 	srv := httptest.NewServer(mux)
 	e.t.Cleanup(srv.Close)
-	client := srv.Client()
+	e.addr = srv.Listener.Addr().String()
+	return httpClient(e, e.addr), nil
+}
+
+// httpClient calls POST /orders on the server at addr.
+func httpClient(e *env, addr string) caller {
+	client := &http.Client{Transport: &http.Transport{}}
+	e.t.Cleanup(client.CloseIdleConnections)
 	return func(ctx context.Context, key string, body []byte) answer {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/orders", bytes.NewReader(body))
 		if err != nil {
 			return answer{err: err}
 		}
@@ -54,7 +61,7 @@ func serveHTTP(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 			return answer{err: err}
 		}
 		return httpAnswer(resp, out)
-	}, nil
+	}
 }
 
 // httpAnswer reads a response: a contract answer carries {"error": code}

@@ -76,6 +76,7 @@ type env struct {
 	se   *storeEnv
 	mw   *idempotency.Middleware
 	call caller
+	addr string // the entry's server address (none for Do)
 	opts envOpts
 
 	enabled  atomic.Bool  // the kill-switch

@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"encoding/base64"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -36,6 +37,9 @@ type storeEnv struct {
 	// dsn is the store's connection string (through the proxy), in the
 	// driver's own form, for faults that open connections of their own.
 	dsn string
+	// directDSN is the database's connection string past the proxy, for
+	// the kill -9 cells' children.
+	directDSN string
 	// The store's own pool, for the pool faults: one of the two.
 	pgPool  *pgxpool.Pool
 	sqlPool *sql.DB
@@ -103,7 +107,7 @@ func newPGStore(t *testing.T, kind storeKind, o storeOpts) *storeEnv {
 	q := pu.Query()
 	q.Set("connect_timeout", "2")
 	pu.RawQuery = q.Encode()
-	se := &storeEnv{kind: kind, proxy: proxy, direct: openSQL(t, "pgx", dsn, 4), dsn: pu.String()}
+	se := &storeEnv{kind: kind, proxy: proxy, direct: openSQL(t, "pgx", dsn, 4), dsn: pu.String(), directDSN: dsn}
 	switch kind {
 	case storePgx:
 		cfg, err := pgxpool.ParseConfig(se.dsn)
@@ -136,7 +140,7 @@ func newMySQLStore(t *testing.T, o storeOpts) *storeEnv {
 	proxy := tcpproxy.New(t, cfg.Addr)
 	cfg.Addr = proxy.Addr()
 	cfg.Timeout = 2 * time.Second
-	se := &storeEnv{kind: storeMySQL, proxy: proxy, direct: openSQL(t, "mysql", d.DSN, 4), dsn: cfg.FormatDSN()}
+	se := &storeEnv{kind: storeMySQL, proxy: proxy, direct: openSQL(t, "mysql", d.DSN, 4), dsn: cfg.FormatDSN(), directDSN: d.DSN}
 	se.sqlPool = openSQL(t, "mysql", se.dsn, o.maxConns)
 	se.store = newSQLStore(t, se.sqlPool, sqlstore.MySQL)
 	return se
@@ -166,11 +170,20 @@ func openSQL(t *testing.T, driver, dsn string, n int) *sql.DB {
 	return db
 }
 
-// sealKeys is one active sealing key, the same for every cell.
-var sealKeys = sync.OnceValue(func() idempotency.SealKeys {
+// sealKeyText is one active sealing key, the same for every cell and the
+// kill -9 cells' children (MATRIX_SEAL_KEYS).
+var sealKeyText = sync.OnceValue(func() string {
+	if s := os.Getenv(envSealKeys); s != "" {
+		return s
+	}
 	k := make([]byte, 32)
 	_, _ = rand.Read(k)
-	keys, err := idempotency.ParseSealKeys("m1:" + base64.StdEncoding.EncodeToString(k))
+	return "m1:" + base64.StdEncoding.EncodeToString(k)
+})
+
+// sealKeys parses sealKeyText.
+var sealKeys = sync.OnceValue(func() idempotency.SealKeys {
+	keys, err := idempotency.ParseSealKeys(sealKeyText())
 	if err != nil {
 		panic(err)
 	}
