@@ -81,13 +81,17 @@ func concurrentDuplicates() *fault {
 					won++
 				}
 			case a.code == "idempotency_in_flight":
+			case a.code == "idempotency_store_unavailable":
+				// A store slower than its timeout (a loaded CI machine,
+				// an InnoDB lock wait in whole seconds) is a 503, never a
+				// second execution; noBypass and atMostOnce still hold.
 			default:
-				e.failf("duplicate %d: want the handler's answer, a replay or idempotency_in_flight, got %v", i, a)
+				e.failf("duplicate %d: want the handler's answer, a replay, idempotency_in_flight or _store_unavailable, got %v", i, a)
 			}
 			e.within("duplicate", a, time.Second)
 		}
-		if won != 1 {
-			e.failf("%d of %d duplicates got a fresh handler answer, want 1", won, n)
+		if won > 1 {
+			e.failf("%d of %d duplicates got a fresh handler answer, want at most 1", won, n)
 		}
 		e.atMostOnce(key, 1)
 		e.noBypass()

@@ -62,10 +62,26 @@ func tableLock(name string, na func(column) string, global bool, hold func(*env,
 			e.failf("the handler ran %d times behind the lock", n)
 		}
 		e.noBypass()
-		again := e.send(key)
+		again := e.retryBusy(key)
 		e.expect("retry after the lock", again, "")
 		e.atMostOnce(key, 1)
 	}}
+}
+
+// retryBusy sends key as a client that honours Retry-After would: again
+// after 1 s while the answer is 503 or 409 in flight (a claim the server
+// ran after the client gave up stays in flight until the engine's
+// background release removes it), at most 4 times.
+func (e *env) retryBusy(key string) answer {
+	var a answer
+	for range 4 {
+		a = e.send(key)
+		if a.code != "idempotency_store_unavailable" && a.code != "idempotency_in_flight" {
+			return a
+		}
+		time.Sleep(time.Second) // the contract's Retry-After: 1, not a synchronisation
+	}
+	return a
 }
 
 // session is a connection of its own to the cell's database, past the
