@@ -53,7 +53,7 @@ func doAnswer(v json.RawMessage, info idempotency.CallInfo, err error) answer {
 	case err != nil:
 		return answer{handler: true, status: 500, body: []byte(err.Error())}
 	}
-	return answer{handler: true, status: 201, body: v, replayed: info.Replayed}
+	return answer{handler: true, status: 201, body: v, replayed: info.Replayed, bypassed: info.Bypassed}
 }
 
 // problemCode is the idempotency_... code at the end of a problem type URI

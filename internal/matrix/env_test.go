@@ -40,6 +40,7 @@ type hctx struct {
 type answer struct {
 	handler  bool   // the handler's own answer (run now, or replayed)
 	replayed bool   // the contract says it is a replay
+	bypassed bool   // Do's CallInfo.Bypassed (other entries: false)
 	status   int    // the handler's status (gRPC/Connect: OK 201, else 500) when handler
 	code     string // the contract's idempotency_... code when not handler
 	body     []byte // the handler's body when handler
@@ -79,7 +80,8 @@ type env struct {
 	addr string // the entry's server address (none for Do)
 	opts envOpts
 
-	enabled  atomic.Bool  // the kill-switch
+	enabled  atomic.Bool // the kill-switch
+	reg      *prometheus.Registry
 	bypassed atomic.Int64 // Observations with OutcomeBypassed for a store outage
 	disabled atomic.Int64 // Observations with OutcomeBypassed for the kill-switch
 	passed   atomic.Int64 // Observations with OutcomePassThrough
@@ -111,12 +113,12 @@ func newEnv(t *testing.T, c cell, o envOpts) *env {
 // tryEnv is newEnv returning the entry point's construction error.
 func tryEnv(t *testing.T, c cell, o envOpts) (*env, error) {
 	t.Helper()
-	e := &env{t: t, c: c, opts: o, runs: map[string]int{}, reasons: map[string]int{}}
+	e := &env{t: t, c: c, opts: o, runs: map[string]int{}, reasons: map[string]int{}, reg: prometheus.NewRegistry()}
 	e.enabled.Store(true)
 	e.se = newStore(t, c.column, o.storeOpts)
 	cfg := idempotency.Config{
 		Lease: lease, StoreTimeout: cmpOr(o.storeTimeout, storeTimeout),
-		Logger: quiet, Registerer: prometheus.NewRegistry(),
+		Logger: quiet, Registerer: e.reg,
 		Enabled: func(context.Context) bool { return e.enabled.Load() },
 		Observer: func(_ context.Context, ob idempotency.Observation) {
 			switch ob.Outcome {
@@ -302,11 +304,41 @@ func (e *env) atMostOnce(key string, want int) {
 }
 
 // noBypass checks that nothing was bypassed: no fault but a failed dial
-// may bypass (settled-r4 item 4).
+// may bypass (settled-r4 item 4); the metric agrees with the Observations.
 func (e *env) noBypass() {
 	e.t.Helper()
 	if n := e.bypassed.Load(); n != 0 {
 		e.failf("%d calls bypassed, though no dial failed", n)
+	}
+	e.bypassMetric()
+}
+
+// bypassMetric checks that idempotency_bypasses_total, but its reason
+// "disabled" (the kill-switch), counts the Observations' bypasses.
+func (e *env) bypassMetric() {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.failf("gather the metrics: %v", err)
+		return
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "idempotency_bypasses_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			disabled := false
+			for _, l := range m.GetLabel() {
+				disabled = disabled || l.GetName() == "reason" && l.GetValue() == "disabled"
+			}
+			if !disabled {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if int64(n) != e.bypassed.Load() {
+		e.failf("idempotency_bypasses_total counts %v outage bypasses, the Observations %d", n, e.bypassed.Load())
 	}
 }
 

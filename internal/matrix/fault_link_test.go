@@ -52,6 +52,10 @@ func runCutBeforeClaim(t *testing.T, c cell) {
 		if e.bypassed.Load() != 1 {
 			e.failf("fail-open call on a cut link: %d bypasses counted, want 1", e.bypassed.Load())
 		}
+		e.bypassMetric()
+		if c.entry == entryDo && !a.bypassed {
+			e.failf("Do on a cut link ran the function without CallInfo.Bypassed")
+		}
 	} else {
 		e.expect("call on a cut link", a, "idempotency_store_unavailable")
 		e.noBypass()
