@@ -59,10 +59,25 @@ func runPoolBusy(t *testing.T, c cell) {
 	if n := e.started(key); n != 0 {
 		e.failf("the handler ran %d times on a busy pool", n)
 	}
+	e.wantReason("pool_exhausted")
 	e.noBypass()
 	again := e.send(key)
 	e.expect("retry on a free pool", again, "")
 	e.atMostOnce(key, 1)
+}
+
+// wantReason checks that a call was refused under the store reason
+// (Observation.StoreReason, the metrics' label): every wait on the pool is
+// pool_exhausted, however it surfaced ("A bypass needs a dial that
+// failed").
+func (e *env) wantReason(reason string) {
+	e.t.Helper()
+	e.mu.Lock()
+	n := e.reasons["rejected:store_unavailable/"+reason]
+	e.mu.Unlock()
+	if n == 0 {
+		e.failf("no call was refused with the store reason %s", reason)
+	}
 }
 
 // takePool holds every connection of the store's pool until the returned
