@@ -144,6 +144,8 @@ func TestContract(t *testing.T) {
 			rt := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
 			e := error(&StoreError{Op: "claim", Reason: ReasonTimeout, Err: context.DeadlineExceeded})
 			h.store.fail.Store(&e)
+			down := error(&StoreError{Op: "probe", Reason: ReasonConnection, Err: errors.New("connection refused")})
+			h.store.probe.Store(&down) // the outage probe fails too: the bypass's evidence
 			w := send(t, rt, "POST", "/billing", testKey, `{"a":1}`)
 			if w.Code != 201 || h.calls.Load() != 1 {
 				t.Fatalf("status %d calls %d", w.Code, h.calls.Load())
@@ -328,9 +330,10 @@ func TestWarnLogs(t *testing.T) {
 	billing := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
 	e := error(&StoreError{Op: "claim", Reason: ReasonConnection, Err: errors.New("connection refused")})
 	h.store.fail.Store(&e)
+	h.store.probe.Store(&e) // the outage probe fails too: the bypass's evidence
 	send(t, billing, "POST", "/billing", testKey, `{}`)
 	h.store.fail.Store(nil)
-	if n := warns(`msg="idempotency: store unavailable, running without deduplication"`); n != 1 || !strings.Contains(logs.String(), "endpoint=billing") {
+	if n := warns(`msg="idempotency: store unavailable, the outage probe failed: running without deduplication"`); n != 1 || !strings.Contains(logs.String(), "endpoint=billing") {
 		t.Fatalf("%d WARN lines for the bypass, want 1:\n%s", n, logs.String())
 	}
 

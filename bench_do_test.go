@@ -19,7 +19,7 @@ func benchOp(b *testing.B, pool *pgxpool.Pool) *idempotency.Operation {
 	if err != nil {
 		b.Fatal(err)
 	}
-	op, err := mw.Operation("orders", idempotency.RouteConfig{})
+	op, err := mw.Operation("orders", idempotency.RouteConfig{MinKeyLength: 16}) // UUID keys
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -63,14 +63,17 @@ func newClassRoutes(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration
 	return c
 }
 
-// sendAs posts to h with key and the user scope user.
+// sendAs posts to h with key and the user scope user, bounded by doBound.
 func sendAs(h http.Handler, key, user string) *httptest.ResponseRecorder {
+	return sendAsWithin(h, key, user, doBound)
+}
+
+// sendAsWithin is sendAs bounded by wait (serveWithin).
+func sendAsWithin(h http.Handler, key, user string, wait time.Duration) *httptest.ResponseRecorder {
 	r := httptest.NewRequest("POST", "/x", strings.NewReader(`{}`))
 	r.Header.Set(idempotency.HeaderKey, key)
 	r.Header.Set("X-User", user)
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
+	return serveWithin(h, r, wait)
 }
 
 // refused asserts that the fail-open route answered 503 without running
@@ -132,7 +135,7 @@ func TestPostgresFailOpenNeedsAnOutage(t *testing.T) {
 			<-c.started
 		}
 		key := uuid.NewString()
-		w := sendAs(c.billing, key, "u1")
+		w := sendAsWithin(c.billing, key, "u1", 5*storeTimeout) // its own deadline: a claim without the store's waits for ever
 		close(c.release)
 		wg.Wait()
 		close(codes)

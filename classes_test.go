@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // logLines parses a JSON logger's output into one map per record.
@@ -34,43 +36,66 @@ func jsonLogger() (*slog.Logger, *syncBuffer) {
 }
 
 // TestClaimFailureByClass: the middleware answers a failed claim by the
-// class of its store-error reason (DESIGN-settled-r3 items 1 and 2): only an
-// outage (timeout, connection) is a fail-open bypass; saturation, a lock
-// wait, a closed or full store and any reason of no known class are 503 on
-// both policies; a configuration error is 503 on both with an ERROR log;
-// contention is 409 and a refused value 400. Every log line carries the key,
-// the scope and the reason; the Observation carries the store's reason.
+// class of its store-error reason (DESIGN-settled-r4 item 4, which reverses
+// r3 item 2): a fail-open route bypasses only when the claim failed with
+// timeout or connection AND the outage probe then failed with connection;
+// a probe that found the database answering, or that failed otherwise
+// (auth, too many connections, its own timeout), is 503 under the claim's
+// reason. Saturation, a lock wait, a statement timeout, a remote node, a
+// closed or full store and any reason of no known class are 503 on both
+// policies without a probe; a configuration error is 503 on both with an
+// ERROR log; contention is 409 and a refused value 400. Every log line
+// carries the key, the scope and the reason; the Observation carries the
+// store's reason.
 func TestClaimFailureByClass(t *testing.T) {
 	t.Parallel()
+	probeDown := &StoreError{Op: "probe", Reason: ReasonConnection, Err: errors.New("connection refused")}
 	for _, c := range []struct {
 		reason     string
-		open       int    // the fail-open route's status; 201 is a bypass
-		closed     int    // the fail-closed route's status
-		level      string // of the claim failure's log line; "" for none
+		probe      *StoreError // the probe's verdict; nil: the database answered
+		open       int         // the fail-open route's status; 201 is a bypass
+		closed     int         // the fail-closed route's status
+		level      string      // of the claim failure's log line; "" for none
 		observedAs Outcome
+		probes     int64 // the probes run: only a fail-open route's, only on timeout or connection
 	}{
-		{ReasonTimeout, 201, 503, "WARN", OutcomeBypassed},
-		{ReasonConnection, 201, 503, "WARN", OutcomeBypassed},
-		{ReasonPoolExhausted, 503, 503, "WARN", OutcomeRejected},
-		{ReasonTooManyConnections, 503, 503, "WARN", OutcomeRejected},
-		{ReasonLockTimeout, 503, 503, "WARN", OutcomeRejected},
-		{ReasonClosed, 503, 503, "WARN", OutcomeRejected},
-		{ReasonFull, 503, 503, "WARN", OutcomeRejected},
-		{ReasonOther, 503, 503, "WARN", OutcomeRejected},
-		{"a_third_party_reason", 503, 503, "WARN", OutcomeRejected},
-		{ReasonAuth, 503, 503, "ERROR", OutcomeRejected},
-		{ReasonSchema, 503, 503, "ERROR", OutcomeRejected},
-		{ReasonPermission, 503, 503, "ERROR", OutcomeRejected},
-		{ReasonConflict, 409, 409, "", OutcomeConflict},
-		{ReasonData, 400, 400, "WARN", OutcomeRejected},
+		{ReasonTimeout, probeDown, 201, 503, "WARN", OutcomeBypassed, 1},
+		{ReasonConnection, probeDown, 201, 503, "WARN", OutcomeBypassed, 1},
+		{ReasonTimeout, nil, 503, 503, "WARN", OutcomeRejected, 1},
+		{ReasonConnection, nil, 503, 503, "WARN", OutcomeRejected, 1},
+		{ReasonConnection, &StoreError{Op: "probe", Reason: ReasonAuth, Err: errors.New("28P01")}, 503, 503, "WARN", OutcomeRejected, 1},
+		{ReasonTimeout, &StoreError{Op: "probe", Reason: ReasonTooManyConnections, Err: errors.New("53300")}, 503, 503, "WARN", OutcomeRejected, 1},
+		{ReasonTimeout, &StoreError{Op: "probe", Reason: ReasonTimeout, Err: context.DeadlineExceeded}, 503, 503, "WARN", OutcomeRejected, 1},
+		{ReasonPoolExhausted, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonStatementTimeout, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonRemoteNode, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonTooManyConnections, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonLockTimeout, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonClosed, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonFull, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonOther, probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{"a_third_party_reason", probeDown, 503, 503, "WARN", OutcomeRejected, 0},
+		{ReasonAuth, probeDown, 503, 503, "ERROR", OutcomeRejected, 0},
+		{ReasonSchema, probeDown, 503, 503, "ERROR", OutcomeRejected, 0},
+		{ReasonPermission, probeDown, 503, 503, "ERROR", OutcomeRejected, 0},
+		{ReasonConflict, probeDown, 409, 409, "", OutcomeConflict, 0},
+		{ReasonData, probeDown, 400, 400, "WARN", OutcomeRejected, 0},
 	} {
-		t.Run(c.reason, func(t *testing.T) {
+		name := c.reason
+		if c.probe != nil {
+			name += "/probe " + c.probe.Reason
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			logger, buf := jsonLogger()
 			var observed []Observation
 			h := newHarness(t, Config{Logger: logger, Observer: func(_ context.Context, o Observation) { observed = append(observed, o) }})
 			e := error(&StoreError{Op: "claim", Reason: c.reason, Err: errors.New("it failed")})
 			h.store.fail.Store(&e)
+			if c.probe != nil {
+				p := error(c.probe)
+				h.store.probe.Store(&p)
+			}
 			open := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
 			closed := h.route(RouteConfig{Name: "orders"}, orderHandler)
 			for _, r := range []struct {
@@ -89,6 +114,9 @@ func TestClaimFailureByClass(t *testing.T) {
 				if w.Code == 503 && w.Header().Get("Retry-After") != "1" {
 					t.Errorf("%s route: 503 without Retry-After: 1", r.name)
 				}
+			}
+			if n := h.store.probes.Load(); n != c.probes {
+				t.Errorf("%d outage probes, want %d", n, c.probes)
 			}
 			bypasses := counter(t, h.mw.metrics.bypasses.WithLabelValues("billing", reasonStoreUnavailable))
 			if want := map[bool]float64{true: 1}[c.open == 201]; bypasses != want {
@@ -147,6 +175,7 @@ func TestBypassLogIdentifiers(t *testing.T) {
 		}
 		e := error(&StoreError{Op: "claim", Reason: ReasonConnection, Err: errors.New("connection refused")})
 		h.store.fail.Store(&e)
+		h.store.probe.Store(&e)
 		rt := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
 		if w := send(t, rt, "POST", "/x", testKey, `{}`, "X-User", "u1"); w.Code != 201 {
 			t.Fatalf("%s: %d, want the bypass", c.name, w.Code)
@@ -196,5 +225,77 @@ func TestStoreRecoveryLogged(t *testing.T) {
 	if len(infos) != 1 || infos[0]["failures"] != float64(3) || infos[0]["failed_for"] == nil ||
 		!strings.Contains(infos[0]["msg"].(string), "recovered") {
 		t.Fatalf("INFO lines %v, want one store recovery with failures=3 and failed_for", infos)
+	}
+}
+
+// TestBypassLogRateLimited: bypasses are rate-limited in the log, never
+// in the decision: five bypasses of one endpoint in a second all run their
+// handler and are all counted, with one WARN and the others at DEBUG; the
+// next second's first WARN says how many were held back.
+func TestBypassLogRateLimited(t *testing.T) {
+	t.Parallel()
+	logger, buf := jsonLogger()
+	h := newHarness(t, Config{Logger: logger})
+	e := error(&StoreError{Op: "claim", Reason: ReasonConnection, Err: errors.New("connection refused")})
+	h.store.fail.Store(&e)
+	h.store.probe.Store(&e)
+	rt := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
+	for i := range 5 {
+		if w := send(t, rt, "POST", "/x", fmt.Sprintf("%s%d", testKey[:len(testKey)-1], i), `{}`, "X-User", "u1"); w.Code != 201 {
+			t.Fatalf("bypass %d: %d", i, w.Code)
+		}
+	}
+	if n := counter(t, h.mw.metrics.bypasses.WithLabelValues("billing", reasonStoreUnavailable)); n != 5 {
+		t.Errorf("bypasses = %v, want 5", n)
+	}
+	levels := map[any]int{}
+	for _, l := range logLines(t, buf.String()) {
+		if l["reason"] == ReasonConnection {
+			levels[l["level"]]++
+		}
+	}
+	if levels["WARN"] != 1 || levels["DEBUG"] != 4 {
+		t.Errorf("bypass log lines by level %v, want 1 WARN and 4 DEBUG", levels)
+	}
+	if n, first := h.mw.metricsFor("billing").bypassLog.take(time.Now().Add(time.Second)); !first || n != 4 {
+		t.Errorf("the next second's first line: first %v, held back %d; want true, 4", first, n)
+	}
+}
+
+// TestProbeIsNotARecovery: a probe that finds the database answering
+// while claims keep failing (a lock wait, a statement timeout) does not log
+// the store as recovered; the next claim the store answers does, once.
+func TestProbeIsNotARecovery(t *testing.T) {
+	t.Parallel()
+	logger, buf := jsonLogger()
+	h := newHarness(t, Config{Logger: logger})
+	e := error(&StoreError{Op: "claim", Reason: ReasonTimeout, Err: errors.New("no reply")})
+	h.store.fail.Store(&e)
+	rt := h.route(RouteConfig{Name: "billing", FailOpen: true}, orderHandler)
+	for range 2 {
+		if w := send(t, rt, "POST", "/x", testKey, `{}`); w.Code != 503 {
+			t.Fatalf("a timed-out claim with the probe answering: %d, want 503", w.Code)
+		}
+	}
+	if n := h.store.probes.Load(); n != 2 {
+		t.Fatalf("%d probes, want 2", n)
+	}
+	recovered := func() (n int) {
+		for _, l := range logLines(t, buf.String()) {
+			if l["level"] == "INFO" && strings.Contains(l["msg"].(string), "recovered") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := recovered(); n != 0 {
+		t.Fatalf("%d recovery lines while claims fail, want 0:\n%s", n, buf)
+	}
+	h.store.fail.Store(nil)
+	if w := send(t, rt, "POST", "/x", testKey2, `{}`); w.Code != 201 {
+		t.Fatalf("after: %d", w.Code)
+	}
+	if n := recovered(); n != 1 {
+		t.Fatalf("%d recovery lines once a claim is answered, want 1:\n%s", n, buf)
 	}
 }

@@ -63,7 +63,7 @@ func TestClientRetriesACutBody(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	want := fmt.Sprintf(`{"order":1,"fills":%q,"idempotency_replayed":true}`, fills)
+	want := fmt.Sprintf(`{"idempotency_replayed":true,"order":1,"fills":%q}`, fills)
 	if err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get(idempotency.HeaderReplayed) != "true" || string(body) != want {
 		t.Fatalf("answer %d (replayed %q), %d bytes, read error %v; want the whole replay of order 1",
 			resp.StatusCode, resp.Header.Get(idempotency.HeaderReplayed), len(body), err)

@@ -66,9 +66,12 @@ type Config struct {
 	// raw path: the name is a metrics label and the key's scope_endpoint.
 	// "" falls through to r.Pattern. Defaults to nil.
 	RouteName func(ctx context.Context) string
-	// Enabled is the kill-switch, asked on every call with its context:
-	// false makes every route a pure pass-through and every Do run its
-	// function. Defaults to EnabledFromEnv.
+	// Enabled is the kill-switch for endpoints, asked on every call with its
+	// context: false makes every HTTP route, gRPC method and Connect
+	// procedure a pure pass-through. An Operation run by Do keeps
+	// deduplicating whatever it says (a consumer that passed through would
+	// charge again on every redelivery), unless its RouteConfig sets
+	// FollowKillSwitch. Defaults to EnabledFromEnv.
 	Enabled func(ctx context.Context) bool
 	// OnReplay, when set, is called synchronously before every replay, so
 	// the host can write its own audit row, with the call's context
@@ -187,6 +190,24 @@ type RouteConfig struct {
 	// Codec, on an Operation, encodes the values Do stores. Defaults to
 	// encoding/json.
 	Codec Codec
+	// Scoped declares that every call carries a user scope: Call.Scope on
+	// Do, or Config.Scope's answer (the only scope of a gRPC or Connect
+	// call, and of an HTTP request), so keys of two users never meet. A
+	// call whose scope is empty is then refused before any store call
+	// (ErrInvalidScope; 400 or InvalidArgument idempotency_scope_invalid).
+	// An Operation, gRPC method or Connect procedure that is not Scoped
+	// needs MinKeyLength of at least 16 (a UUID key meets it), or
+	// construction fails: one client's short key would otherwise be
+	// answered with another's record. An opaque HTTP route guarded by
+	// Config.Scope (MinKeyLength below 16) is scoped without it. Defaults
+	// to false.
+	Scoped bool
+	// FollowKillSwitch, on an Operation, makes Do follow Config.Enabled:
+	// while it reports off, Do runs the function without a store call and
+	// returns CallInfo{Bypassed: true}. HTTP routes, gRPC methods and
+	// Connect procedures always follow the switch. Defaults to false: Do
+	// deduplicates whatever the switch says.
+	FollowKillSwitch bool
 }
 
 // withDefaults returns cfg with every unset field at its default.

@@ -38,8 +38,11 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // handler. Write through it: the writes commit together with the key's
 // completed record, or not at all. The middleware owns it: its Commit and
 // Rollback return ErrTxManaged and change nothing (answer >= 500 to roll
-// back); Begin opens a savepoint as usual. It reports false outside a
-// transactional route.
+// back); Begin opens a savepoint as usual. Each call runs exactly one
+// statement (several in one string fail with 42601; a batch runs one
+// statement at a time), and once the transaction has ended under the
+// handler every call returns ErrTxEnded and sends nothing. It reports
+// false outside a transactional route.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txCtxKey).(pgx.Tx)
 	return tx, ok

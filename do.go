@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/google/uuid"
@@ -24,15 +25,20 @@ type Operation struct {
 	adapter  string // the endpoint's scheme: do, grpc, connect
 	minKey   int    // RouteConfig.MinKeyLength
 	codec    Codec  // nil: encoding/json
+	scoped   bool   // RouteConfig.Scoped: a call without a scope is refused
+	follow   bool   // the kill-switch applies: FollowKillSwitch, or a gRPC/Connect adapter
 }
 
 // Call is one call of an Operation.
 type Call struct {
 	// Key is the call's idempotency key (a message's id, a webhook's event
-	// id): 1 to 255 visible ASCII characters or spaces, compared exactly.
+	// id): 1 to 255 visible ASCII characters or spaces, compared exactly,
+	// at least RouteConfig.MinKeyLength.
 	Key string
 	// Scope is the user the call is about ("" asks Config.Scope): keys of
 	// different scopes never meet, and erasure finds a user's rows by it.
+	// On a Scoped Operation a call whose scope is still empty is refused
+	// (ErrInvalidScope).
 	Scope   string
 	Request []byte // hashed as an HTTP body is: the key sent with other bytes is ErrMismatch
 }
@@ -40,7 +46,7 @@ type Call struct {
 // CallInfo tells how Do answered a call.
 type CallInfo struct {
 	Replayed bool // the first run's result, replayed: the function did not run
-	Bypassed bool // the function ran without deduplication (kill-switch, or a fail-open store outage)
+	Bypassed bool // the function ran without deduplication (the kill-switch it follows, or a fail-open store outage)
 }
 
 // Codec encodes the results of Do for the store (RouteConfig.Codec):
@@ -58,7 +64,10 @@ const doScheme = "do"
 // as an adapter such as contrib/grpc gives, is stored as it is. Keys follow
 // the opaque-key rules whatever rc.KeyFormat says; rc's HTTP-only fields
 // (Name, ParseKey, RequireKey, MaxBodyBytes, ReplayHeaders, NoReplayMarker)
-// must be left unset. It fails when name or rc is invalid.
+// must be left unset. It fails when name or rc is invalid, and when rc is
+// neither Scoped nor has a MinKeyLength of at least 16. The kill-switch
+// applies to the grpc: and connect: adapters always, to any other
+// Operation only with rc.FollowKillSwitch.
 func (m *Middleware) Operation(name string, rc RouteConfig) (*Operation, error) {
 	endpoint, adapter := doScheme+":"+name, doScheme
 	if scheme, _, ok := strings.Cut(name, ":/"); ok && isScheme(scheme) {
@@ -74,12 +83,18 @@ func (m *Middleware) Operation(name string, rc RouteConfig) (*Operation, error) 
 		return nil, errors.New("idempotency: an Operation takes no RouteConfig.Name, ParseKey, RequireKey, MaxBodyBytes, ReplayHeaders or NoReplayMarker, and a valid KeyFormat")
 	case rc.MinKeyLength < 0 || rc.MinKeyLength > MaxKeyLength:
 		return nil, errors.New("idempotency: RouteConfig.MinKeyLength must be between 0 and 255")
+	case !rc.Scoped && rc.MinKeyLength < minGuardKeyLength:
+		return nil, fmt.Errorf("idempotency: %s: set RouteConfig.Scoped (every call carries a scope) or RouteConfig.MinKeyLength of at least %d (UUID keys meet it): "+
+			"a short unscoped key of one client would be answered with another client's record", endpoint, minGuardKeyLength)
+	case rc.Scoped && adapter != doScheme && !m.scoped:
+		return nil, fmt.Errorf("idempotency: %s: RouteConfig.Scoped needs Config.Scope, the only scope of an adapter's calls", endpoint)
 	}
 	p, err := m.newPolicy(rc.withDefaults())
 	if err != nil {
 		return nil, err
 	}
-	return &Operation{m: m, p: p, endpoint: endpoint, adapter: adapter, minKey: rc.MinKeyLength, codec: rc.Codec}, nil
+	return &Operation{m: m, p: p, endpoint: endpoint, adapter: adapter, minKey: rc.MinKeyLength, codec: rc.Codec,
+		scoped: rc.Scoped, follow: rc.FollowKillSwitch || adapter == "grpc" || adapter == "connect"}, nil
 }
 
 // isScheme reports whether s is an adapter's scheme: lower-case letters.
@@ -131,9 +146,9 @@ type opCall struct {
 }
 
 // admit checks the call's key and scope and builds its claim; with the
-// kill-switch off it runs fn at once.
+// kill-switch off, on an Operation that follows it, it runs fn at once.
 func (oc *opCall) admit(c Call) bool {
-	if !oc.m.cfg.Enabled(oc.ctx) {
+	if oc.op.follow && !oc.m.cfg.Enabled(oc.ctx) {
 		oc.info.Bypassed = true
 		oc.switchedOff()
 		return false
@@ -150,8 +165,8 @@ func (oc *opCall) admit(c Call) bool {
 	if scope == "" && oc.m.scoped {
 		scope = oc.m.cfg.Scope(oc.ctx)
 	}
-	if !storable(scope) {
-		oc.m.log.WarnContext(oc.ctx, "idempotency: scope cannot be stored (not UTF-8, a NUL byte, or too long)",
+	if !storable(scope) || scope == "" && oc.op.scoped {
+		oc.m.log.WarnContext(oc.ctx, "idempotency: scope is empty on a scoped entry point, or cannot be stored (not UTF-8, a NUL byte, or too long)",
 			"endpoint", oc.label, "scope_bytes", len(scope))
 		oc.answer(answerInvalidScope)
 		return false

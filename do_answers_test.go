@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 )
@@ -116,27 +117,56 @@ func (completeFails) Complete(context.Context, idempotency.Fence, idempotency.Re
 	return &idempotency.StoreError{Op: "complete", Reason: idempotency.ReasonConnection, Err: errors.New("connection reset")}
 }
 
-// TestDoKillSwitch: with the kill-switch off, Do runs its function every
-// time, stores nothing, and says it bypassed.
+// TestDoKillSwitch: the kill-switch is for endpoints. With it off, an
+// Operation keeps deduplicating (a consumer's redelivery is replayed, not
+// charged again), unless it sets FollowKillSwitch: then Do runs its
+// function every time without a store call, says it bypassed, stores
+// nothing, and counts idempotency_bypasses_total{reason="disabled"}.
 func TestDoKillSwitch(t *testing.T) {
 	t.Parallel()
-	var on atomic.Bool
-	store := idempotency.NewMemoryStore()
-	op := newOp(t, store, idempotency.Config{Enabled: func(context.Context) bool { return on.Load() }}, idempotency.RouteConfig{})
-	var runs atomic.Int64
-	key := "bad key\n" // not even checked: a pure pass-through
-	for range 2 {
-		v, info, err := idempotency.Do(t.Context(), op, payment(key), func(context.Context) (receipt, error) { return receipt{Ledger: runs.Add(1)}, nil })
-		if err != nil || !info.Bypassed || info.Replayed || v.Ledger != runs.Load() {
-			t.Fatalf("kill-switch off: %+v %+v %v", v, info, err)
-		}
-	}
-	if recs, err := store.ExportScope(t.Context(), "user-7"); err != nil || len(recs) != 0 {
-		t.Fatalf("kill-switch off stored %d rows (%v)", len(recs), err)
-	}
-	on.Store(true)
-	if _, info, err := idempotency.Do(t.Context(), op, payment(uuid.NewString()), func(context.Context) (receipt, error) { return receipt{}, nil }); err != nil || info.Bypassed {
-		t.Fatalf("kill-switch on: %+v %v", info, err)
+	for _, follow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FollowKillSwitch=%v", follow), func(t *testing.T) {
+			t.Parallel()
+			var on atomic.Bool
+			store := &claimCounter{MemoryStore: idempotency.NewMemoryStore()}
+			reg := prometheus.NewRegistry()
+			mw, err := idempotency.New(store, idempotency.Config{Registerer: reg, Logger: quiet,
+				Enabled: func(context.Context) bool { return on.Load() }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			op, err := mw.Operation("settle-payment", idempotency.RouteConfig{Scoped: true, FollowKillSwitch: follow})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var runs atomic.Int64
+			key := uuid.NewString()
+			infos := make([]idempotency.CallInfo, 2)
+			for i := range infos {
+				v, info, err := idempotency.Do(t.Context(), op, payment(key), func(context.Context) (receipt, error) { return receipt{Ledger: runs.Add(1)}, nil })
+				if err != nil || v.Ledger != 1 && !follow {
+					t.Fatalf("kill-switch off, call %d: %+v %+v %v", i+1, v, info, err)
+				}
+				infos[i] = info
+			}
+			bypassed := gathered(t, reg, "idempotency_bypasses_total", "do:settle-payment", "disabled")
+			recs, err := store.ExportScope(t.Context(), "user-7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if follow {
+				if runs.Load() != 2 || !infos[0].Bypassed || !infos[1].Bypassed || store.claims.Load() != 0 || len(recs) != 0 || bypassed != 2 {
+					t.Fatalf("following the switch: %d runs, %+v, %d claims, %d rows, %v bypasses counted; want 2 runs bypassed, no store call",
+						runs.Load(), infos, store.claims.Load(), len(recs), bypassed)
+				}
+			} else if runs.Load() != 1 || infos[0].Bypassed || !infos[1].Replayed || len(recs) != 1 || bypassed != 0 {
+				t.Fatalf("not following the switch: %d runs, %+v, %d rows, %v bypasses; want one run and its replay", runs.Load(), infos, len(recs), bypassed)
+			}
+			on.Store(true)
+			if _, info, err := idempotency.Do(t.Context(), op, payment(uuid.NewString()), func(context.Context) (receipt, error) { return receipt{}, nil }); err != nil || info.Bypassed {
+				t.Fatalf("kill-switch on: %+v %v", info, err)
+			}
+		})
 	}
 }
 

@@ -24,7 +24,7 @@ func TestExecOutcome(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		op, err := mw.Operation("grpc:/payments.v1.Ledger/Settle", idempotency.RouteConfig{})
+		op, err := mw.Operation("grpc:/payments.v1.Ledger/Settle", idempotency.RouteConfig{MinKeyLength: 16})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func TestExecMissingKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := mw.Operation("settle", idempotency.RouteConfig{})
+	op, err := mw.Operation("settle", idempotency.RouteConfig{MinKeyLength: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

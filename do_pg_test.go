@@ -187,7 +187,7 @@ func TestDoTransactional(t *testing.T) {
 	})
 	t.Run("KillSwitchKeepsTheTransaction", func(t *testing.T) {
 		off := newOp(t, idempotency.NewPostgresStore(pool), idempotency.Config{Enabled: func(context.Context) bool { return false }},
-			idempotency.RouteConfig{Transactional: true})
+			idempotency.RouteConfig{Transactional: true, FollowKillSwitch: true})
 		// A pass-through has no key: its row is booked under "".
 		_, info, err := idempotency.Do(t.Context(), off, payment(uuid.NewString()), func(ctx context.Context) (receipt, error) {
 			_, err := book(ctx)

@@ -17,9 +17,11 @@ import (
 )
 
 // newOp returns the Operation "settle-payment" over store, the kill-switch
-// on unless cfg says otherwise.
+// on unless cfg says otherwise, Scoped unless rc guards its keys by length
+// (payment's calls carry a scope).
 func newOp(t *testing.T, store idempotency.Store, cfg idempotency.Config, rc idempotency.RouteConfig) *idempotency.Operation {
 	t.Helper()
+	rc.Scoped = rc.Scoped || rc.MinKeyLength < 16
 	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), quiet
 	if cfg.Enabled == nil {
 		cfg.Enabled = func(context.Context) bool { return true }
@@ -265,7 +267,7 @@ func TestOperationConfig(t *testing.T) {
 			t.Errorf("a route took the name %q of an Operation's endpoint", name)
 		}
 	}
-	if _, err := mw.Operation("grpc:/pkg.Service/Method", idempotency.RouteConfig{KeyFormat: idempotency.KeyOpaque, MinKeyLength: 8}); err != nil {
+	if _, err := mw.Operation("grpc:/pkg.Service/Method", idempotency.RouteConfig{KeyFormat: idempotency.KeyOpaque, MinKeyLength: 16}); err != nil {
 		t.Errorf("an adapter's Operation: %v", err)
 	}
 }
@@ -314,7 +316,7 @@ func TestExec(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		op, err := mw.Operation("grpc:/payments.v1.Ledger/Settle", idempotency.RouteConfig{})
+		op, err := mw.Operation("grpc:/payments.v1.Ledger/Settle", idempotency.RouteConfig{MinKeyLength: 16})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,14 @@ var (
 	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
 )
 
+// ErrTxEnded is returned by every call of a transactional route's lent
+// transaction (TxFromContext) once the transaction has ended under the
+// handler (it ran COMMIT or ROLLBACK itself, or the server rolled it back):
+// nothing more is sent, so no statement of the handler runs outside the
+// transaction that holds its key. The handler's answer is then never
+// delivered: the client gets 503 idempotency_store_unavailable.
+var ErrTxEnded = errors.New("idempotency: the route's transaction ended under the handler")
+
 // Error describes the answer: its code, and what it stands for.
 func (e ErrorAnswer) Error() string {
 	if e.err == nil {

@@ -163,7 +163,7 @@ func TestNoReplayMarker(t *testing.T) {
 		off  bool
 		want string
 	}{
-		{false, `{"id":1,"echo":"{}","idempotency_replayed":true}`},
+		{false, `{"idempotency_replayed":true,"id":1,"echo":"{}"}`},
 		{true, `{"id":1,"echo":"{}"}`},
 	} {
 		rt := h.route(RouteConfig{Name: "orders", NoReplayMarker: c.off}, orderHandler)

@@ -53,7 +53,7 @@ func Example_orderRoute() {
 	fmt.Println("orders placed:", orders)
 	// Output:
 	// 201  {"id":1,"status":"filled"}
-	// 201 true {"id":1,"status":"filled","idempotency_replayed":true}
+	// 201 true {"idempotency_replayed":true,"id":1,"status":"filled"}
 	// 422  {"error":"idempotency_key_body_mismatch"}
 	// orders placed: 1
 }
@@ -63,6 +63,12 @@ type failingStore struct{ idempotency.Store }
 
 func (failingStore) Claim(context.Context, idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConnection, Err: fmt.Errorf("connection refused")}
+}
+
+// Probe reports the database unreachable: the evidence a fail-open route
+// needs before it runs a handler without deduplication.
+func (failingStore) Probe(context.Context) error {
+	return &idempotency.StoreError{Op: "probe", Reason: idempotency.ReasonConnection, Err: fmt.Errorf("connection refused")}
 }
 
 // Wrap a billing route fail-open: when the store is down the handler still
@@ -164,7 +170,7 @@ func ExampleDo() {
 	if err != nil {
 		panic(err)
 	}
-	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{})
+	settle, err := mw.Operation("settle-payment", idempotency.RouteConfig{Scoped: true}) // every message names its user
 	if err != nil {
 		panic(err)
 	}

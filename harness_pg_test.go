@@ -55,14 +55,47 @@ func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempo
 	})), reg
 }
 
+// doBound bounds every request do sends: many times any store timeout
+// these tests set, it only turns a hang (a store call without its
+// deadline) into a failure of the test that sent the request, by name.
+const doBound = time.Minute
+
+// do sends a POST /orders with key and body through h, bounded by doBound.
 func do(h http.Handler, key, body string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
 	if key != "" {
 		r.Header.Set(idempotency.HeaderKey, key)
 	}
+	return serveWithin(h, r, doBound)
+}
+
+// statusNoAnswer is the status serveWithin gives a request that got no
+// answer in time.
+const statusNoAnswer = 599
+
+// serveWithin serves r through h and waits at most wait for the answer. A
+// request that gets none comes back as statusNoAnswer with a body that
+// says so (its handler's goroutine is left behind), so the test that sent
+// it fails by name instead of hanging; a panic is re-raised.
+func serveWithin(h http.Handler, r *http.Request, wait time.Duration) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
+	done := make(chan any, 1)
+	go func() {
+		defer func() { done <- recover() }()
+		h.ServeHTTP(w, r)
+	}()
+	select {
+	case p := <-done:
+		if p != nil {
+			panic(p)
+		}
+		return w
+	case <-time.After(wait):
+		stuck := httptest.NewRecorder()
+		stuck.WriteHeader(statusNoAnswer)
+		fmt.Fprintf(stuck, "no answer within %v: a store call without its deadline?", wait)
+		return stuck
+	}
 }
 
 // race sends copies of each key at once through the handlers (round robin)

@@ -60,6 +60,17 @@ type countingStore struct {
 	// blocked holds, for the last blocked claim, when it began and the
 	// deadline its context carried.
 	blocked atomic.Pointer[[2]time.Time]
+	probe   atomic.Pointer[error] // the outage probe's verdict; nil: the database answered
+	probes  atomic.Int64
+}
+
+// Probe returns the verdict set in probe, counting its calls.
+func (s *countingStore) Probe(context.Context) error {
+	s.probes.Add(1)
+	if e := s.probe.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 func (s *countingStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {

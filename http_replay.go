@@ -38,11 +38,17 @@ func replayAllowList(extra []string) ([]string, error) {
 	return list, nil
 }
 
-var replayedField = []byte(`"idempotency_replayed"`)
+// replayedName is the member a replayed JSON object is marked with.
+const replayedName = "idempotency_replayed"
+
+// replayedMember is what a replayed JSON object gets right after its
+// opening brace.
+var replayedMember = []byte(`"` + replayedName + `":true`)
 
 // writeReplay sends a stored response: its status, its stored headers,
-// Idempotent-Replayed: true, and its body, with "idempotency_replayed": true
-// added when the body is a JSON object and mark is set.
+// Idempotent-Replayed: true, and its body as recorded, with
+// "idempotency_replayed":true inserted when the body is a JSON object and
+// mark is set.
 func writeReplay(w http.ResponseWriter, resp Response, mark bool) {
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -59,34 +65,123 @@ func writeReplay(w http.ResponseWriter, resp Response, mark bool) {
 	_, _ = w.Write(body)
 }
 
-// markReplayed adds "idempotency_replayed": true to a JSON object and
-// returns any other JSON value unchanged.
+// markReplayed returns the recorded bytes of a JSON object with
+// "idempotency_replayed":true inserted right after its opening brace (and
+// a comma when the object has members): white space, member order and
+// escapes stay as recorded. Any other value, and an object that already
+// has a member of that name, is returned as it is.
 func markReplayed(body []byte) []byte {
-	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) < 2 || trimmed[0] != '{' {
+	open := skipSpace(body, 0)
+	if open == len(body) || body[open] != '{' || hasReplayedMember(body[open:]) {
 		return body
 	}
-	if bytes.Contains(trimmed, replayedField) {
-		// The field may already exist: set it through a full decode.
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(trimmed, &obj) != nil {
-			return body
-		}
-		obj["idempotency_replayed"] = json.RawMessage("true")
-		out, err := json.Marshal(obj)
-		if err != nil {
-			return body
-		}
-		return out
-	}
-	inner := bytes.TrimSpace(trimmed[1 : len(trimmed)-1])
-	out := make([]byte, 0, len(trimmed)+len(replayedField)+7)
-	out = append(out, trimmed[:len(trimmed)-1]...)
-	out = bytes.TrimRight(out, " \t\r\n")
-	if len(inner) > 0 {
+	rest := body[open+1:]
+	out := make([]byte, 0, len(body)+len(replayedMember)+1)
+	out = append(out, body[:open+1]...)
+	out = append(out, replayedMember...)
+	if i := skipSpace(rest, 0); i < len(rest) && rest[i] != '}' {
 		out = append(out, ',')
 	}
-	out = append(out, replayedField...)
-	out = append(out, ":true}"...)
-	return out
+	return append(out, rest...)
+}
+
+// hasReplayedMember reports whether the JSON object obj (from its '{')
+// has a member named idempotency_replayed at its top level, its name
+// written with escapes or without. Only a body that holds the name or an
+// escape is scanned.
+func hasReplayedMember(obj []byte) bool {
+	if !bytes.Contains(obj, []byte(replayedName)) && !bytes.Contains(obj, []byte(`\u`)) {
+		return false
+	}
+	for i := 1; ; i++ { // i: after '{' or a ','
+		i = skipSpace(obj, i)
+		end := stringEnd(obj, i)
+		if end < 0 {
+			return false // '}' of an empty object, or not JSON
+		}
+		if isReplayedName(obj[i:end]) {
+			return true
+		}
+		i = skipSpace(obj, end)
+		if i == len(obj) || obj[i] != ':' {
+			return false
+		}
+		i = skipSpace(obj, valueEnd(obj, i+1))
+		if i == len(obj) || obj[i] != ',' {
+			return false
+		}
+	}
+}
+
+// isReplayedName reports whether the quoted JSON string q is the marker's
+// name.
+func isReplayedName(q []byte) bool {
+	if string(q) == `"`+replayedName+`"` {
+		return true
+	}
+	var name string
+	return bytes.IndexByte(q, '\\') >= 0 && json.Unmarshal(q, &name) == nil && name == replayedName
+}
+
+// skipSpace returns the index of the first byte of b at or after i that is
+// not JSON white space.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the JSON string that starts at
+// b[i], or -1 when none starts there or it does not end.
+func stringEnd(b []byte, i int) int {
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// valueEnd returns the index just past the JSON value that starts at or
+// after b[i] (white space first): past a string, or past the bracket that
+// closes an object or array; a number or literal ends at the ',' or '}'
+// that follows it.
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			end := stringEnd(b, i)
+			if end < 0 {
+				return len(b)
+			}
+			if depth == 0 {
+				return end
+			}
+			i = end
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case ',':
+			if depth == 0 {
+				return i
+			}
+		}
+		i++
+	}
+	return i
 }

@@ -85,14 +85,15 @@ func (rq *httpRequest) admit() bool {
 }
 
 // admitScope builds the claim of a keyed request whose body was read, or
-// refuses a scope or endpoint the store could not hold.
+// refuses a scope or endpoint the store could not hold, and an empty scope
+// on a route whose keys the scope guards.
 func (rq *httpRequest) admitScope(key string, body []byte) bool {
 	scope := rq.m.cfg.Scope(rq.hookContext(rq.m.scoped))
-	if !storable(scope) || !storable(rq.endpoint) {
+	if !storable(scope) || !storable(rq.endpoint) || scope == "" && rq.rt.needScope {
 		// A value the store cannot hold would fail every claim of this
 		// key alike: refuse it rather than treat it as an outage (which a
 		// fail-open route would run without deduplication, every time).
-		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long)",
+		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long), or the scope that guards the route's keys is empty",
 			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
 		rq.answer(answerInvalidScope)
 		return false

@@ -123,6 +123,7 @@ type route struct {
 	parseKey      keyParser
 	invalidKey    answer // the 400 of a refused key, worded for the route's format
 	marker        bool   // add "idempotency_replayed": true to replayed JSON objects
+	needScope     bool   // a request whose scope is empty is refused (keys.go, needsScope)
 	plain         bool   // no transaction, no Observer, the key optional: a keyless request just passes (passKeyless)
 }
 
@@ -145,6 +146,9 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 	if err := rc.validateKeys(m.scoped); err != nil {
 		return nil, err
 	}
+	if rc.FollowKillSwitch {
+		return nil, errors.New("idempotency: RouteConfig.FollowKillSwitch applies to Operations only: HTTP routes always follow the kill-switch")
+	}
 	parse, invalid := rc.newKeyParser()
 	return &route{
 		policy:        p,
@@ -156,6 +160,7 @@ func (m *Middleware) newRoute(rc RouteConfig) (*route, error) {
 		parseKey:      parse,
 		invalidKey:    invalid,
 		marker:        !rc.NoReplayMarker,
+		needScope:     rc.needsScope(),
 		plain:         p.txStore == nil && !rc.RequireKey && m.cfg.Observer == nil,
 	}, nil
 }

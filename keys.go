@@ -163,8 +163,19 @@ func (rc *RouteConfig) validateKeys(scoped bool) error {
 	case opaque && !scoped && rc.MinKeyLength < minGuardKeyLength:
 		return fmt.Errorf("idempotency: a route with opaque keys needs a user scope (Config.Scope) or RouteConfig.MinKeyLength of at least %d: "+
 			"short unscoped keys are guessable, and a guess is answered with another client's response", minGuardKeyLength)
+	case rc.Scoped && !scoped:
+		return errors.New("idempotency: RouteConfig.Scoped on an HTTP route needs Config.Scope, the only scope of a request")
 	}
 	return nil
+}
+
+// needsScope reports whether a route refuses a request whose scope is
+// empty: it says it is Scoped, or its opaque keys are guarded by the scope
+// rather than by their length. An anonymous request would otherwise claim
+// a short key in the one key space all anonymous clients share.
+func (rc *RouteConfig) needsScope() bool {
+	opaque := rc.KeyFormat == KeyOpaque || rc.ParseKey != nil
+	return rc.Scoped || opaque && rc.MinKeyLength < minGuardKeyLength
 }
 
 // headerKey returns the request's one Idempotency-Key, parsed by the

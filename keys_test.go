@@ -55,7 +55,7 @@ func TestParseKeyOpaque(t *testing.T) {
 // minimum length.
 func TestOpaqueKeysRoute(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Config{})
+	h := newHarness(t, Config{Scope: func(context.Context) string { return "u" }})
 	rt := h.route(RouteConfig{Name: "orders", KeyFormat: KeyOpaque, MinKeyLength: 3}, orderHandler)
 	for _, k := range []string{"AbC", "abc", `"AbC"`, "AbC"} {
 		send(t, rt, "POST", "/orders", k, `{"a":1}`)
@@ -148,7 +148,7 @@ func TestOpaqueKeysGuard(t *testing.T) {
 // returns is what is stored and compared.
 func TestCustomKeyParser(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Config{})
+	h := newHarness(t, Config{Scope: func(context.Context) string { return "u" }})
 	rt := h.route(RouteConfig{Name: "orders", MinKeyLength: 5, ParseKey: func(v string) (string, error) {
 		k, ok := strings.CutPrefix(v, "ord_")
 		if !ok {
@@ -163,5 +163,42 @@ func TestCustomKeyParser(t *testing.T) {
 	for _, k := range []string{"abcdef", "ord_abc", "ord_" + strings.Repeat("a", 256), "ord_a\x00bcdef"} {
 		w := send(t, rt, "POST", "/orders", k, `{}`)
 		assertJSONError(t, w, 400, `{"error":"Idempotency-Key must be 1-255 characters"}`)
+	}
+}
+
+// TestOpaqueKeysNeedTheScope: on an opaque route guarded by Config.Scope
+// (MinKeyLength below 16), a request whose scope is empty (an anonymous
+// caller) is refused before any claim; otherwise two anonymous clients
+// sending "1" would share one key. A route guarded by length, and a UUID
+// route, still take unscoped requests.
+func TestOpaqueKeysNeedTheScope(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Config{}) // the scope is X-User's value
+	short := h.route(RouteConfig{Name: "short", KeyFormat: KeyOpaque}, orderHandler)
+	for _, user := range []string{"", ""} {
+		w := send(t, short, "POST", "/orders", "1", `{}`, "X-User", user)
+		assertJSONError(t, w, 400, `{"error":"idempotency_scope_invalid"}`)
+	}
+	if h.calls.Load() != 0 {
+		t.Fatalf("an unscoped request with the short key \"1\" ran (%d calls)", h.calls.Load())
+	}
+	for _, user := range []string{"alice", "bob"} {
+		if w := send(t, short, "POST", "/orders", "1", `{}`, "X-User", user); w.Code != 201 || w.Header().Get(HeaderReplayed) != "" {
+			t.Fatalf("%s: %d %s, want its own run", user, w.Code, w.Body)
+		}
+	}
+	long := h.route(RouteConfig{Name: "long", KeyFormat: KeyOpaque, MinKeyLength: 16}, orderHandler)
+	uuidRoute := h.route(RouteConfig{Name: "uuid"}, orderHandler)
+	for _, rt := range []http.Handler{long, uuidRoute} {
+		if w := send(t, rt, "POST", "/orders", testKey, `{}`); w.Code != 201 {
+			t.Fatalf("an unscoped request with a UUID key: %d %s", w.Code, w.Body)
+		}
+	}
+	if _, err := h.mw.Route(RouteConfig{Name: "x", FollowKillSwitch: true}); err == nil {
+		t.Error("a route took FollowKillSwitch")
+	}
+	unscoped, _ := New(NewMemoryStore(), Config{})
+	if _, err := unscoped.Route(RouteConfig{Name: "x", Scoped: true}); err == nil || !strings.Contains(err.Error(), "Config.Scope") {
+		t.Errorf("a Scoped route without Config.Scope: %v", err)
 	}
 }

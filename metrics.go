@@ -91,6 +91,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // its counters are looked up then.
 type routeMetrics struct {
 	miss, hit, replay, settleFailures prometheus.Counter
+	bypassLog                         logLimiter // the endpoint's bypass WARNs (serve.go)
 }
 
 func (m *metrics) forEndpoint(label string) *routeMetrics {
@@ -109,7 +110,7 @@ type storeOps map[string]prometheus.Observer
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
 	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
-		"begin", "commit", "cleanup", "erase"} {
+		"begin", "commit", "end_lease", "cleanup", "erase", opProbe} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops

@@ -101,6 +101,7 @@ func TestObserver(t *testing.T) {
 
 	e := error(&StoreError{Op: "claim", Reason: ReasonConnection, Err: errors.New("refused")})
 	h.store.fail.Store(&e)
+	h.store.probe.Store(&e) // the outage probe fails too: the bypass's evidence
 	if ob, _ := obs.sendObserved(t, open, testKey, `{}`); ob.Outcome != OutcomeBypassed || ob.Reason != "store_unavailable" {
 		t.Errorf("fail-open outage: %+v", ob)
 	}

@@ -105,7 +105,7 @@ func TestPlusJSONIsJSON(t *testing.T) {
 		})
 		send(t, rt, "POST", "/orders", testKey, `{}`)
 		w := send(t, rt, "POST", "/orders", testKey, `{}`)
-		if w.Code != 400 || w.Body.String() != `{"type":"about:blank","idempotency_replayed":true}` || w.Header().Get("Content-Type") != ct {
+		if w.Code != 400 || w.Body.String() != `{"idempotency_replayed":true,"type":"about:blank"}` || w.Header().Get("Content-Type") != ct {
 			t.Errorf("%s: replay %d %q %s", ct, w.Code, w.Header().Get("Content-Type"), w.Body)
 		}
 		rows, _ := h.store.ExportScope(context.Background(), "")

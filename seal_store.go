@@ -119,6 +119,9 @@ func (w *sealingStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	return w.inner.Cleanup(ctx, limit)
 }
 
+// Probe implements Store: the inner store's verdict.
+func (w *sealingStore) Probe(ctx context.Context) error { return w.inner.Probe(ctx) }
+
 // Erase implements Store: the rows it skips are in flight, with no
 // response to open.
 func (w *sealingStore) Erase(ctx context.Context, scope string) (ErasureResult, error) {

@@ -1,7 +1,10 @@
 package idempotency
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 )
 
@@ -23,8 +26,9 @@ func (rq *request) serve() {
 
 // claimFailed applies the route's policy to a claim the store could not
 // answer, by the class of its reason (failureOf): contention is in flight,
-// a refused value is 400, an outage is 503 on a fail-closed route and a
-// bypass on a fail-open one, and every other class is 503 on both.
+// a refused value is 400, a possible outage (connection, timeout) is 503 on
+// a fail-closed route and, on a fail-open one, a bypass only when the
+// outage probe failed too, and every other class is 503 on both.
 func (rq *request) claimFailed(err error) {
 	reason := storeReason(err)
 	rq.storeReason = reason
@@ -50,11 +54,8 @@ func (rq *request) claimFailed(err error) {
 		return
 	}
 	f := failureOf(reason)
-	if f.outage && rq.rt.failOpen {
-		rq.logClaimFailure(slog.LevelWarn, f.msg+", running without deduplication", reason, err)
-		rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
-		rq.observeUnrun(OutcomeBypassed, reasonStoreUnavailable)
-		rq.t.pass(rq.claim.Key)
+	if f.outage && rq.rt.failOpen && rq.probeFailed() {
+		rq.bypass(f, reason, err)
 		return
 	}
 	rq.logClaimFailure(f.level, f.msg+", rejecting", reason, err)
@@ -63,9 +64,60 @@ func (rq *request) claimFailed(err error) {
 	rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
 }
 
+// opProbe is the outage probe's store-call operation.
+const opProbe = "probe"
+
+// probeFailed runs the store's outage probe (Store.Probe, a store call of
+// its own under the store timeout) and reports whether it found the
+// database unreachable: the only evidence a bypass needs
+// (DESIGN-settled-r4 item 4). A probe that could not decide is no such
+// evidence.
+func (rq *request) probeFailed() bool {
+	_, err := storeCall(rq, opProbe, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, rq.m.store.Probe(ctx)
+	})
+	return err != nil && storeReason(err) == ReasonConnection
+}
+
+// bypass runs the handler without deduplication. Every bypass is counted;
+// the log is rate-limited per endpoint (one WARN a second, with the count
+// of the bypasses logged at DEBUG since), never the decision.
+func (rq *request) bypass(f failure, reason string, err error) {
+	level, msg := slog.LevelWarn, f.msg+", the outage probe failed: running without deduplication"
+	if n, first := rq.rm.bypassLog.take(time.Now()); !first {
+		level = slog.LevelDebug
+	} else if n > 0 {
+		msg += fmt.Sprintf(" (%d more bypasses of this endpoint logged at DEBUG in the last second)", n)
+	}
+	rq.logClaimFailure(level, msg, reason, err)
+	rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
+	rq.observeUnrun(OutcomeBypassed, reasonStoreUnavailable)
+	rq.t.pass(rq.claim.Key)
+}
+
+// logLimiter lets one log line a second through, and counts the others.
+type logLimiter struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// take reports whether a line at now is the second's first, and how many
+// were held back since the last first.
+func (l *logLimiter) take(now time.Time) (suppressed int, first bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.last) < time.Second {
+		l.suppressed++
+		return 0, false
+	}
+	suppressed, l.last, l.suppressed = l.suppressed, now, 0
+	return suppressed, true
+}
+
 // failure is how a claim that failed with one class of reason is logged,
-// and whether it is an outage, the only class a fail-open route bypasses
-// (DESIGN-settled-r3 items 1 and 2).
+// and whether it may be an outage, the only class for which a fail-open
+// route runs the outage probe (DESIGN-settled-r4 item 4).
 type failure struct {
 	outage bool
 	level  slog.Level
@@ -77,10 +129,10 @@ type failure struct {
 func failureOf(reason string) failure {
 	switch reason {
 	case ReasonTimeout, ReasonConnection:
-		return failure{true, slog.LevelWarn, "idempotency: store unavailable"} // the database did not answer: an outage
+		return failure{true, slog.LevelWarn, "idempotency: store unavailable"} // the database did not answer: perhaps an outage
 	case ReasonPoolExhausted:
-		return failure{false, slog.LevelWarn, "idempotency: every pooled connection is in use and none is being opened " +
-			"(pool saturation, not a slow database: size the pool, or give these routes a pool of their own)"}
+		return failure{false, slog.LevelWarn, "idempotency: no pooled connection before the store timeout: every one in use, " +
+			"or the pool still opening one (size the pool, or give these routes a pool of their own)"}
 	case ReasonTooManyConnections:
 		return failure{false, slog.LevelWarn, "idempotency: the database refused a new connection: too many connections"}
 	case ReasonAuth, ReasonSchema, ReasonPermission:
@@ -88,6 +140,10 @@ func failureOf(reason string) failure {
 			"PostgresStore.Check names it): every request fails alike until it is fixed"}
 	case ReasonLockTimeout:
 		return failure{false, slog.LevelWarn, "idempotency: the claim waited past lock_timeout behind a table lock (DDL, a migration)"}
+	case ReasonStatementTimeout:
+		return failure{false, slog.LevelWarn, "idempotency: the database cancelled the claim at its statement timeout (a lock wait or a slow statement)"}
+	case ReasonRemoteNode:
+		return failure{false, slog.LevelWarn, "idempotency: the database answered that a node behind it failed or refused the connection (a Citus worker)"}
 	case ReasonClosed:
 		return failure{false, slog.LevelWarn, "idempotency: the store is closed"}
 	case ReasonFull:

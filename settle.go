@@ -28,7 +28,7 @@ func (ordinary) panicked(x *execution) {
 // conclude settles the outcome of a handler that returned, then delivers
 // its result.
 func (ordinary) conclude(x *execution) {
-	o := x.classify(x.t.status(), TxOpen)
+	o := x.classify(x.t.status())
 	if x.owned {
 		resp := Response{}
 		if o == outcomeComplete {

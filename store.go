@@ -162,6 +162,12 @@ type Store interface {
 	// returns how many it deleted. The package's Cleanup runs batches until
 	// one comes back short.
 	Cleanup(ctx context.Context, limit int) (int64, error)
+	// Probe runs SELECT 1 on a new connection outside any pool, bounded by
+	// ctx: nil when the database answered, a *StoreError with
+	// ReasonConnection only when it could not be reached (a fail-open
+	// route's one cause to bypass). One probe runs at a time; its verdict
+	// serves the calls made while it ran and for a second after.
+	Probe(ctx context.Context) error
 	// Erase deletes every row of the user scope except in_flight rows
 	// still inside their lease, which it reports (GDPR erasure).
 	Erase(ctx context.Context, scope string) (ErasureResult, error)
@@ -246,6 +252,16 @@ type RouteTx interface {
 	// called after Commit failed, and again after it already ended; such
 	// calls change nothing.
 	Abort(ctx context.Context) error
+	// EndLease is for a transaction that ended under the handler (State
+	// TxEnded), called after Abort: the claim committed with it only if
+	// the handler committed (its own COMMIT, or a statement that commits
+	// implicitly). It sets the lease of f's row to end now
+	// (locked_until = now()), outside the route's transaction, fenced on f
+	// and only while the row is in_flight, and records nothing else, so a
+	// retry answers idempotency_outcome_unknown. When nothing committed it
+	// finds no row and returns ErrNotOwner: the key is free. Its other
+	// errors are *StoreError (Op "end_lease").
+	EndLease(ctx context.Context, f Fence) error
 }
 
 // Settlement is the record a RouteTx commits: the claim's fence and the
@@ -271,8 +287,11 @@ const (
 	// TxAborted: a statement failed and the handler carried on; nothing
 	// more can be written in it.
 	TxAborted
-	// TxEnded: the handler ended the transaction itself with SQL (COMMIT
-	// or ROLLBACK through Exec); what it wrote may have committed.
+	// TxEnded: the transaction ended while the handler had it, and the
+	// connection is still there: the handler ran COMMIT or ROLLBACK itself,
+	// or the server rolled the transaction back (InnoDB on a deadlock). What
+	// it wrote, the claim included, may have committed; the lent
+	// transaction refuses every later call (ErrTxEnded).
 	TxEnded
 	// TxClosed: the connection closed (a statement ran past the handler's
 	// deadline and pgx closed it, or the server ended the session): the
@@ -291,9 +310,11 @@ var ErrStoreUnavailable = errors.New("idempotency: store unavailable")
 
 // Reasons a store was unavailable, used in logs and metric labels.
 const (
-	ReasonTimeout            = "timeout"              // an outage (a fail-open route's only bypass, with connection): a sent statement or a connect got no answer in time
-	ReasonConnection         = "connection"           // an outage: the connection failed or was refused, or the server failed (SQLSTATE 08, 53, 58, XX, 57P01-57P03)
-	ReasonPoolExhausted      = "pool_exhausted"       // every pooled connection was in use and none being opened: saturation, the database was never asked
+	ReasonTimeout            = "timeout"              // a sent statement got no reply before its deadline: a fail-open route probes, and bypasses only if the probe fails
+	ReasonConnection         = "connection"           // the connection failed or was refused, or the server failed (SQLSTATE 53, 58, XX, 57P01-57P03): a fail-open route probes, as for timeout
+	ReasonPoolExhausted      = "pool_exhausted"       // the call never got a pooled connection (every one in use, or the pool still opening one): 503, never a bypass
+	ReasonStatementTimeout   = "statement_timeout"    // the server cancelled the statement (query_canceled; MySQL 1969, 3024): a lock wait or a slow statement, 503
+	ReasonRemoteNode         = "remote_node"          // the server answered with SQLSTATE class 08: a node behind it (a Citus worker) failed or refused, 503
 	ReasonTooManyConnections = "too_many_connections" // the database refused a connection: too many (53300)
 	ReasonAuth               = "auth"                 // the database refused the login: role, password or database (class 28, 3D000)
 	ReasonSchema             = "schema"               // the table, a column or a setting is missing, or a statement is unsupported (Citus): migrations not run

@@ -9,11 +9,12 @@ import (
 	"syscall"
 )
 
-// The class table of store errors (DESIGN-settled-r3 item 2): what a
-// failed store call means for a fail-open route. Only an outage, evidence
-// that the database itself failed, is a bypass (claimPolicy). A dialect
-// supplies one database's column; the pool's state, deadlines and the
-// network are classified alike for every database.
+// The class table of store errors (DESIGN-settled-r4 items 4 and 5): what
+// a failed store call means for a fail-open route. Only a connection
+// failure or a sent statement's timeout makes the route run the outage
+// probe, and only a failed probe is a bypass (claimFailed). The server's
+// codes are classified by internal/sqlstate, shared by every store; the
+// pool, deadlines and the network are classified alike for every database.
 
 // dialect is one database's column of the class table.
 type dialect struct {
@@ -22,6 +23,7 @@ type dialect struct {
 	unsent     func(error) bool           // err reports that nothing was sent
 	linkFailed func(error) bool           // the driver's own connection errors (refused, TLS, closed)
 	closed     func(error) bool           // the pool or handle was closed
+	probeCode  func(string) string        // the outage probe's verdict on a server's code; "" when it answered
 }
 
 // reason classifies err: the acquire's verdict, a closed store, the
@@ -32,7 +34,7 @@ func (d dialect) reason(err error) string {
 	code, coded := d.code(err)
 	switch {
 	case errors.As(err, &acq):
-		return acq.reason
+		return ReasonPoolExhausted
 	case d.closed(err):
 		return ReasonClosed
 	case coded:
@@ -41,8 +43,8 @@ func (d dialect) reason(err error) string {
 		errors.As(err, &netErr) && netErr.Timeout():
 		if d.unsent(err) {
 			// The deadline passed before the statement left: the time went
-			// to the acquire or to earlier attempts, not to the database.
-			return ReasonOther
+			// to the acquire or to earlier attempts, a wait on the pool.
+			return ReasonPoolExhausted
 		}
 		return ReasonTimeout // a sent statement with no reply before the deadline
 	case errors.As(err, &netErr), d.linkFailed(err),
@@ -53,13 +55,34 @@ func (d dialect) reason(err error) string {
 	return ReasonOther
 }
 
-// acquireError is a failed wait for a pooled connection, classified when
-// it failed, from the pool's state then: a wait that ran out while the pool
-// was opening a connection is an outage (the database does not answer a
-// connect); one with every connection in use and none being opened is
-// saturation, and the database was never asked.
+// probeVerdict is the outage probe's verdict on what it got (Store.Probe):
+// nil when the database answered, ReasonConnection when it could not be
+// reached, ReasonAuth or ReasonTooManyConnections when it refused the
+// login, and ReasonOther for anything else (503, never a bypass).
+func (d dialect) probeVerdict(err error) error {
+	if err == nil {
+		return nil
+	}
+	reason := ReasonOther
+	code, coded := d.code(err)
+	switch r := d.reason(err); {
+	case errors.Is(err, context.Canceled): // the caller gave up: no evidence either way
+	case coded:
+		if reason = d.probeCode(code); reason == "" {
+			return nil // the database answered
+		}
+	case r == ReasonConnection, r == ReasonTimeout, r == ReasonPoolExhausted:
+		reason = ReasonConnection // no answer, whichever way it failed
+	}
+	return &StoreError{Op: "probe", Reason: reason, Err: err}
+}
+
+// acquireError is a failed wait for a pooled connection, with the pool's
+// state when it failed, for the log. Whatever that state, it is
+// pool_exhausted (DESIGN-settled-r4 item 4): every connection in use is
+// saturation, and a pool still opening a connection is no evidence of an
+// outage either; only the outage probe is.
 type acquireError struct {
-	reason              string // ReasonTimeout, ReasonPoolExhausted or ReasonOther
 	err                 error
 	inUse, opening, max int32
 }
@@ -70,17 +93,3 @@ func (e *acquireError) Error() string {
 }
 
 func (e *acquireError) Unwrap() error { return e.err }
-
-// acquireReason classifies a wait for a connection that ran out.
-func acquireReason(inUse, opening, max int32) string {
-	switch {
-	case opening > 0:
-		return ReasonTimeout
-	case inUse >= max:
-		return ReasonPoolExhausted
-	}
-	// Room in the pool and nothing being opened: a connection came free
-	// just as the wait ended (saturation), or the pool's ping of an idle
-	// one hung (an outage). They look alike, and a bypass needs evidence.
-	return ReasonOther
-}

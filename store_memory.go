@@ -289,6 +289,9 @@ func (s *MemoryStore) Erase(ctx context.Context, scope string) (ErasureResult, e
 	return res, nil
 }
 
+// Probe implements Store: nil, there is no database to lose.
+func (s *MemoryStore) Probe(context.Context) error { return nil }
+
 // ExportScope implements Store.
 func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, error) {
 	if err := memoryCtxError(ctx, "export"); err != nil {

@@ -8,6 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency/internal/probe"
 )
 
 // PostgresStore is a Store on a PostgreSQL table, idempotency_keys (see
@@ -17,7 +19,8 @@ import (
 // clocks of the application servers never matter. It is safe for concurrent
 // use, and pins its table to the schema Check or its first statement found.
 type PostgresStore struct {
-	pool *pgPool // qualifies the table in what it sends (store_pg_table.go)
+	pool   *pgPool    // qualifies the table in what it sends (store_pg_table.go)
+	probes probe.Gate // one outage probe at a time (Probe)
 }
 
 var (

@@ -50,8 +50,13 @@ func retryConnLoss(ctx context.Context, f func() error) error {
 
 // isConnLoss reports an error from a lost, refused or shut-down connection
 // (SQLSTATE class 08, 57P01 admin_shutdown and its kin, pgx's closed
-// connection and network errors: pgReason's ReasonConnection) while ctx
+// connection and network errors: pgReason's ReasonConnection and
+// ReasonRemoteNode) while ctx
 // still has time. A deadline that fired is never retried.
 func isConnLoss(ctx context.Context, err error) bool {
-	return err != nil && ctx.Err() == nil && pgReason(err) == ReasonConnection
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	r := pgReason(err)
+	return r == ReasonConnection || r == ReasonRemoteNode
 }

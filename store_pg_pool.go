@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -20,8 +22,7 @@ func newPostgresStore(pool *pgxpool.Pool, log *slog.Logger) *PostgresStore {
 // acquire takes a connection from the pool under ctx. The store acquires
 // explicitly, then runs its statement on the connection, so it knows which
 // step ran out of time: a wait for a connection that ran out is an
-// *acquireError, classified from the pool's state as saturation or an
-// outage (acquireReason).
+// *acquireError (pool_exhausted), logged with the pool's state.
 func (s *PostgresStore) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	c, err := s.pool.Acquire(ctx)
 	if err == nil {
@@ -32,7 +33,7 @@ func (s *PostgresStore) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	}
 	st := s.pool.Stat()
 	inUse, opening, max := st.AcquiredConns(), st.ConstructingConns(), st.MaxConns()
-	return nil, &acquireError{reason: acquireReason(inUse, opening, max), err: err, inUse: inUse, opening: opening, max: max}
+	return nil, &acquireError{err: err, inUse: inUse, opening: opening, max: max}
 }
 
 // release gives c back to the pool. A connection pgx closed because a
@@ -58,4 +59,36 @@ func (s *PostgresStore) withConn(ctx context.Context, f func(pgConn) error) erro
 	}
 	defer c.release()
 	return f(c)
+}
+
+// Probe implements Store with the pool's connection settings.
+func (s *PostgresStore) Probe(ctx context.Context) error {
+	return s.probes.Do(ctx, func(ctx context.Context) error {
+		return postgresClasses.probeVerdict(s.probe(ctx))
+	})
+}
+
+// pgProbeSQL is the outage probe's statement.
+const pgProbeSQL = `SELECT 1`
+
+// probe connects as the pool does (BeforeConnect included) and runs
+// SELECT 1. Through PgBouncer the statement reaches the database, and
+// PgBouncer's own error for a server it cannot reach (class 08) is a
+// failed probe.
+func (s *PostgresStore) probe(ctx context.Context) error {
+	cfg := s.pool.Config() // a copy
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
+			return err
+		}
+	}
+	c, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return err
+	}
+	_, err = c.Exec(ctx, pgProbeSQL)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second) // the Terminate, not the verdict
+	defer cancel()
+	_ = c.Close(cctx)
+	return err
 }

@@ -980,7 +980,7 @@ func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
 		t.Fatalf("first: %d %s", w.Code, w.Body)
 	}
 	w := do(h, key, `{}`)
-	want := strings.TrimSuffix(hugeNumbersJSON, "}") + `,"idempotency_replayed":true}`
+	want := `{"idempotency_replayed":true,` + strings.TrimPrefix(hugeNumbersJSON, "{")
 	if w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {
 		t.Fatalf("retry: %d %s", w.Code, w.Body)
 	}
@@ -992,7 +992,7 @@ func TestPostgresUnrepresentableJSONNumber(t *testing.T) {
 // TestPostgresReplayJSONByteForByte: a JSON body with its keys out of order
 // and odd white space replays as the handler wrote it: byte for byte on a
 // route with NoReplayMarker, and on a default route the same bytes with
-// "idempotency_replayed": true added before the closing brace.
+// "idempotency_replayed":true inserted after the opening brace.
 func TestPostgresReplayJSONByteForByte(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -1017,7 +1017,7 @@ func TestPostgresReplayJSONByteForByte(t *testing.T) {
 		}
 		want := body
 		if marker {
-			want = "{ \"z\" :1,\n  \"a\":[ 2.50 , 1e2 ],\t\"m\": {\"y\":\"\\u00e9\", \"b\":null},\"idempotency_replayed\":true}"
+			want = "{\"idempotency_replayed\":true, \"z\" :1,\n  \"a\":[ 2.50 , 1e2 ],\t\"m\": {\"y\":\"\\u00e9\", \"b\":null} }\n"
 		}
 		w := do(h, key, `{}`)
 		if w.Code != 201 || w.Header().Get(idempotency.HeaderReplayed) != "true" || w.Body.String() != want {

@@ -103,7 +103,7 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 		steps = append(steps, claimSteps(*req, wait, restored)...)
 	}
 	p := sendPipe(ctx, c.Conn(), q, true, steps...)
-	t := &pgRouteTx{c: c, tx: pgQualifiedTx{p.Tx(), q}, q: q}
+	t := &pgRouteTx{s: s, c: c, tx: pgQualifiedTx{p.Tx(), q}, q: q}
 	if _, err = p.Exec(); err != nil {
 		_ = p.Close()
 		t.end(ctx)

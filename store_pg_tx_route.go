@@ -15,6 +15,7 @@ import (
 // still counts tx open afterwards: only the middleware, which never hands
 // tx out again once the handler returned (handlerTx), may hold it.
 type pgRouteTx struct {
+	s       *PostgresStore
 	c       *pgxpool.Conn // nil once given back
 	tx      pgx.Tx        // qualifies what it sends (pgQualifiedTx)
 	q       *pgQualified  // the store's table, as its statements name it
@@ -22,6 +23,7 @@ type pgRouteTx struct {
 	// bounds are statement_timeout and idle_in_transaction_session_timeout
 	// as the claim bounded them (pgTxBoundsSQL); unclaimed, the session's.
 	bounds [2]string
+	gate   *txGate // the handler's view, once lent
 }
 
 // pipe sends steps in the transaction (sendPipe), qualified.
@@ -34,11 +36,20 @@ func (t *pgRouteTx) Tx() any { return t.tx }
 
 // Lend implements RouteTx: the handler's view is a handlerTx behind its
 // gate (handler_tx.go, TxFromContext).
-func (t *pgRouteTx) Lend(ctx context.Context) (context.Context, func()) { return withTx(ctx, t.tx) }
+func (t *pgRouteTx) Lend(ctx context.Context) (context.Context, func()) {
+	ctx, t.gate = withTx(ctx, t.tx)
+	return ctx, t.gate.close
+}
 
 // State implements RouteTx from the connection and the transaction status
-// the server reports after each statement (pgconn's TxStatus).
+// the server reports after each statement (pgconn's TxStatus). A
+// transaction the gate saw end under the handler is TxEnded even when the
+// connection closed afterwards: its COMMIT may have made the claim
+// permanent.
 func (t *pgRouteTx) State() TxState {
+	if t.gate != nil && t.gate.ended.Load() {
+		return TxEnded
+	}
 	pc := t.tx.Conn().PgConn()
 	if pc.IsClosed() {
 		return TxClosed
@@ -84,6 +95,12 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 		return ClaimResult{}, nil
 	}
 	return ClaimResult{}, pgStoreError("takeover", err)
+}
+
+// EndLease implements RouteTx: pgEndLeaseSQL on a connection of the pool,
+// the route's own given back by Abort.
+func (t *pgRouteTx) EndLease(ctx context.Context, f Fence) error {
+	return pgOwnerError("end_lease", t.s.fenced(ctx, pgEndLeaseSQL, f))
 }
 
 // isLockWait reports a lock wait that ran out (lock_not_available).

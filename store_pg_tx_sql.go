@@ -122,3 +122,12 @@ const pgCommitSQL = `COMMIT`
 // a violation then fails where a failed record can still be written,
 // instead of at COMMIT, where the claim would vanish with it.
 const pgImmediateSQL = `SET CONSTRAINTS ALL IMMEDIATE`
+
+// pgEndLeaseSQL ends the lease of a claim a handler committed with its own
+// COMMIT (RouteTx.EndLease), fenced on the owner's attempt, and changes
+// nothing else: the retry answers idempotency_outcome_unknown.
+//
+// $1 id, $2 attempt, $3 scope, $4 key, $5 endpoint.
+const pgEndLeaseSQL = `UPDATE idempotency_keys SET locked_until = now()
+WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
+	AND status = 'in_flight' AND attempt = $2`

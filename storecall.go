@@ -38,14 +38,17 @@ func timeCall[T any](m *Middleware, ctx context.Context, op string, fn func(cont
 	took := time.Since(start)
 	m.ops[op].Observe(took.Seconds())
 	if err == nil || errors.Is(err, ErrNotOwner) {
-		m.metrics.health.answered(ctx, m.log)
+		if op != opProbe { // the probe's new connection says nothing of the pool's calls
+			m.metrics.health.answered(ctx, m.log)
+		}
 		return v, took, err
 	}
 	reason := storeReason(err)
 	m.metrics.storeErrors.WithLabelValues(op, reason).Inc()
-	switch reason {
-	case ReasonConflict, ReasonData, ReasonUnseal: // the store answered those
-	case ReasonSeal: // the key source failed, before the store was asked
+	switch {
+	case reason == ReasonConflict, reason == ReasonData, reason == ReasonUnseal: // the store answered those
+	case reason == ReasonSeal: // the key source failed, before the store was asked
+	case op == opProbe: // the claim it followed was counted already
 	default:
 		m.metrics.health.failed()
 	}

@@ -20,10 +20,13 @@ import (
 //go:embed mysql/*.sql
 var mysqlFiles embed.FS
 
-// MySQLFS holds the MySQL/MariaDB migrations that create the
-// idempotency_keys table for sqlstore's MySQL dialect, as golang-migrate
-// files at its root, for hosts that run their own migrator (as FS is for
-// PostgreSQL).
+// MySQLFS holds the MySQL/MariaDB migrations of the idempotency_keys
+// table for sqlstore's MySQL dialect (000001 creates it; 000002_round4
+// makes the response columns LONGBLOB), as golang-migrate files at its
+// root, for hosts that run their own migrator (as FS is for PostgreSQL).
+// 000002_round4 holds several statements, run on one session: a
+// golang-migrate host's connection needs multiStatements=true, as
+// MigrateMySQL's has.
 var MySQLFS fs.FS = mustSub(mysqlFiles, "mysql")
 
 func mustSub(f fs.FS, dir string) fs.FS {

@@ -36,7 +36,10 @@ var ErrNotBinary = errors.New("sqlstore: the key columns are not binary strings 
 // deployment fails to start rather than fail every claim: the table
 // (missing: a *StoreError of Reason ReasonSchema), its columns
 // (idempotency.ErrSchemaOutdated, wrapped, naming what is missing), on
-// MySQL its binary key columns under a B-tree unique key (ErrNotBinary),
+// MySQL version 2 of its schema (response columns that are LONGBLOB under
+// no CHECK, else idempotency.ErrSchemaOutdated naming migration
+// 000002_round4) and binary key columns under a B-tree unique key
+// (ErrNotBinary),
 // and the privileges the store uses, by a probe transaction that inserts a
 // row (taking the id from the sequence or AUTO_INCREMENT), updates, reads
 // and deletes it, then rolls back (a *StoreError of Reason
@@ -92,7 +95,60 @@ func (s *Store) checkColumns(ctx context.Context) error {
 		if err := s.checkRollbackOnTimeout(ctx); err != nil {
 			return err
 		}
+		if err := s.checkBytes(ctx, schema, table, types); err != nil {
+			return err
+		}
 		return s.checkBinary(ctx, schema, table, types)
+	}
+	return nil
+}
+
+// bytesColumns hold a response on MySQL: LONGBLOB with no check, from
+// migration 000002_round4 on. Migration 000001 made the JSON body and the
+// headers text under JSON_VALID checks, which refuse bodies the engine
+// records (JSON 32 levels deep on MariaDB, a lone surrogate escape).
+var bytesColumns = []string{"response_body", "response_body_raw", "response_headers"}
+
+// round4Fix says how to bring a table to version 2.
+const round4Fix = "apply MySQL migration 000002_round4 (idempotency migrate up, or migrations.MigrateMySQL)"
+
+// checkBytes refuses a table whose response columns are not LONGBLOB, or
+// are under a CHECK: the table of a version-1 schema.
+func (s *Store) checkBytes(ctx context.Context, schema, table string, types map[string]string) error {
+	for _, c := range bytesColumns {
+		if t := types[c]; t != "longblob" {
+			return fmt.Errorf("%w: %s.%s is %s, not LONGBLOB: %s", idempotency.ErrSchemaOutdated, s.table, c, t, round4Fix)
+		}
+	}
+	// MySQL 8.0's CHECK_CONSTRAINTS has no table name: the table's CHECKs
+	// are read from TABLE_CONSTRAINTS, their clauses by name.
+	var found []string
+	err := s.withConn(ctx, func(c *sql.Conn) error {
+		rows, err := c.QueryContext(ctx, `SELECT tc.constraint_name, cc.check_clause
+FROM information_schema.table_constraints tc JOIN information_schema.check_constraints cc
+	ON cc.constraint_schema = tc.constraint_schema AND cc.constraint_name = tc.constraint_name
+WHERE tc.table_schema = ? AND tc.table_name = ? AND tc.constraint_type = 'CHECK'`, schema, table)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name, clause string
+			if err := rows.Scan(&name, &clause); err != nil {
+				return err
+			}
+			if clause = strings.ToLower(clause); strings.Contains(clause, "response_body") || strings.Contains(clause, "response_headers") {
+				found = append(found, name)
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return s.storeError("check", err)
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("%w: %s has CHECK %s on its response columns, which refuses bodies the engine records: drop it, as MySQL migration 000002_round4 does",
+			idempotency.ErrSchemaOutdated, s.table, strings.Join(found, ", "))
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"io/fs"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
+	"github.com/idemkit/idempotency/internal/testdb/mysqldb"
+	"github.com/idemkit/idempotency/migrations"
 	"github.com/idemkit/idempotency/sqlstore"
 )
 
@@ -133,5 +136,39 @@ func TestMySQLErrorClasses(t *testing.T) {
 	req.Scope = strings.Repeat("s", 1025)
 	if _, err := s.Claim(t.Context(), req); reasonOf(err) != idempotency.ReasonData {
 		t.Errorf("a scope over the column: %v, want data", err)
+	}
+}
+
+// TestMySQLCheckRefusesVersion1: a table made by migration 000001 alone
+// (bodies and headers as text under JSON_VALID checks, which refuse JSON
+// 32 levels deep and lone surrogate escapes) is refused, naming the
+// migration that fixes it; so is a table whose body columns are bytes but
+// still under a JSON check (what migration 000002_round4 drops by name on
+// MySQL 8.0).
+func TestMySQLCheckRefusesVersion1(t *testing.T) {
+	t.Parallel()
+	v1 := mysqldb.NewEmpty(t)
+	up, err := fs.ReadFile(migrations.MySQLFS, "000001_create_idempotency_keys.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(t, v1.Open(t, 1), string(up))
+	s, err := sqlstore.New(t.Context(), v1.Open(t, 2), sqlstore.Config{Dialect: sqlstore.MySQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Check(t.Context())
+	if !errors.Is(err, idempotency.ErrSchemaOutdated) || !strings.Contains(err.Error(), "000002_round4") {
+		t.Fatalf("Check of a version-1 table: %v, want ErrSchemaOutdated naming 000002_round4", err)
+	}
+
+	d := newMySQLDB(t)
+	db := d.open(t, 2)
+	exec(t, db, `CREATE TABLE checked_keys LIKE idempotency_keys`,
+		`ALTER TABLE checked_keys ADD CONSTRAINT checked_keys_chk_1 CHECK (response_body IS NULL OR JSON_VALID(response_body))`)
+	checked, _ := sqlstore.New(t.Context(), db, sqlstore.Config{Dialect: sqlstore.MySQL, Table: "checked_keys"})
+	err = checked.Check(t.Context())
+	if !errors.Is(err, idempotency.ErrSchemaOutdated) || !strings.Contains(err.Error(), "checked_keys_chk_1") {
+		t.Fatalf("Check of byte columns under a JSON check: %v, want ErrSchemaOutdated naming checked_keys_chk_1", err)
 	}
 }

@@ -56,7 +56,10 @@ func (s *Store) Claim(ctx context.Context, req idempotency.ClaimRequest) (idempo
 		res, err = s.claimOn(ctx, c, req, "")
 		return err
 	})
-	return res, s.storeError("claim", err)
+	if err != nil { // res is f's: not read after a call left to finish on its own
+		return idempotency.ClaimResult{}, s.storeError("claim", err)
+	}
+	return res, nil
 }
 
 // claimOn claims req on x; locking ("" or a locking clause) is appended
@@ -240,5 +243,8 @@ func (s *Store) ReleaseOwner(ctx context.Context, req idempotency.ClaimRequest) 
 		}
 		return err
 	})
-	return n == 1, s.storeError("release", err)
+	if err != nil {
+		return false, s.storeError("release", err)
+	}
+	return n == 1, nil
 }

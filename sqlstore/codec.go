@@ -117,8 +117,11 @@ func decodeResponse(code sql.NullInt64, body, raw, headers []byte, sealKeyID sql
 }
 
 // completeArgs encodes resp for the complete statement: JSON body, raw
-// body, headers and seal key id. A nil []byte is NULL, so an empty body is
-// sent as an empty, non-nil slice.
+// body, headers and seal key id. Every body and the headers are bytes, as
+// both dialects store them (BYTEA; LONGBLOB from MySQL migration
+// 000002_round4 on, with no JSON check to refuse a body the engine
+// accepted). A nil []byte is NULL, so an empty body is sent as an empty,
+// non-nil slice.
 func completeArgs(resp idempotency.Response) (jsonBody, rawBody any, headers any, seal any, err error) {
 	if resp.SealKeyID != "" {
 		return nil, nonNil(resp.Body), nil, resp.SealKeyID, nil
@@ -128,11 +131,11 @@ func completeArgs(resp idempotency.Response) (jsonBody, rawBody any, headers any
 		if err != nil {
 			return nil, nil, nil, nil, &idempotency.StoreError{Op: "complete", Reason: idempotency.ReasonOther, Err: err}
 		}
-		headers = string(b)
+		headers = b
 	}
 	switch resp.BodyKind {
 	case idempotency.BodyJSON:
-		jsonBody = string(resp.Body)
+		jsonBody = nonNil(resp.Body)
 	case idempotency.BodyRaw:
 		rawBody = nonNil(resp.Body)
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/sqlstate"
 )
 
 // The class table of store errors (DESIGN-settled-r3 item 2), for
@@ -78,53 +79,18 @@ func mysqlNumber(err error) (uint16, bool) {
 	return uint16(f.Uint()), true
 }
 
-// mysqlReason is the MySQL/MariaDB column of the class table.
+// mysqlReason is the MySQL/MariaDB column of the shared class table.
 func mysqlReason(code string) string {
-	switch code {
-	case "2002", "2003", "2006", "2013", "1053", "1927": // gone, lost, shutdown, killed
-		return idempotency.ReasonConnection
-	case "1040":
-		return idempotency.ReasonTooManyConnections
-	case "1044", "1045", "1049":
-		return idempotency.ReasonAuth
-	case "1054", "1146":
-		return idempotency.ReasonSchema
-	case "1142", "1143", "1227":
-		return idempotency.ReasonPermission
-	case "1205":
-		return idempotency.ReasonLockTimeout
-	case "1213":
-		return idempotency.ReasonConflict
-	case "1406", "1366", "1292", "1264", "3140", "4025":
-		return idempotency.ReasonData
+	n, err := strconv.ParseUint(code, 10, 16)
+	if err != nil {
+		return idempotency.ReasonOther
 	}
-	return idempotency.ReasonOther
+	return sqlstate.MySQL(uint16(n))
 }
 
-// pgReason is the PostgreSQL column of the class table.
-func pgReason(code string) string {
-	switch {
-	case code == "53300":
-		return idempotency.ReasonTooManyConnections
-	case code == "57P01", code == "57P02", code == "57P03":
-		return idempotency.ReasonConnection
-	case len(code) == 5 && (code[:2] == "08" || code[:2] == "53" || code[:2] == "58" || code[:2] == "XX"):
-		return idempotency.ReasonConnection
-	case len(code) == 5 && code[:2] == "28", code == "3D000":
-		return idempotency.ReasonAuth
-	case code == "42501":
-		return idempotency.ReasonPermission
-	case code == "3F000", code == "42P01", code == "42703", code == "42P10", code == "42704", code == "0A000":
-		return idempotency.ReasonSchema
-	case code == "55P03":
-		return idempotency.ReasonLockTimeout
-	case code == "40001", code == "40P01":
-		return idempotency.ReasonConflict
-	case len(code) == 5 && code[:2] == "22":
-		return idempotency.ReasonData
-	}
-	return idempotency.ReasonOther
-}
+// pgReason is the PostgreSQL column of the shared class table, the one
+// the pgx store reads.
+func pgReason(code string) string { return sqlstate.Postgres(code) }
 
 // acquireError is a wait for a pooled connection that failed, with the
 // reason the pool's state gave it then.

@@ -18,7 +18,7 @@ func TestMySQLKit(t *testing.T) {
 }
 
 // TestMySQLKitTx runs the transactional part on MariaDB, writing ledger
-// rows through the route's *sql.Tx.
+// rows through the route's *sql.Conn.
 func TestMySQLKitTx(t *testing.T) {
 	t.Parallel()
 	dbs := map[*testing.T]*sql.DB{}
@@ -32,7 +32,7 @@ func TestMySQLKitTx(t *testing.T) {
 		dbsMu.Unlock()
 		return s
 	}, func(ctx context.Context, tx any) error {
-		_, err := tx.(*sql.Tx).ExecContext(ctx, "INSERT INTO ledger (note) VALUES ('x')")
+		_, err := tx.(*sql.Conn).ExecContext(ctx, "INSERT INTO ledger (note) VALUES ('x')")
 		return err
 	}, func(t *testing.T) int {
 		dbsMu.Lock()

@@ -82,7 +82,7 @@ func TestPostgresKitTx(t *testing.T) {
 				mu.Unlock()
 				return pgStore(t, db)
 			}, func(ctx context.Context, tx any) error {
-				_, err := tx.(*sql.Tx).ExecContext(ctx, "INSERT INTO ledger (note) VALUES ('x')")
+				_, err := tx.(*sql.Conn).ExecContext(ctx, "INSERT INTO ledger (note) VALUES ('x')")
 				return err
 			}, func(t *testing.T) int {
 				mu.Lock()

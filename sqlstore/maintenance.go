@@ -30,7 +30,10 @@ func (s *Store) Cleanup(ctx context.Context, limit int) (int64, error) {
 		n, err = s.cleanupOn(ctx, c, limit)
 		return err
 	})
-	return n, s.storeError("cleanup", err)
+	if err != nil {
+		return 0, s.storeError("cleanup", err)
+	}
+	return n, nil
 }
 
 // Erase implements idempotency.Store: in one transaction, at one instant
@@ -74,7 +77,10 @@ func (s *Store) ExportScope(ctx context.Context, scope string) ([]idempotency.Re
 		recs, err = s.records(ctx, c, s.st.export, scope)
 		return err
 	})
-	return recs, s.storeError("export", err)
+	if err != nil {
+		return nil, s.storeError("export", err)
+	}
+	return recs, nil
 }
 
 // records reads the rows a statement returns.
@@ -119,7 +125,10 @@ func (s *Store) lookup(ctx context.Context, key, scope, endpoint string) ([]idem
 		}
 		return c.QueryRowContext(ctx, s.st.now).Scan(dbTime{&now})
 	})
-	return recs, now, s.storeError("lookup", err)
+	if err != nil {
+		return nil, time.Time{}, s.storeError("lookup", err)
+	}
+	return recs, now, nil
 }
 
 // releaseKey is the operator's release of one stuck key.
@@ -132,7 +141,10 @@ func (s *Store) releaseKey(ctx context.Context, f idempotency.Fence) (bool, erro
 		}
 		return err
 	})
-	return n == 1, s.storeError("release", err)
+	if err != nil {
+		return false, s.storeError("release", err)
+	}
+	return n == 1, nil
 }
 
 // stats counts the table in one read.
@@ -143,8 +155,11 @@ func (s *Store) stats(ctx context.Context) (operator.Stats, error) {
 		return c.QueryRowContext(ctx, s.st.stats).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
 			&oldestInFlight, &st.InFlightPastLease, &st.AwaitingCleanup, &oldestExpired)
 	})
+	if err != nil {
+		return operator.Stats{}, s.storeError("stats", err)
+	}
 	st.OldestInFlightAge, st.OldestExpiredAge = s.statsAge(oldestInFlight), s.statsAge(oldestExpired)
-	return st, s.storeError("stats", err)
+	return st, nil
 }
 
 // statsAge is an age the stats statement computed: microseconds on MySQL,
@@ -160,7 +175,10 @@ func (s *Store) statsAge(v float64) time.Duration {
 func (s *Store) countCleanup(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.withConn(ctx, func(c *sql.Conn) error { return c.QueryRowContext(ctx, s.st.countCleanup).Scan(&n) })
-	return n, s.storeError("cleanup", err)
+	if err != nil {
+		return 0, s.storeError("cleanup", err)
+	}
+	return n, nil
 }
 
 // cleanupOn deletes one batch on c.

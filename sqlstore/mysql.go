@@ -62,6 +62,8 @@ WHERE id = ? AND scope_user_id = ? AND attempt = ? AND expires_at < NOW_
 WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		fail:    q(`UPDATE T_ SET status = 'failed' WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		release: q(`DELETE FROM T_ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
+		// endLease ends an in_flight row's lease now; fail's arguments.
+		endLease: q(`UPDATE T_ SET locked_until = ` + mysqlNow + ` WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		// ? key, scope, endpoint, owner.
 		releaseOwner: q(`DELETE FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?
 	AND status = 'in_flight' AND owner_token = ?`),

@@ -55,9 +55,10 @@ func newOutageRoutes(t *testing.T, s idempotency.Store) *outageRoutes {
 // TestMySQLStoreCut: MariaDB reached through a proxy. Cut (connections
 // refused) and black-holed (nothing answered), the fail-closed order route
 // answers 503 without running its handler, and the fail-open billing route
-// runs its handler without deduplication: an outage, the one class the
-// class table lets a fail-open route bypass on. Every answer comes within
-// a bound.
+// runs its handler without deduplication: its claim failed (connection,
+// or a statement sent on a live connection with no reply) and so did the
+// outage probe's new connection, the one case a fail-open route bypasses
+// on. Every answer comes within a bound.
 func TestMySQLStoreCut(t *testing.T) {
 	t.Parallel()
 	d := newMySQLDB(t)
@@ -82,14 +83,18 @@ func TestMySQLStoreCut(t *testing.T) {
 		name  string
 		start func()
 	}{{"Cut", proxy.Cut}, {"Blackholed", proxy.Blackhole}} {
+		// A live connection for each route's claim: it sends its
+		// statement into the outage rather than connect into it (a
+		// connect into the black hole is a pool wait, asserted below).
+		idleConns(t, db, 2)
 		outage.start()
 		before, beforeBilling := o.ordersRan.Load(), o.billingRan.Load()
 		start := time.Now()
-		if code, body, _ := post(t, o.orders, uuid.NewString(), "x"); code != http.StatusServiceUnavailable {
-			t.Fatalf("%s: fail-closed order: %d %s, want 503", outage.name, code, body)
-		}
 		if code, _, _ := post(t, o.billing, uuid.NewString(), "x"); code != http.StatusCreated {
 			t.Fatalf("%s: fail-open billing: %d, want the handler's 201 (bypass)", outage.name, code)
+		}
+		if code, body, _ := post(t, o.orders, uuid.NewString(), "x"); code != http.StatusServiceUnavailable {
+			t.Fatalf("%s: fail-closed order: %d %s, want 503", outage.name, code, body)
 		}
 		if took := time.Since(start); took > 10*time.Second {
 			t.Fatalf("%s: the two answers took %v", outage.name, took)
@@ -101,6 +106,39 @@ func TestMySQLStoreCut(t *testing.T) {
 	}
 	if code, _, _ := post(t, o.orders, uuid.NewString(), "x"); code != http.StatusCreated {
 		t.Fatalf("order after the store came back: %d", code)
+	}
+
+	// With no live connection left, a claim waits for the pool to connect
+	// through the black hole: a pool wait, pool_exhausted, 503 on every
+	// policy (DESIGN-settled-r4 item 4), not a bypass.
+	idleConns(t, db, 0)
+	proxy.Blackhole()
+	defer proxy.Restore()
+	before := o.billingRan.Load()
+	if code, body, _ := post(t, o.billing, uuid.NewString(), "x"); code != http.StatusServiceUnavailable || o.billingRan.Load() != before {
+		t.Fatalf("fail-open billing while the pool connects into a black hole: %d %s, ran %d; want 503, not run",
+			code, body, o.billingRan.Load()-before)
+	}
+}
+
+// idleConns leaves exactly n idle connections, live ones, in db's pool.
+func idleConns(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	db.SetMaxIdleConns(-1) // closes the idle ones
+	db.SetMaxIdleConns(n)
+	conns := make([]*sql.Conn, n)
+	for i := range conns {
+		c, err := db.Conn(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.PingContext(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		_ = c.Close()
 	}
 }
 

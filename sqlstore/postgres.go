@@ -69,6 +69,9 @@ WHERE scope_user_id = $7 AND idem_key = $9 AND scope_endpoint = $10 AND id = $6 
 		// $1 id, $2 scope, $3 attempt, $4 key, $5 endpoint.
 		fail: q(`UPDATE T_ SET status = 'failed'
 WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
+		// endLease ends an in_flight row's lease now; fail's arguments.
+		endLease: q(`UPDATE T_ SET locked_until = now()
+WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
 		release: q(`DELETE FROM T_
 WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
 		// $1 key, $2 scope, $3 endpoint, $4 owner.
@@ -118,18 +121,20 @@ RETURNING ` + pgStored + `, false, false, true`
 // lock wait ($2), and statement_timeout and
 // idle_in_transaction_session_timeout to the lease ($1) unless the
 // session's own bound is smaller (0, no bound, counting as the largest).
-// It returns the session's lock_timeout, put back after the claim.
+// It returns the session's lock_timeout, put back after the claim, and
+// its synchronous_commit, put back for the record.
 const pgBoundSQL = `SELECT s.lt,
 	set_config('lock_timeout', $2, true),
 	set_config('statement_timeout', CASE WHEN s.st::interval > '0' AND s.st::interval <= $1::text::interval THEN s.st ELSE $1::text END, true),
-	set_config('idle_in_transaction_session_timeout', CASE WHEN s.it::interval > '0' AND s.it::interval <= $1::text::interval THEN s.it ELSE $1::text END, true)
+	set_config('idle_in_transaction_session_timeout', CASE WHEN s.it::interval > '0' AND s.it::interval <= $1::text::interval THEN s.it ELSE $1::text END, true),
+	s.sc
 FROM (SELECT current_setting('lock_timeout') AS lt, current_setting('statement_timeout') AS st,
-	current_setting('idle_in_transaction_session_timeout') AS it OFFSET 0) AS s`
+	current_setting('idle_in_transaction_session_timeout') AS it, current_setting('synchronous_commit') AS sc OFFSET 0) AS s`
 
 // newPostgres finishes New for the PostgreSQL dialect: the schema is
 // cfg.Schema, or the connection's current_schema().
 func newPostgres(ctx context.Context, s *Store, db *sql.DB, cfg Config, table string) (*Store, error) {
-	s.d = dialect{name: PostgreSQL, codeReason: pgReason, duplicate: []string{"23505"}, restart: []string{"40001", "40P01"}}
+	s.d = pgDialect
 	schema := cfg.Schema
 	if schema == "" {
 		var cur sql.NullString
@@ -180,17 +185,13 @@ func (s *Store) pgCleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64,
 	return r.RowsAffected()
 }
 
-// pgBound is a no-op: the transactional claim bounds its transaction in
-// pgClaim's first statement.
-func (s *Store) pgBound(context.Context, *sql.Tx, time.Duration) error { return nil }
-
 // pgClaim is the transactional claim: the bounds and the lock wait (one
 // statement), the INSERT, the session's lock_timeout back; a loser reads
 // the existing row in a fresh statement (at READ COMMITTED it sees the row
 // whose owner committed while the claim waited).
 func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wait time.Duration) (idempotency.ClaimResult, error) {
-	if err := t.tx.QueryRowContext(ctx, pgBoundSQL, pgInterval(req.Lease), pgInterval(wait)).
-		Scan(&t.savedLock, new(string), &t.bounds[0], &t.bounds[1]); err != nil {
+	if err := t.c.QueryRowContext(ctx, pgBoundSQL, pgInterval(req.Lease), pgInterval(wait)).
+		Scan(&t.savedLock, new(string), &t.bounds[0], &t.bounds[1], &t.bounds[2]); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
 	insert := strings.ReplaceAll(pgTxInsert, "T_", t.s.table)
@@ -199,7 +200,7 @@ func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wai
 			return idempotency.ClaimResult{}, err
 		}
 		var rec idempotency.Record
-		err := scanRecord(t.tx.QueryRowContext(ctx, insert, t.s.insertArgs(req)...), &rec, nil)
+		err := scanRecord(t.c.QueryRowContext(ctx, insert, t.s.insertArgs(req)...), &rec, nil)
 		if err == nil {
 			return idempotency.ClaimResult{Won: true, Record: rec}, t.pgLockWaitRestore(ctx)
 		}
@@ -207,7 +208,7 @@ func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wai
 			return idempotency.ClaimResult{}, err
 		}
 		var won bool
-		err = scanRecord(t.tx.QueryRowContext(ctx, t.s.st.readKey, nil, req.Key, req.Scope, req.Endpoint), &rec, &won)
+		err = scanRecord(t.c.QueryRowContext(ctx, t.s.st.readKey, nil, req.Key, req.Scope, req.Endpoint), &rec, &won)
 		if err == nil {
 			return idempotency.ClaimResult{Record: rec}, t.pgLockWaitRestore(ctx)
 		}
@@ -218,41 +219,42 @@ func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wai
 	return idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConflict, Err: errClaimVanished}
 }
 
-// pgRestoreBounds puts back, for the record and COMMIT, the bounds the
-// claim set, whatever the handler set since (a SET without LOCAL too).
-func (t *routeTx) pgRestoreBounds(ctx context.Context) error {
+// pgRestoreSession puts back, for the record and COMMIT, what the claim
+// found or set, whatever the handler set since (a SET without LOCAL too):
+// statement_timeout, idle_in_transaction_session_timeout and
+// synchronous_commit, and the session's own role (a handler's SET [LOCAL]
+// ROLE to a role without grants on the table must not fail the record).
+// search_path needs nothing: every statement names its table qualified.
+func (t *routeTx) pgRestoreSession(ctx context.Context) error {
 	if t.bounds[0] == "" {
 		return nil
 	}
-	_, err := t.tx.ExecContext(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
-		t.bounds[0], t.bounds[1])
+	_, err := t.c.ExecContext(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true),
+	set_config('synchronous_commit', $3, true), set_config('role', 'none', true)`, t.bounds[0], t.bounds[1], t.bounds[2])
 	return err
 }
 
 // pgLockWait bounds the lock wait of the next statements, saving the
 // transaction's lock_timeout.
 func (t *routeTx) pgLockWait(ctx context.Context, wait time.Duration) error {
-	return t.tx.QueryRowContext(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`, pgInterval(wait)).
+	return t.c.QueryRowContext(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`, pgInterval(wait)).
 		Scan(&t.savedLock, new(string))
 }
 
 // pgLockWaitRestore puts the saved lock_timeout back.
 func (t *routeTx) pgLockWaitRestore(ctx context.Context) error {
-	_, err := t.tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, t.savedLock)
+	_, err := t.c.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, t.savedLock)
 	return err
 }
 
-// pgAfterCommit resets the session after COMMIT (RESET ALL: every setting
-// back to the connection's defaults, the role and search_path included),
-// so a handler's SET without LOCAL never outlives its request; false when
-// that failed, and the connection is closed instead.
-func (t *routeTx) pgAfterCommit() bool {
-	if !t.dirty {
-		return true
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), stateTimeout)
-	defer cancel()
-	_, err := t.c.ExecContext(ctx, `RESET ALL`)
+// pgAfterEnd resets the session after the transaction ended (RESET ALL:
+// every setting back to the connection's defaults, search_path
+// included; RESET ROLE, which RESET ALL leaves), so a handler's SET
+// without LOCAL never outlives its request; false when that failed, and
+// the connection is closed instead. (DISCARD ALL would also drop the
+// driver's prepared statements under it.)
+func (t *routeTx) pgAfterEnd(ctx context.Context) bool {
+	_, err := t.c.ExecContext(ctx, `RESET ALL; RESET ROLE`)
 	return err == nil
 }
 

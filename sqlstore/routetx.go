@@ -11,19 +11,30 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// routeTx is a Store's idempotency.RouteTx: a *sql.Tx on a connection
-// taken from the pool explicitly. On MySQL/MariaDB the connection is
-// closed, never given back, when the transaction ends: the server has no
-// SET LOCAL and the driver does not reset a pooled connection, so whatever
-// a handler set on its session (USE, SET SESSION sql_mode, time_zone)
-// would otherwise outlive the request. On PostgreSQL the session's
-// settings are reset after COMMIT instead (pgAfterCommit).
+// routeTx is a Store's idempotency.RouteTx: a transaction on a
+// connection taken from the pool explicitly, begun, committed and rolled
+// back with statements sent under the store timeout (database/sql's
+// Commit and Rollback take no context). On MySQL/MariaDB the connection is
+// closed, never given back, when a handler had it: the server has no SET
+// LOCAL and the driver does not reset a pooled connection, so whatever a
+// handler set on its session (USE, SET SESSION sql_mode, time_zone,
+// autocommit) would otherwise outlive the request. On PostgreSQL the
+// session's settings and role are reset after the transaction instead
+// (pgAfterEnd).
+//
+// Every method that uses the connection returns by its context's
+// deadline (bounded): a call the driver cannot stop (lib/pq reads without
+// a deadline once connected) is left to finish on its own, and the
+// connection is closed when it does; the transaction is then lost, and
+// nothing else touches it.
 type routeTx struct {
-	s      *Store
-	c      *sql.Conn
-	tx     *sql.Tx
-	cancel context.CancelFunc // the transaction's own context, which outlives the call that began it
-	ended  bool
+	s     *Store
+	c     *sql.Conn
+	ended bool
+	// lost: a call ran past its deadline and still runs; only bounded's
+	// clean-up touches the connection, and the methods read nothing but
+	// lost.
+	lost bool
 	// dirty: the session may have changed (the handler had it, or the
 	// claim set its bounds), so on MySQL the connection is closed at the
 	// end; a loser's connection, which nobody changed, goes back to the pool.
@@ -37,7 +48,9 @@ type routeTx struct {
 	tableHeld bool // MySQL: the transaction holds the table's metadata lock (holdTable)
 
 	savedLock string    // PostgreSQL: the lock_timeout a bounded wait puts back
-	bounds    [2]string // PostgreSQL: statement_timeout and idle_in_transaction_session_timeout as the claim set them
+	bounds    [3]string // PostgreSQL: statement_timeout, idle_in_transaction_session_timeout and synchronous_commit as the claim found or set them
+
+	lent *Tx // the handler's view, once lent
 
 	// After the handler's loan ended nothing but the store uses the
 	// transaction, so State's answer holds until the store's next
@@ -60,6 +73,29 @@ const stateTimeout = 2 * time.Second
 // RouteTx). A deadlock (1213) or a serialization failure (40001) rolls back
 // and begins again, a bounded number of times: the handler has not run.
 func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
+	type begun struct {
+		t   *routeTx
+		res idempotency.ClaimResult
+	}
+	b, err := bounded(ctx, func() (begun, error) {
+		t, res, err := s.beginClaim(ctx, req)
+		return begun{t, res}, err
+	}, func(b begun, _ error) {
+		if b.t != nil {
+			b.t.discard() // the claim rolls back with the connection
+		}
+	})
+	if err != nil {
+		return nil, idempotency.ClaimResult{}, s.storeError("claim", err)
+	}
+	if b.t == nil {
+		return nil, b.res, nil
+	}
+	return b.t, b.res, nil
+}
+
+// beginClaim is BeginClaim, unbounded.
+func (s *Store) beginClaim(ctx context.Context, req *idempotency.ClaimRequest) (*routeTx, idempotency.ClaimResult, error) {
 	last := errClaimVanished
 	waits := retries
 	for range retries {
@@ -76,15 +112,15 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 		case err == nil:
 			return t, res, nil
 		case s.isLockWait(err):
-			_ = t.Abort(ctx)
+			t.abort(ctx)
 			return nil, idempotency.ClaimResult{}, nil
 		case hasCode(err, s.d.restart...):
 			last = err
 		default:
-			_ = t.Abort(ctx)
+			t.abort(ctx)
 			return nil, idempotency.ClaimResult{}, s.storeError("claim", err)
 		}
-		_ = t.Abort(ctx)
+		t.abort(ctx)
 		if err := ctx.Err(); err != nil {
 			return nil, idempotency.ClaimResult{}, s.storeError("claim", err)
 		}
@@ -92,9 +128,72 @@ func (s *Store) BeginClaim(ctx context.Context, req *idempotency.ClaimRequest) (
 	return nil, idempotency.ClaimResult{}, &idempotency.StoreError{Op: "claim", Reason: idempotency.ReasonConflict, Err: last}
 }
 
+// bounded runs f, which uses a connection, and returns its result, or
+// ctx's error once ctx is done (and lostGrace more), whichever comes
+// first. A call still running then (lib/pq does not return at a deadline
+// on a link that answers nothing) is left to finish on its own: lost runs
+// with its result when it does, to close the connection, and the error is
+// errLost with ctx's.
+func bounded[T any](ctx context.Context, f func() (T, error), lost func(T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := f()
+		done <- result{v, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+	}
+	// A driver that stops at the deadline (pgx's stdlib, go-sql-driver)
+	// returns within moments, its connection closed: wait that long, so
+	// that the caller's next step (a retry, a release) comes after the
+	// close, as it would without bounded.
+	grace := time.NewTimer(lostGrace)
+	defer grace.Stop()
+	select {
+	case r = <-done:
+		return r.v, r.err
+	case <-grace.C:
+	}
+	go func() {
+		r := <-done
+		lost(r.v, r.err)
+	}()
+	var zero T
+	return zero, fmt.Errorf("%w: %w", errLost, ctx.Err())
+}
+
+// run runs f on the transaction under ctx (bounded): past ctx's deadline
+// the transaction is lost and its connection closed once f returns.
+func (t *routeTx) run(ctx context.Context, f func() error) error {
+	if t.lost {
+		return fmt.Errorf("%w: %w", errLost, sql.ErrConnDone)
+	}
+	_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, f() }, func(struct{}, error) { t.discard() })
+	if errors.Is(err, errLost) {
+		t.lost = true
+	}
+	return err
+}
+
+// lostGrace is how long past its deadline bounded waits for a call before
+// it leaves it to finish on its own.
+const lostGrace = 50 * time.Millisecond
+
+// errLost is a call that ran past its deadline and was left to finish on
+// its own, and every later call on its transaction.
+var errLost = errors.New("sqlstore: a call on the route's connection ran past its deadline; the transaction is lost")
+
 // isLockWait reports a bounded wait on a row that ran out: InnoDB's lock
 // wait (1205, MariaDB's no-wait tries included), a statement time limit
-// (1969, 3024), PostgreSQL's lock_timeout (55P03).
+// (1969, 3024), PostgreSQL's lock_timeout (55P03) on a row (pgRowLockWait;
+// one on the table, DDL or LOCK TABLE, is the store error of its code).
 func (s *Store) isLockWait(err error) bool {
 	var table *tableLockError
 	switch {
@@ -104,29 +203,31 @@ func (s *Store) isLockWait(err error) bool {
 		return true
 	}
 	if s.d.name == PostgreSQL {
-		return hasCode(err, "55P03")
+		return pgRowLockWait(err)
 	}
 	return hasCode(err, "1969", "1205", "3024")
 }
 
-// begin takes a connection, bounds its session for a claim, and begins.
+// begin takes a connection and begins, with statements sent under ctx.
+// On MySQL a run without a claim also turns autocommit off, so that
+// nothing its handler runs after the server ended the transaction commits
+// on its own (owned does the same for a claim, in mysqlBound's statement).
 func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*routeTx, error) {
 	c, err := s.conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	t := &routeTx{s: s, c: c}
-	txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	tx, err := c.BeginTx(txCtx, nil)
-	if err != nil {
-		cancel()
-		t.discard()
-		return nil, err
+	stmts := []string{"BEGIN"}
+	if s.d.name == MySQL {
+		stmts = []string{"START TRANSACTION"}
+		if req == nil {
+			stmts, t.dirty = append(stmts, "SET SESSION autocommit = 0"), true
+		}
 	}
-	t.tx, t.cancel = tx, cancel
-	if req != nil && s.d.name == PostgreSQL {
-		if err := s.pgBound(ctx, tx, req.Lease); err != nil {
-			_ = t.Abort(ctx)
+	for _, q := range stmts {
+		if _, err := c.ExecContext(ctx, q); err != nil {
+			t.discard()
 			return nil, err
 		}
 	}
@@ -136,11 +237,15 @@ func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*rout
 // mysqlBound sets the session's idle bounds to the lease (the smaller
 // wins, 0 counting as no bound), so that a vanished owner's connection,
 // and the key's row lock with it, ends after about the lease instead of
-// wait_timeout's 8 hours. The connection is closed after the route, so
-// nothing needs putting back.
+// wait_timeout's 8 hours, and turns autocommit off: when InnoDB rolls the
+// transaction back under the handler (a deadlock), a statement the lent
+// Tx did not refuse begins a transaction nobody commits instead of
+// committing on its own (DESIGN-settled-r4 item 3). Turning it off does
+// not commit the open transaction. The connection is closed after the
+// route, so nothing needs putting back.
 func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) error {
 	secs := mysqlLockWaitSeconds(lease)
-	q := `SET SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`
+	q := `SET SESSION autocommit = 0, wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`
 	args := []any{secs}
 	if s.mariadb {
 		q += `, idle_transaction_timeout = IF(@@SESSION.idle_transaction_timeout = 0, ?, LEAST(@@SESSION.idle_transaction_timeout, ?))`
@@ -174,7 +279,7 @@ func (t *routeTx) waiting(ctx context.Context, wait time.Duration, f func(prefix
 				return err
 			}
 		}
-		if _, err := t.tx.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, secs); err != nil {
+		if _, err := t.c.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = ?`, secs); err != nil {
 			return err
 		}
 		return f("")
@@ -222,11 +327,11 @@ func (t *routeTx) claim(ctx context.Context, req idempotency.ClaimRequest) (idem
 func (t *routeTx) owned(ctx context.Context, lease time.Duration) error {
 	if t.s.d.name == MySQL {
 		t.dirty = true
-		if err := t.s.mysqlBound(ctx, t.tx, lease); err != nil {
+		if err := t.s.mysqlBound(ctx, t.c, lease); err != nil {
 			return err
 		}
 	}
-	_, err := t.tx.ExecContext(ctx, t.s.st.savepoint)
+	_, err := t.c.ExecContext(ctx, t.s.st.savepoint)
 	return err
 }
 
@@ -238,7 +343,7 @@ func (t *routeTx) mysqlClaim(ctx context.Context, req idempotency.ClaimRequest, 
 		var r sql.Result
 		err := t.waiting(ctx, wait, func(prefix string) error {
 			var err error
-			r, err = t.tx.ExecContext(ctx, prefix+t.s.st.insert, t.s.insertArgs(req)...)
+			r, err = t.c.ExecContext(ctx, prefix+t.s.st.insert, t.s.insertArgs(req)...)
 			return err
 		})
 		if err == nil {
@@ -247,7 +352,7 @@ func (t *routeTx) mysqlClaim(ctx context.Context, req idempotency.ClaimRequest, 
 				return idempotency.ClaimResult{}, err
 			}
 			var rec idempotency.Record
-			err = scanRecord(t.tx.QueryRowContext(ctx, t.s.st.readID, id, req.Scope), &rec, nil)
+			err = scanRecord(t.c.QueryRowContext(ctx, t.s.st.readID, id, req.Scope), &rec, nil)
 			return idempotency.ClaimResult{Won: err == nil, Record: rec}, err
 		}
 		if !hasCode(err, t.s.d.duplicate...) {
@@ -255,7 +360,7 @@ func (t *routeTx) mysqlClaim(ctx context.Context, req idempotency.ClaimRequest, 
 		}
 		var rec idempotency.Record
 		err = t.waiting(ctx, wait, func(prefix string) error {
-			return scanRecord(t.tx.QueryRowContext(ctx, prefix+t.s.st.readKey+` LOCK IN SHARE MODE`, nil, req.Key, req.Scope, req.Endpoint), &rec, nil)
+			return scanRecord(t.c.QueryRowContext(ctx, prefix+t.s.st.readKey+` LOCK IN SHARE MODE`, nil, req.Key, req.Scope, req.Endpoint), &rec, nil)
 		})
 		switch {
 		case err == nil:
@@ -337,7 +442,7 @@ func (t *routeTx) holdTable(ctx context.Context, prefix string) error {
 	} else {
 		q = prefix + q
 	}
-	rows, err := t.tx.QueryContext(ctx, q)
+	rows, err := t.c.QueryContext(ctx, q)
 	if err == nil {
 		err = rows.Close()
 	}

@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/probe"
 )
 
 // Dialect is the SQL dialect of the database behind the *sql.DB.
@@ -50,13 +52,20 @@ type Store struct {
 	table   string // qualified
 	mariadb bool
 	log     *slog.Logger
+	probes  probe.Gate // one outage probe at a time (Probe)
 }
+
+// The dialects' columns of the class table and their codes.
+var (
+	pgDialect    = dialect{name: PostgreSQL, codeReason: pgReason, duplicate: []string{"23505"}, restart: []string{"40001", "40P01"}}
+	mysqlDialect = dialect{name: MySQL, codeReason: mysqlReason, duplicate: []string{"1062"}, restart: []string{"1213"}}
+)
 
 // statements are a dialect's statements for one qualified table.
 type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
 	cleanup, countCleanup, now, eraseDelete, eraseKept, export, lookup       string
-	releaseKey, stats, savepoint, rollbackSavepoint                          string
+	releaseKey, stats, savepoint, rollbackSavepoint, endLease                string
 }
 
 // dialect is what differs between the databases beyond the statements.
@@ -81,7 +90,7 @@ func New(ctx context.Context, db *sql.DB, cfg Config) (*Store, error) {
 	table := cmp.Or(cfg.Table, "idempotency_keys")
 	switch cfg.Dialect {
 	case MySQL:
-		s.d = dialect{name: MySQL, codeReason: mysqlReason, duplicate: []string{"1062"}, restart: []string{"1213"}}
+		s.d = mysqlDialect
 		var version string
 		var current sql.NullString
 		if err := db.QueryRowContext(ctx, "SELECT VERSION(), DATABASE()").Scan(&version, &current); err != nil {
@@ -112,10 +121,10 @@ func (s *Store) Dialect() Dialect { return s.d.name }
 // DB returns the *sql.DB the store was built on.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// conn takes a connection from the pool under ctx, classifying a wait that
-// ran out by the pool's state then: every connection in use is
-// saturation (the database was never asked); room in the pool means the
-// wait went to opening a connection, an outage.
+// conn takes a connection from the pool under ctx. A wait that ran out is
+// pool_exhausted whatever the pool's state (DESIGN-settled-r4 item 4):
+// every connection in use is saturation, and a connect still under way is
+// no evidence of an outage either (the outage probe decides that).
 func (s *Store) conn(ctx context.Context) (*sql.Conn, error) {
 	c, err := s.db.Conn(ctx)
 	if err == nil {
@@ -123,22 +132,27 @@ func (s *Store) conn(ctx context.Context) (*sql.Conn, error) {
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		st := s.db.Stats()
-		reason := idempotency.ReasonTimeout
-		if st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
-			reason = idempotency.ReasonPoolExhausted
-		}
-		return nil, &acquireError{reason: reason, err: fmt.Errorf("%w (%d of %d in use)", err, st.InUse, st.MaxOpenConnections)}
+		return nil, &acquireError{reason: idempotency.ReasonPoolExhausted,
+			err: fmt.Errorf("%w (%d of %d in use)", err, st.InUse, st.MaxOpenConnections)}
 	}
 	return nil, err
 }
 
 // withConn runs f on a connection taken explicitly (conn), given back
-// after.
+// after. It returns by ctx's deadline whatever the driver does (bounded):
+// a call lib/pq cannot stop on a link that answers nothing is left to
+// finish on its own, and its connection is closed when it does.
 func (s *Store) withConn(ctx context.Context, f func(c *sql.Conn) error) error {
 	c, err := s.conn(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	return f(c)
+	_, err = bounded(ctx, func() (struct{}, error) { return struct{}{}, f(c) }, func(struct{}, error) {
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		_ = c.Close()
+	})
+	if !errors.Is(err, errLost) {
+		_ = c.Close()
+	}
+	return err
 }

@@ -3,6 +3,8 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/idemkit/idempotency"
@@ -12,19 +14,36 @@ import (
 // (TxFromContext). Write through it: the writes commit together with the
 // key's completed record, or not at all. It has the methods of sqlc's DBTX
 // and Bun's IConn, and is a GORM ConnPool that GORM treats as an open
-// transaction (a nested db.Transaction is a savepoint).
+// transaction (a nested db.Transaction is a savepoint); sqlx's recipe
+// (contrib/sqlx) wraps it.
 //
 // The middleware owns the transaction: Commit and Rollback return
 // idempotency.ErrTxManaged and change nothing (answer >= 500 to roll the
-// writes back). Every call is refused with sql.ErrTxDone once the handler
-// has returned (QueryRowContext's Row then holds context.Canceled), and the
-// middleware waits for calls still under way before it records; rows and
-// statements the handler left open are closed then.
+// writes back). Every call is refused, and sends nothing, once the handler
+// has returned (sql.ErrTxDone), or once a call ended the transaction (an
+// error that errors.Is idempotency.ErrTxEnded and sql.ErrTxDone): it
+// failed in a way that ends it on the server (MySQL: a deadlock, 1213, or
+// a lock wait, 1205, which InnoDB may answer by rolling the transaction
+// back; PostgreSQL: a deadlock or a serialization failure, class 40; a
+// lost connection on either), or it ran COMMIT or ROLLBACK itself, or DDL
+// that commits implicitly (the connection reports no transaction; read
+// from pgx's stdlib, lib/pq and go-sql-driver). So nothing the handler
+// runs afterwards runs outside the claim's transaction, and the client
+// gets 503. The middleware waits for calls still under way before it
+// records; rows and statements the handler left open are closed then.
+// QueryRowContext reads its row before it returns, so a Row that is never
+// scanned holds nothing open.
 type Tx struct {
-	tx *sql.Tx
+	c    *sql.Conn
+	ends func(error) idempotency.TxState // how an error left the transaction: TxOpen, or ended (TxEnded, TxClosed)
+	idle func() bool                     // reports a connection outside any transaction (txIdle)
 
 	mu     sync.RWMutex // held shared by each call, exclusively by end
 	closed bool         // under mu
+
+	endedMu sync.Mutex
+	ended   error               // what ended the transaction under the handler, under endedMu
+	endedAs idempotency.TxState // TxClosed: the connection is gone; TxEnded: the server or the handler's own SQL ended it
 
 	openMu sync.Mutex
 	open   []interface{ Close() error } // rows and statements not closed by the handler
@@ -40,11 +59,12 @@ func TxFromContext(ctx context.Context) (*Tx, bool) {
 	return t, ok
 }
 
-// lend returns ctx carrying the handler's view of tx, and the function
-// that ends the loan.
-func lend(ctx context.Context, tx *sql.Tx) (context.Context, func()) {
-	t := &Tx{tx: tx}
-	return context.WithValue(ctx, txCtxKey{}, t), t.end
+// lend returns ctx carrying the handler's view of the transaction on c,
+// and that view; ends reports the errors that end the transaction, idle
+// (nil: none) a connection outside any transaction.
+func lend(ctx context.Context, c *sql.Conn, ends func(error) idempotency.TxState, idle func() bool) (context.Context, *Tx) {
+	t := &Tx{c: c, ends: ends, idle: idle}
+	return context.WithValue(ctx, txCtxKey{}, t), t
 }
 
 // end waits for the calls under way, refuses every later one, and closes
@@ -62,17 +82,55 @@ func (t *Tx) end() {
 	}
 }
 
-// enter begins a call: false once the loan ended.
-func (t *Tx) enter() bool {
+// endedBy returns how the transaction ended under the handler (TxClosed,
+// TxEnded) and what ended it, or a nil error.
+func (t *Tx) endedBy() (idempotency.TxState, error) {
+	t.endedMu.Lock()
+	defer t.endedMu.Unlock()
+	return t.endedAs, t.ended
+}
+
+// endAs notes that err ended the transaction, as state; the first cause
+// stays.
+func (t *Tx) endAs(err error, state idempotency.TxState) {
+	t.endedMu.Lock()
+	if t.ended == nil {
+		t.ended, t.endedAs = err, state
+	}
+	t.endedMu.Unlock()
+}
+
+// errHandlerEnded is a transaction the handler ended with its own SQL.
+var errHandlerEnded = errors.New("the handler ran COMMIT or ROLLBACK itself")
+
+// enter begins a call: nil, or the refusal once the loan or the
+// transaction ended (then the call is not under way).
+func (t *Tx) enter() error {
 	t.mu.RLock()
 	if t.closed {
 		t.mu.RUnlock()
-		return false
+		return sql.ErrTxDone
 	}
-	return true
+	if _, err := t.endedBy(); err != nil {
+		t.mu.RUnlock()
+		// The cause is named, not wrapped: a handler that retries on a
+		// deadlock must not see one in the refusal.
+		return fmt.Errorf("sqlstore: %w (%v): %w", idempotency.ErrTxEnded, err, sql.ErrTxDone)
+	}
+	return nil
 }
 
-func (t *Tx) leave() { t.mu.RUnlock() }
+// leave ends a call, noting an error that ended the transaction, or a
+// transaction the call itself ended (the connection is idle).
+func (t *Tx) leave(err error) {
+	switch {
+	case err != nil && t.ends(err) != idempotency.TxOpen:
+		t.endAs(err, t.ends(err))
+	case t.idle != nil && t.idle():
+		t.endAs(errHandlerEnded, idempotency.TxEnded)
+	}
+	t.mu.RUnlock()
+}
 
 // keep notes c, to close at the end of the loan.
 func (t *Tx) keep(c interface{ Close() error }) {
@@ -82,47 +140,51 @@ func (t *Tx) keep(c interface{ Close() error }) {
 }
 
 // ExecContext runs a statement in the transaction.
-func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if !t.enter() {
-		return nil, sql.ErrTxDone
+func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (r sql.Result, err error) {
+	if err := t.enter(); err != nil {
+		return nil, err
 	}
-	defer t.leave()
-	return t.tx.ExecContext(ctx, query, args...)
+	defer func() { t.leave(err) }()
+	return t.c.ExecContext(ctx, query, args...)
 }
 
 // QueryContext runs a query in the transaction. Rows left open when the
 // handler returns are closed then.
-func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if !t.enter() {
-		return nil, sql.ErrTxDone
+func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (rows *sql.Rows, err error) {
+	if err := t.enter(); err != nil {
+		return nil, err
 	}
-	defer t.leave()
-	rows, err := t.tx.QueryContext(ctx, query, args...)
+	defer func() { t.leave(err) }()
+	rows, err = t.c.QueryContext(ctx, query, args...)
 	if err == nil {
 		t.keep(rows)
 	}
 	return rows, err
 }
 
-// QueryRowContext runs a query expected to return at most one row.
+// QueryRowContext runs a query expected to return at most one row. It
+// reads the first row and closes the query before it returns, so the
+// connection is free whether or not the Row is scanned; a refused call's
+// Row holds the refusal.
 func (t *Tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	if !t.enter() {
-		done, cancel := context.WithCancel(ctx)
-		cancel() // the Row reports context.Canceled; the connection is not touched
-		return t.tx.QueryRowContext(done, query, args...)
+	if err := t.enter(); err != nil {
+		return (&heldRow{err: err}).row()
 	}
-	defer t.leave()
-	return t.tx.QueryRowContext(ctx, query, args...)
+	h := readRow(ctx, t.c, query, args...)
+	t.leave(h.err)
+	return h.row()
 }
 
 // PrepareContext prepares a statement in the transaction. Statements left
-// open when the handler returns are closed then.
-func (t *Tx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	if !t.enter() {
-		return nil, sql.ErrTxDone
+// open when the handler returns are closed then. Scan or close every row a
+// statement returns: the statement's calls are not refused once the
+// transaction ended.
+func (t *Tx) PrepareContext(ctx context.Context, query string) (st *sql.Stmt, err error) {
+	if err := t.enter(); err != nil {
+		return nil, err
 	}
-	defer t.leave()
-	st, err := t.tx.PrepareContext(ctx, query)
+	defer func() { t.leave(err) }()
+	st, err = t.c.PrepareContext(ctx, query)
 	if err == nil {
 		t.keep(st)
 	}
@@ -138,10 +200,3 @@ func (t *Tx) Commit() error { return idempotency.ErrTxManaged }
 // back, keeping the key's claim. It returns idempotency.ErrTxManaged and
 // changes nothing.
 func (t *Tx) Rollback() error { return idempotency.ErrTxManaged }
-
-// Unwrap returns the underlying *sql.Tx, for libraries that need the
-// concrete type (sqlx's NewTx). A handler that calls its Commit or
-// Rollback gives up at-most-once: the key's claim commits or vanishes
-// with it. The middleware detects it afterwards, logs an ERROR and records
-// the answer with an ordinary fenced statement.
-func (t *Tx) Unwrap() *sql.Tx { return t.tx }

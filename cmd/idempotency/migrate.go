@@ -25,7 +25,8 @@ dialect) to the URL's database, recorded in the table of the same name.
            so it is safe to run at every deploy and from several hosts at once
   down     roll every migration back: DROPS idempotency_keys and every stored
            key. Refused (exit 2) without --yes
-  version  print the applied version (1), or "none"
+  version  print the applied version (the latest is 1 on PostgreSQL, 2 on
+           MySQL/MariaDB), or "none"
 
 Example:
   idempotency migrate up --database-url postgres://app@db:5432/app

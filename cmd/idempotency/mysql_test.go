@@ -99,7 +99,7 @@ func TestMySQLEmptyDatabase(t *testing.T) {
 	}
 	r = runDB(t, db.dsn, "migrate", "up")
 	wantCode(t, r, exitOK)
-	if r.stdout != "migrated up: version none -> 1\n" {
+	if r.stdout != "migrated up: version none -> 2\n" {
 		t.Errorf("up printed %q", r.stdout)
 	}
 	if !db.tableExists(t) {

@@ -31,7 +31,7 @@ func BenchmarkUnary(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ic, err := idemconnect.NewInterceptor(mw, map[string]idemconnect.Method{svc + "Keyed": {RequireKey: true}})
+	ic, err := idemconnect.NewInterceptor(mw, map[string]idemconnect.Method{svc + "Keyed": {RequireKey: true, Route: uuidKeys}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,6 +25,10 @@ import (
 
 const svc = "/idem.test.Payments/"
 
+// uuidKeys is the policy of the tests' unscoped procedures: their keys are
+// UUIDs.
+var uuidKeys = idempotency.RouteConfig{MinKeyLength: 16}
+
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // testServer serves the test procedures over HTTP/2 with TLS, so the gRPC
@@ -50,9 +54,9 @@ func newServer(t testing.TB, store idempotency.Store, cfg idempotency.Config) *t
 		t.Fatal(err)
 	}
 	ic, err := idemconnect.NewInterceptor(mw, map[string]idemconnect.Method{
-		svc + "Transfer": {ReplayHeaders: []string{"X-Receipt"}},
-		svc + "Settle":   {RequireKey: true},
-		svc + "Slow":     {},
+		svc + "Transfer": {ReplayHeaders: []string{"X-Receipt"}, Route: uuidKeys},
+		svc + "Settle":   {RequireKey: true, Route: uuidKeys},
+		svc + "Slow":     {Route: uuidKeys},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,10 @@ func Example() {
 	}
 	const procedure = "/payments.v1.Payments/Transfer"
 	ic, err := idemconnect.NewInterceptor(mw, map[string]idemconnect.Method{
-		procedure: {RequireKey: true}, // add Route: {Transactional: true} on PostgreSQL
+		// Unscoped, so keys of at least 16 bytes (a UUID); with Config.Scope
+		// returning the caller's user, Route: {Scoped: true} takes short keys.
+		// Add Transactional: true on PostgreSQL.
+		procedure: {RequireKey: true, Route: idempotency.RouteConfig{MinKeyLength: 16}},
 	})
 	if err != nil {
 		panic(err)
@@ -43,7 +46,7 @@ func Example() {
 	client := connect.NewClient[structpb.Struct, structpb.Struct](srv.Client(), srv.URL+procedure, connect.WithGRPC())
 	for range 2 {
 		req := connect.NewRequest(must(structpb.NewStruct(map[string]any{"amount": 10})))
-		req.Header().Set(idemconnect.KeyHeader, "payment-7f3a")
+		req.Header().Set(idemconnect.KeyHeader, "payment-7f3a-41c2-9e0b")
 		resp, err := client.CallUnary(context.Background(), req)
 		fmt.Printf("transfer #%v %v replayed=%q\n", resp.Msg.GetFields()["transfer"].GetNumberValue(), err, resp.Header().Get(idemconnect.ReplayedHeader))
 	}

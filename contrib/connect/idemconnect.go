@@ -38,8 +38,13 @@ const ReplayedHeader = "Idempotent-Replayed"
 // Method is the policy of one unary procedure.
 type Method struct {
 	// Route is the engine's policy: FailOpen, Transactional, TTL,
-	// MinKeyLength, MaxResponseBytes, NoStore, TxLockWait, ReleaseOnError.
-	// Keys follow the opaque-key rules (1 to 255 visible ASCII characters).
+	// MinKeyLength, Scoped, MaxResponseBytes, NoStore, TxLockWait,
+	// ReleaseOnError. Keys follow the opaque-key rules (1 to 255 visible
+	// ASCII characters). A method is Scoped (Config.Scope names the caller;
+	// a call it answers "" for is InvalidArgument IDEMPOTENCY_SCOPE_INVALID)
+	// or has a MinKeyLength of at least 16 (UUID keys), or the interceptor
+	// is not built. The method follows the kill-switch (Config.Enabled)
+	// whatever FollowKillSwitch says.
 	Route idempotency.RouteConfig
 	// RequireKey answers InvalidArgument IDEMPOTENCY_KEY_REQUIRED to a call
 	// without a key. Defaults to false: such calls pass through, without a

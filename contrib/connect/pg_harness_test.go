@@ -70,9 +70,17 @@ func h2cClient() *http.Client {
 }
 
 // serveProcs serves procs (by procedure name), those in methods through
-// the interceptor over mw, and returns the base URL.
+// the interceptor over mw, and returns the base URL. A method that is not
+// Scoped and sets no MinKeyLength takes keys of at least 16 bytes: the
+// tests' keys are UUIDs.
 func serveProcs(t testing.TB, mw *idempotency.Middleware, methods map[string]idemconnect.Method, procs map[string]procFunc) string {
 	t.Helper()
+	for name, m := range methods {
+		if !m.Route.Scoped && m.Route.MinKeyLength == 0 {
+			m.Route.MinKeyLength = 16
+			methods[name] = m
+		}
+	}
 	ic, err := idemconnect.NewInterceptor(mw, methods)
 	if err != nil {
 		t.Fatal(err)
@@ -158,8 +166,8 @@ func serveChild(dsn string, block bool) {
 	}
 	pid := fmt.Sprint(os.Getpid())
 	ic, err := idemconnect.NewInterceptor(mw, map[string]idemconnect.Method{
-		svc + "Transfer": {RequireKey: true},
-		svc + "Settle":   {RequireKey: true, Route: idempotency.RouteConfig{Transactional: true}},
+		svc + "Transfer": {RequireKey: true, Route: idempotency.RouteConfig{MinKeyLength: 16}}, // UUID keys
+		svc + "Settle":   {RequireKey: true, Route: idempotency.RouteConfig{MinKeyLength: 16, Transactional: true}},
 	})
 	if err != nil {
 		fail(err)

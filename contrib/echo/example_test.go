@@ -38,5 +38,5 @@ func ExampleMiddleware() {
 	}
 	// Output:
 	// 422  {"message":"market closed"}
-	// 422 true {"message":"market closed","idempotency_replayed":true}
+	// 422 true {"idempotency_replayed":true,"message":"market closed"}
 }

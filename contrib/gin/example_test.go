@@ -36,5 +36,5 @@ func ExampleMiddleware() {
 	}
 	// Output:
 	// 422  {"error":"market closed"}
-	// 422 true {"error":"market closed","idempotency_replayed":true}
+	// 422 true {"idempotency_replayed":true,"error":"market closed"}
 }

@@ -38,5 +38,5 @@ func ExampleRouteName() {
 	}
 	// Output:
 	// 201  {"account":"a1"}
-	// 201 true {"account":"a1","idempotency_replayed":true}
+	// 201 true {"idempotency_replayed":true,"account":"a1"}
 }

@@ -201,7 +201,7 @@ func TestKillSwitch(t *testing.T) {
 	t.Parallel()
 	mw, reg := newMiddleware(t, idempotency.NewMemoryStore(), idempotency.Config{Enabled: func(context.Context) bool { return false }})
 	r := &runs{}
-	addr := serve(t, mw, map[string]idemgrpc.Method{svc + "Transfer": {}},
+	addr := serve(t, mw, map[string]idemgrpc.Method{svc + "Transfer": {Route: idempotency.RouteConfig{MinKeyLength: 16}}}, // follows the switch without FollowKillSwitch
 		func(ctx context.Context, _ string, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
 			return answer(req, r.note(ctx))
 		}, "Transfer")

@@ -36,7 +36,10 @@ func Example() {
 		panic(err)
 	}
 	ic, err := idemgrpc.UnaryServerInterceptor(mw, map[string]idemgrpc.Method{
-		testpb.TestService_UnaryCall_FullMethodName: {RequireKey: true}, // add Route: {Transactional: true} on PostgreSQL
+		// Unscoped, so keys of at least 16 bytes (a UUID); with Config.Scope
+		// returning the caller's user, Route: {Scoped: true} takes short keys.
+		// Add Transactional: true on PostgreSQL.
+		testpb.TestService_UnaryCall_FullMethodName: {RequireKey: true, Route: idempotency.RouteConfig{MinKeyLength: 16}},
 	})
 	if err != nil {
 		panic(err)
@@ -54,7 +57,7 @@ func Example() {
 	}
 	defer cc.Close()
 	client := testpb.NewTestServiceClient(cc)
-	ctx := idemgrpc.WithKey(context.Background(), "payment-7f3a") // the same key for a call and its retries
+	ctx := idemgrpc.WithKey(context.Background(), "payment-7f3a-41c2-9e0b") // the same key for a call and its retries
 	for range 2 {
 		var header metadata.MD
 		resp, err := client.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: 10}, grpc.Header(&header))

@@ -55,9 +55,17 @@ func serviceDesc(h handlerFunc, methods ...string) *grpc.ServiceDesc {
 }
 
 // serve starts a gRPC server on a loopback port with the interceptor of
-// methods over mw and returns its address.
+// methods over mw and returns its address. A method that is not Scoped
+// and sets no MinKeyLength takes keys of at least 16 bytes: the tests'
+// keys are UUIDs.
 func serve(t testing.TB, mw *idempotency.Middleware, methods map[string]idemgrpc.Method, h handlerFunc, names ...string) string {
 	t.Helper()
+	for name, m := range methods {
+		if !m.Route.Scoped && m.Route.MinKeyLength == 0 {
+			m.Route.MinKeyLength = 16
+			methods[name] = m
+		}
+	}
 	ic, err := idemgrpc.UnaryServerInterceptor(mw, methods)
 	if err != nil {
 		t.Fatal(err)

@@ -74,8 +74,8 @@ func serveChild(dsn string, block bool) {
 		return answer(req, fmt.Sprint(os.Getpid()))
 	}
 	ic, err := idemgrpc.UnaryServerInterceptor(mw, map[string]idemgrpc.Method{
-		svc + "Transfer": {RequireKey: true},
-		svc + "Settle":   {RequireKey: true, Route: idempotency.RouteConfig{Transactional: true}},
+		svc + "Transfer": {RequireKey: true, Route: idempotency.RouteConfig{MinKeyLength: 16}}, // UUID keys
+		svc + "Settle":   {RequireKey: true, Route: idempotency.RouteConfig{MinKeyLength: 16, Transactional: true}},
 	})
 	if err != nil {
 		fmt.Println("ERROR", err)

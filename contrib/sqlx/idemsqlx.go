@@ -13,10 +13,9 @@
 // roll the handler's writes back; the key is then failed.
 //
 // Every method runs through the *sqlstore.Tx, which refuses a call made
-// after the handler returned (QueryRowxContext prepares its statement
-// there, since sqlx builds a *sqlx.Row only from a *sql.Tx or *sql.Stmt).
-// A *sqlx.Tx made from sqlstore.Tx.Unwrap would hand the handler a Commit
-// and Rollback that work, which gives up at-most-once: use Tx.
+// after the handler returned or after the server ended the transaction
+// (QueryRowxContext reads its row there and hands out a *sqlx.Row that
+// holds it, since sqlx builds a *sqlx.Row only from a query of its own).
 package idemsqlx
 
 import (
@@ -33,9 +32,8 @@ import (
 // Tx is a transactional route's transaction for sqlx, as its handler sees
 // it.
 type Tx struct {
-	db  *sqlx.DB
-	tx  *sqlstore.Tx
-	row *sqlx.Tx // the underlying *sql.Tx, for QueryRowxContext's refusals and errors only
+	db *sqlx.DB
+	tx *sqlstore.Tx
 }
 
 var _ sqlx.ExtContext = (*Tx)(nil)
@@ -49,7 +47,7 @@ func FromContext(ctx context.Context, db *sqlx.DB) (*Tx, bool) {
 	if !ok {
 		return nil, false
 	}
-	return &Tx{db: db, tx: tx, row: &sqlx.Tx{Tx: tx.Unwrap(), Mapper: db.Mapper}}, true
+	return &Tx{db: db, tx: tx}, true
 }
 
 // DriverName returns the driver name of the Tx's *sqlx.DB.
@@ -88,25 +86,13 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 	return &sqlx.Rows{Rows: rows, Mapper: t.db.Mapper}, nil
 }
 
-// QueryRowxContext runs a query expected to return at most one row. sqlx
-// builds a *sqlx.Row only from a real *sql.Tx or *sql.Stmt, so it
-// prepares the query through the *sqlstore.Tx (refused once the handler
-// returned; the statement is closed when the loan ends) and runs the
-// statement: it costs a prepare, GetContext does not. Refused, the Row
-// holds context.Canceled, as sqlstore.Tx.QueryRowContext's does.
+// QueryRowxContext runs a query expected to return at most one row. It
+// reads the first row and closes the query before it returns (a Row never
+// scanned holds the connection no longer), and the *sqlx.Row holds what
+// it read, or the error (the refusal, once the loan or the transaction
+// ended).
 func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
-	st, err := t.tx.PrepareContext(ctx, query)
-	switch {
-	case errors.Is(err, sql.ErrTxDone):
-		done, cancel := context.WithCancel(ctx)
-		cancel() // the Row reports context.Canceled; the connection is not touched
-		return t.row.QueryRowxContext(done, query, args...)
-	case err != nil:
-		// The loan held when the prepare failed: the query fails the same
-		// way, and the Row carries its error.
-		return t.row.QueryRowxContext(ctx, query, args...)
-	}
-	return (&sqlx.Stmt{Stmt: st, Mapper: t.db.Mapper}).QueryRowxContext(ctx, args...)
+	return readRow(ctx, t.tx, query, args...).rowx(t.db)
 }
 
 // GetContext scans the query's first row into dest (a struct by its db

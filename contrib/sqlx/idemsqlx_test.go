@@ -55,6 +55,15 @@ func TestSqlxRecipe(t *testing.T) {
 					if err := tx.QueryRowxContext(r.Context(), tx.Rebind("SELECT COUNT(*) FROM orders WHERE symbol = ?"), symbol).Scan(&n); err != nil {
 						return fmt.Errorf("QueryRowxContext: %w", err)
 					}
+					// A row read only for its error holds nothing open: the
+					// record that follows still runs on the connection.
+					if err := tx.QueryRowxContext(r.Context(), "SELECT 1").Err(); err != nil {
+						return fmt.Errorf("QueryRowxContext(...).Err(): %w", err)
+					}
+					var s2 order
+					if err := tx.QueryRowxContext(r.Context(), tx.Rebind("SELECT id, symbol FROM orders WHERE symbol = ?"), symbol).StructScan(&s2); err != nil || s2 != got {
+						return fmt.Errorf("QueryRowxContext(...).StructScan: %+v %v, want %+v", s2, err, got)
+					}
 					if got.Symbol != symbol || got.ID == 0 || len(all) != 1 || n != 1 {
 						return fmt.Errorf("the transaction reads %+v, %d rows, count %d; want the one %s order", got, len(all), n, symbol)
 					}

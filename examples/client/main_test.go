@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency/internal/testdb"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -87,7 +89,7 @@ func startServer(t *testing.T) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command to build the server with")
+		testdb.Skip(t, "no go command", "no go command to build the server with")
 	}
 	bin := filepath.Join(t.TempDir(), "server")
 	if out, err := exec.Command(goBin, "build", "-o", bin, "../server").CombinedOutput(); err != nil {

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/examples/consumer/payment"
+	"github.com/idemkit/idempotency/internal/testdb"
 )
 
 // The broker tests run the consumer as processes of its own against the
@@ -100,7 +101,7 @@ func service(t *testing.T, variable, require, what string) string {
 		if os.Getenv(require) == "1" {
 			t.Fatalf("%s is not set and %s=1: %s is required", variable, require, what)
 		}
-		t.Skipf("set %s to run the consumer against %s", variable, what)
+		testdb.Skip(t, "no "+what+": set "+variable, fmt.Sprintf("set %s to run the consumer against %s", variable, what))
 	}
 	return u
 }

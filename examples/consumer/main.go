@@ -110,7 +110,11 @@ func run(log *slog.Logger, o options) error {
 	// Transactional: the ledger entry commits with the key's record. The
 	// longest TTL: a message may wait in the stream for days (a consumer
 	// down over a weekend), and its key must outlive every redelivery.
-	op, err := mw.Operation("settle-payment", idempotency.RouteConfig{Transactional: true, TTL: idempotency.MaxTTL})
+	// Scoped: every call carries the payment's user, so message ids of two
+	// users never meet. No FollowKillSwitch: FLAG_IDEMPOTENCY_MIDDLEWARE
+	// is for HTTP endpoints, and a consumer that passed through would charge
+	// every redelivery again.
+	op, err := mw.Operation("settle-payment", idempotency.RouteConfig{Transactional: true, TTL: idempotency.MaxTTL, Scoped: true})
 	if err != nil {
 		return err
 	}

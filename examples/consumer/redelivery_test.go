@@ -114,3 +114,31 @@ func TestStopWaitsForCalls(t *testing.T) {
 		t.Fatalf("%d ledger rows, want exactly 1", n)
 	}
 }
+
+// TestKillSwitchKeepsDeduplicating runs the consumer with the HTTP
+// kill-switch off in its environment (FLAG_IDEMPOTENCY_MIDDLEWARE=0) and
+// redelivers a settled payment (held before its ack past the ack wait):
+// the switch is for endpoints, so the redelivery is replayed, never
+// charged again, and the ledger entry exists once.
+func TestKillSwitchKeepsDeduplicating(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	f := newFleet(t)
+	a := f.start("a", e.flags("a", "-workers", "2"), "FLAG_IDEMPOTENCY_MIDDLEWARE=0", "EXAMPLE_CONSUMER_HOLD=ack")
+	p := newPayment(t)
+	e.publish(t, p)
+	hold := f.await(wait, func(ev event) bool { return ev.Msg == "hold" && ev.Point == "ack" && ev.Key == p.ID })
+	ev := f.await(wait, isPayment("a", p.ID, "ack"))
+	if ev.Answer != "replayed" || ev.Deliveries == hold.Deliveries {
+		t.Fatalf("the redelivery with the kill-switch off: %v; want the other delivery than the held %d, replayed (%d ledger rows)",
+			ev, hold.Deliveries, e.ledgerRows(t, p.ID))
+	}
+	a.release(t)
+	if ev := f.await(wait, isPayment("a", p.ID, "ack")); ev.Answer != "settled" || ev.Deliveries != hold.Deliveries {
+		t.Fatalf("the held delivery %d: %v; want its own ack, settled", hold.Deliveries, ev)
+	}
+	e.settled(t)
+	if n := e.ledgerRows(t, p.ID); n != 1 {
+		t.Fatalf("kill-switch off: %d ledger rows, want exactly 1 (a double charge)", n)
+	}
+}

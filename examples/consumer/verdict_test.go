@@ -17,8 +17,11 @@ import (
 
 var testNaks = nakPolicy{max: time.Second}
 
+// judgeOp is the consumer's Operation over s: Scoped, as main's (every
+// call carries the payment's user).
 func judgeOp(t *testing.T, s idempotency.Store, cfg idempotency.Config, rc idempotency.RouteConfig) *idempotency.Operation {
 	t.Helper()
+	rc.Scoped = true
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	mw, err := idempotency.New(s, cfg)
 	if err != nil {
@@ -122,9 +125,13 @@ func TestJudgeAnswers(t *testing.T) {
 		wantVerdict(t, "first run", judgeCall(t, small, "pay-9", "user-1", `{}`, settles), ack, "settled")
 		wantVerdict(t, "redelivery", judgeCall(t, small, "pay-9", "user-1", `{}`, settles), deadLetter, "response_not_stored")
 	})
-	t.Run("KillSwitch", func(t *testing.T) {
-		off := judgeOp(t, idempotency.NewMemoryStore(), idempotency.Config{Enabled: func(context.Context) bool { return false }}, idempotency.RouteConfig{})
-		wantVerdict(t, "switched off", judgeCall(t, off, "pay-10", "user-1", `{}`, settles), ack, "bypassed")
+	t.Run("KillSwitch", func(t *testing.T) { // for endpoints: the consumer's Operation keeps deduplicating
+		switchedOff := idempotency.Config{Enabled: func(context.Context) bool { return false }}
+		off := judgeOp(t, idempotency.NewMemoryStore(), switchedOff, idempotency.RouteConfig{})
+		wantVerdict(t, "switched off", judgeCall(t, off, "pay-10", "user-1", `{}`, settles), ack, "settled")
+		wantVerdict(t, "its redelivery", judgeCall(t, off, "pay-10", "user-1", `{}`, settles), ack, "replayed")
+		follows := judgeOp(t, idempotency.NewMemoryStore(), switchedOff, idempotency.RouteConfig{FollowKillSwitch: true})
+		wantVerdict(t, "following the switch", judgeCall(t, follows, "pay-10", "user-1", `{}`, settles), ack, "bypassed")
 	})
 	t.Run("OutcomeUnknown", func(t *testing.T) { // an ordinary operation's owner that died: matched as Do returns it
 		v := testNaks.judge(idempotency.CallInfo{}, fmt.Errorf("answer: %w", idempotency.ErrOutcomeUnknown), false, 1)

@@ -436,7 +436,7 @@ func crashBuildServer(t *testing.T) string {
 	// go test puts its own GOROOT/bin first in PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command to build the server with")
+		testdb.Skip(t, "no go command", "no go command to build the server with")
 	}
 	bin := filepath.Join(t.TempDir(), "server")
 	start := time.Now()

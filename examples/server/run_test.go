@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idempotency/internal/tcpproxy"
+	"github.com/idemkit/idempotency/internal/testdb"
 )
 
 // startServe runs serve(ctx, cfg) with its logs in a logWatcher and returns
@@ -212,7 +213,7 @@ func TestProcess(t *testing.T) {
 	// go test puts its own GOROOT/bin first in PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command to build the server with")
+		testdb.Skip(t, "no go command", "no go command to build the server with")
 	}
 	bin := filepath.Join(t.TempDir(), "server")
 	build := exec.Command(goBin, "build", "-o", bin, ".")

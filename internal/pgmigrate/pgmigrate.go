@@ -35,6 +35,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/idemkit/idempotency/internal/sqlstate"
 )
 
 // HistoryTable is the table, in the pool's current schema, where applied
@@ -287,7 +289,7 @@ func (d *lockDriver) repair() {
 			err = d.putBack(clean, bodyFailed, markFailed)
 		}
 		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "57014" { // query_canceled
+		if err == nil || !errors.As(err, &pgErr) || sqlstate.Postgres(pgErr.Code) != sqlstate.StatementTimeout { // query_canceled
 			break
 		}
 	}

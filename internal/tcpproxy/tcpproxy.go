@@ -34,6 +34,7 @@ type Proxy struct {
 	mode      mode
 	closed    bool
 	links     map[*link]struct{}
+	accepted  int64  // connections accepted, whatever the mode
 	muteOn    []byte // set by DropReplyTo: lower-case bytes from a client that arm its link
 	muteAfter int    // set by DropReplyTo: client writes after the one that armed, before the mute
 }
@@ -71,6 +72,14 @@ func New(tb testing.TB, target string) *Proxy {
 
 // Addr returns the address clients connect to, as host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Accepted returns how many connections the proxy has accepted since it
+// started, in every mode: the dials clients made through it.
+func (p *Proxy) Accepted() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
+}
 
 // Cut closes every live connection and, until Restore, closes each new one
 // as soon as it is accepted: clients see the connection refused or reset.
@@ -168,6 +177,7 @@ func (p *Proxy) accept() {
 		}
 		p.mu.Lock()
 		m, closed := p.mode, p.closed
+		p.accepted++
 		p.mu.Unlock()
 		switch {
 		case closed || m == refusing:

@@ -28,6 +28,6 @@ func MySQLURL(tb testing.TB) string {
 	if os.Getenv(EnvRequireMySQL) == "1" {
 		tb.Fatal(msg)
 	}
-	skip(tb, "no MySQL/MariaDB: set "+EnvMySQLURL, msg)
+	Skip(tb, "no MySQL/MariaDB: set "+EnvMySQLURL, msg)
 	return ""
 }

@@ -61,7 +61,7 @@ func RequirePgBouncer(tb testing.TB) {
 		return
 	}
 	if bouncer.skip && os.Getenv(EnvRequirePgBouncer) != "1" {
-		skip(tb, "no PgBouncer: install pgbouncer", fmt.Sprintf("testdb: %v; the PgBouncer tests are skipped (set %s=1 to fail instead)", bouncer.err, EnvRequirePgBouncer))
+		Skip(tb, "no PgBouncer: install pgbouncer", fmt.Sprintf("testdb: %v; the PgBouncer tests are skipped (set %s=1 to fail instead)", bouncer.err, EnvRequirePgBouncer))
 	}
 	tb.Fatalf("testdb: %v", bouncer.err)
 }

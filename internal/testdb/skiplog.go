@@ -14,8 +14,11 @@ import (
 // without a database.
 const EnvSkipLog = "IDEMPOTENCY_TEST_SKIP_LOG"
 
-// skip skips tb with msg, noting why in the skip log when one is set.
-func skip(tb testing.TB, why, msg string) {
+// Skip skips tb with msg, noting why (a short reason shared by the tests
+// that skip alike, such as "no NATS: set IDEMPOTENCY_TEST_NATS_URL") in the
+// skip log when one is set, so make test's summary names every test group
+// that skipped for want of a service or a tool, not only the databases.
+func Skip(tb testing.TB, why, msg string) {
 	tb.Helper()
 	if path := os.Getenv(EnvSkipLog); path != "" {
 		if err := appendSkip(path, why); err != nil {

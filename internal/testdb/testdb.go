@@ -189,7 +189,7 @@ func serverURL(tb testing.TB) string {
 	if os.Getenv(EnvRequire) == "1" {
 		tb.Fatal(msg)
 	}
-	skip(tb, "no PostgreSQL: set "+EnvURL+" or start Docker", msg)
+	Skip(tb, "no PostgreSQL: set "+EnvURL+" or start Docker", msg)
 	return ""
 }
 
