@@ -317,29 +317,54 @@ func (e *env) noBypass() {
 // "disabled" (the kill-switch), counts the Observations' bypasses.
 func (e *env) bypassMetric() {
 	e.t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		e.failf("gather the metrics: %v", err)
-		return
-	}
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != "idempotency_bypasses_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			disabled := false
-			for _, l := range m.GetLabel() {
-				disabled = disabled || l.GetName() == "reason" && l.GetValue() == "disabled"
-			}
-			if !disabled {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
+	n := e.counter("idempotency_bypasses_total", func(label, value string) bool {
+		return label != "reason" || value != "disabled"
+	})
 	if int64(n) != e.bypassed.Load() {
 		e.failf("idempotency_bypasses_total counts %v outage bypasses, the Observations %d", n, e.bypassed.Load())
 	}
+}
+
+// noBypassWithoutProbe checks settled-r4 item 4 where a probe may fail
+// on a healthy database: with a store timeout short enough that a fresh
+// dial and SELECT 1 may not answer within it on a loaded machine, a
+// bypass is allowed, but only after a probe failed
+// (idempotency_store_errors_total{operation="probe"}).
+func (e *env) noBypassWithoutProbe() {
+	e.t.Helper()
+	probes := e.counter("idempotency_store_errors_total", func(label, value string) bool {
+		return label != "operation" || value == "probe"
+	})
+	if n := e.bypassed.Load(); n != 0 && probes == 0 {
+		e.failf("%d calls bypassed, though no probe failed", n)
+	}
+	e.bypassMetric()
+}
+
+// counter sums the series of the counter name whose every label passes
+// keep.
+func (e *env) counter(name string, keep func(label, value string) bool) float64 {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.failf("gather the metrics: %v", err)
+		return 0
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if !keep(l.GetName(), l.GetValue()) {
+					continue series
+				}
+			}
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }
 
 // errNoTx: a transactional behaviour found no lent transaction.
