@@ -20,6 +20,12 @@ func keyFaults() []*fault {
 	return []*fault{
 		{name: "short unscoped key", run: runShortKey},
 		{name: "kill-switch off", run: runKillSwitch},
+		{name: "kill-switch, Do follows it", na: func(c column) string {
+			if c.entry != entryDo {
+				return naFollow
+			}
+			return ""
+		}, run: runFollowKillSwitch},
 	}
 }
 
@@ -50,9 +56,6 @@ func runShortKey(t *testing.T, c cell) {
 // runKillSwitch turns Config.Enabled off and sends one key twice: HTTP,
 // gRPC and Connect run the handler both times (pass-through); Do runs it
 // once and replays.
-// TODO(merge): with W4's RouteConfig.FollowKillSwitch, add an Operation
-// that sets it: Do then runs the function without a store call,
-// CallInfo.Bypassed, idempotency_bypasses_total{reason="disabled"}.
 func runKillSwitch(t *testing.T, c cell) {
 	h := func(ctx context.Context, hc *hctx) (int, []byte) {
 		if lent(ctx) {
@@ -86,6 +89,42 @@ func runKillSwitch(t *testing.T, c cell) {
 	}
 	if n := e.disabled.Load() + e.passed.Load(); n != 2 {
 		e.failf("%s with the switch off: %d pass-through Observations (bypassed, reason disabled), want 2", c.entry, n)
+	}
+}
+
+// naFollow: only an Operation has RouteConfig.FollowKillSwitch.
+const naFollow = "RouteConfig.FollowKillSwitch is an Operation's (Do) only; the other entry points always follow the switch"
+
+// runFollowKillSwitch: an Operation with FollowKillSwitch, switch off,
+// runs its function on every call without a store call: CallInfo.Bypassed,
+// idempotency_bypasses_total{reason="disabled"} (settled-r4 item 8).
+func runFollowKillSwitch(t *testing.T, c cell) {
+	// A transactional route still lends its transaction with the switch
+	// off (serve.go's passThrough: the handler keeps one shape), with no
+	// claim in it.
+	h := func(ctx context.Context, hc *hctx) (int, []byte) {
+		if lent(ctx) {
+			if err := hc.effect(ctx); err != nil {
+				return failure(err)
+			}
+		}
+		return 201, fmt.Appendf(nil, `{"ok":true,"key":%q}`, hc.key)
+	}
+	e := newEnv(t, c, envOpts{h: h, route: func(rc *idempotency.RouteConfig) { rc.FollowKillSwitch = true }})
+	e.enabled.Store(false)
+	key := newKey()
+	for i := range 2 {
+		a := e.send(key)
+		e.expect(fmt.Sprintf("call %d, switch off", i), a, "")
+		if a.err == nil && !a.bypassed {
+			e.failf("call %d, switch off: CallInfo.Bypassed unset", i)
+		}
+	}
+	if n := e.started(key); n != 2 {
+		e.failf("the function ran %d times, want 2 (it follows the switch)", n)
+	}
+	if n := e.counter("idempotency_bypasses_total", func(l, v string) bool { return l != "reason" || v == "disabled" }); n != 2 {
+		e.failf("idempotency_bypasses_total{reason=disabled} = %v, want 2", n)
 	}
 }
 

@@ -48,9 +48,8 @@ func runCutBeforeClaim(t *testing.T, c cell) {
 	e.within("call on a cut link", a, 0)
 	open := c.v.open && !c.v.tx
 	if open {
-		// TODO(merge): with W3's Store.Probe, assert that the bypass
-		// followed one failed probe (settled-r4 item 4).
 		e.expect("fail-open call on a cut link", a, "")
+		e.noBypassWithoutProbe() // the bypass followed a failed probe (settled-r4 item 4)
 		if e.bypassed.Load() != 1 {
 			e.failf("fail-open call on a cut link: %d bypasses counted, want 1", e.bypassed.Load())
 		}

@@ -4,11 +4,13 @@ package matrix
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
@@ -98,10 +100,8 @@ func runEndsTx(t *testing.T, c cell, stmt, retryWant string, want int) {
 	e.within("first call", first, 0)
 	select {
 	case err := <-after:
-		// TODO(merge): with W2's idempotency.ErrTxEnded, require
-		// errors.Is(err, idempotency.ErrTxEnded) (settled-r4 item 2).
-		if err == nil {
-			e.failf("the lent transaction ran a statement after the handler's %s (want it refused)", stmt)
+		if !errors.Is(err, idempotency.ErrTxEnded) {
+			e.failf("the lent transaction's statement after the handler's %s: %v, want idempotency.ErrTxEnded", stmt, err)
 		}
 	default:
 		e.failf("the handler never reached its statement after %s", stmt)
