@@ -160,9 +160,9 @@ func loseCommitReply(e *env) {
 	e.se.proxy.DropReplies()
 }
 
-// retry503 sends key until it gets an answer other than 503 (at most 5
-// times, 100 ms apart): connections the proxy broke may fail the first
-// calls after the link is back.
+// retry503 sends key until it gets an answer other than 503, as a client
+// honouring Retry-After: 1 would (at most 5 times): connections the proxy
+// broke may fail the first calls after the link is back.
 func (e *env) retry503(key string) answer {
 	var a answer
 	for range 5 {
@@ -170,7 +170,7 @@ func (e *env) retry503(key string) answer {
 		if a.code != "idempotency_store_unavailable" {
 			return a
 		}
-		time.Sleep(100 * time.Millisecond) // a client's backoff (Retry-After), not a synchronisation
+		time.Sleep(time.Second) // the contract's Retry-After: 1, not a synchronisation
 	}
 	return a
 }
