@@ -332,13 +332,17 @@ func (e *env) bypassMetric() {
 // (idempotency_store_errors_total{operation="probe"}).
 func (e *env) noBypassWithoutProbe() {
 	e.t.Helper()
-	probes := e.counter("idempotency_store_errors_total", func(label, value string) bool {
-		return label != "operation" || value == "probe"
-	})
-	if n := e.bypassed.Load(); n != 0 && probes == 0 {
+	if n := e.bypassed.Load(); n != 0 && e.probeFailures() == 0 {
 		e.failf("%d calls bypassed, though no probe failed", n)
 	}
 	e.bypassMetric()
+}
+
+// probeFailures is idempotency_store_errors_total{operation="probe"}.
+func (e *env) probeFailures() float64 {
+	return e.counter("idempotency_store_errors_total", func(label, value string) bool {
+		return label != "operation" || value == "probe"
+	})
 }
 
 // counter sums the series of the counter name whose every label passes
