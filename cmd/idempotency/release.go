@@ -12,7 +12,7 @@ import (
 )
 
 func releaseHelp(w io.Writer) {
-	fmt.Fprint(w, `Usage: idempotency release --key KEY [--user ID] [--endpoint E] --yes [flags]
+	fmt.Fprint(w, `Usage: idempotency release --key KEY (--user ID | --unscoped) [--endpoint E] --yes [flags]
 
 Releases one stuck key: deletes its row when it is failed, or in flight past
 its lease (stale), so the client's next retry with the key executes the
@@ -28,8 +28,11 @@ on an ordinary route it may have run, and the retry then runs it a second
 time. Release such a key only once you know the first attempt did nothing
 (look the operation up first). A failed key's retry is a new attempt.
 
-KEY is a UUID (any case) or an opaque key, as inspect takes it. A key with
-rows on several endpoints needs --endpoint.
+KEY is a UUID (any case) or an opaque key, as inspect takes it. The scope
+is named, never searched: --user ID, or --unscoped for a key stored without
+a user (inspect --key KEY finds the scope of a key). A key with rows on
+several endpoints needs --endpoint. It works on PostgreSQL and
+MySQL/MariaDB.
 
 Example:
   idempotency release --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20 --yes
@@ -42,9 +45,9 @@ const releaseWarning = "releasing deletes this row: the client's next retry of t
 
 func runRelease(ctx context.Context, c *cli, args []string) error {
 	flags := c.flagSet("release")
-	var key, user, endpoint optString
+	var key, endpoint optString
 	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID or an opaque key; required")
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id); omitted means the unscoped '' scope")
+	user, unscoped := scopeVars(flags, "release")
 	flags.Var(&endpoint, "endpoint", "the row's `ENDPOINT` (scope_endpoint), when the key has rows on several")
 	yes := flags.Bool("yes", false, "confirm the release")
 	pos, err := c.parse(flags, args, releaseHelp)
@@ -61,21 +64,21 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkUser(user.v); err != nil {
-		return err
-	}
-
-	pool, err := c.openChecked(ctx)
+	scope, err := scopeFlags("release", *user, *unscoped)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	ops := operatorOf(pool)
+	d, err := c.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ops := d.ops()
 
 	var recs []idempotency.Record
 	for _, k := range keys {
 		sctx, cancel := c.statementContext(ctx)
-		found, _, err := ops.Lookup(sctx, k, user.v, endpoint.v)
+		found, _, err := ops.Lookup(sctx, k, scope, endpoint.v)
 		cancel()
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
@@ -92,13 +95,13 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 		if endpoint.set {
 			where = fmt.Sprintf(" on endpoint %q", endpoint.v)
 		}
-		return fmt.Errorf("no row for key %s in %s%s: nothing to release", keys[0], describeUser(user.v), where)
+		return fmt.Errorf("no row for key %s in %s%s: nothing to release", keys[0], describeUser(scope), where)
 	case len(recs) > 1:
 		eps := make([]string, len(recs))
 		for i, r := range recs {
 			eps[i] = fmt.Sprintf("%q", r.Endpoint)
 		}
-		return usagef("key %s has %d rows in %s (endpoints %s): pick one with --endpoint", keys[0], len(recs), describeUser(user.v), strings.Join(eps, ", "))
+		return usagef("key %s has %d rows in %s (endpoints %s): pick one with --endpoint", keys[0], len(recs), describeUser(scope), strings.Join(eps, ", "))
 	}
 	rec := recs[0]
 	c.printReleaseRow(rec)
