@@ -89,12 +89,12 @@ func runList(ctx context.Context, c *cli, args []string) error {
 	}
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	where, args2 := o.where()
+	where, wargs := o.where()
 	var n int
 	if o.mode == "counts" {
-		n, err = c.listCounts(sctx, d, o, where, args2)
+		n, err = c.listCounts(sctx, d, o, where, wargs)
 	} else {
-		n, err = c.listKeys(sctx, d, o, where, args2)
+		n, err = c.listKeys(sctx, d, o, where, wargs)
 	}
 	if err != nil {
 		return c.dbError(ctx, "list the keys", err)
@@ -203,14 +203,18 @@ func (c *cli) printListRows(o listOpts, rows []listRow) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENDPOINT\tAGE\tLEASE OVER\tUSER\tKEY\tATTEMPT\tEXPIRED")
+	stale := o.mode == "stale"
+	if stale {
+		fmt.Fprintln(tw, "ENDPOINT\tAGE\tLEASE OVER\tUSER\tKEY\tATTEMPT\tEXPIRED")
+	} else {
+		fmt.Fprintln(tw, "ENDPOINT\tAGE\tUSER\tKEY\tATTEMPT\tEXPIRED")
+	}
 	for _, r := range rows {
-		over := "-"
-		if r.LeaseOverSeconds != nil {
-			over = roundAge(time.Duration(*r.LeaseOverSeconds * float64(time.Second)))
+		fmt.Fprintf(tw, "%s\t%s\t", r.Endpoint, roundAge(seconds(r.AgeSeconds)))
+		if stale {
+			fmt.Fprintf(tw, "%s\t", roundAge(seconds(*r.LeaseOverSeconds)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%v\n", r.Endpoint, roundAge(time.Duration(r.AgeSeconds*float64(time.Second))),
-			over, userCell(r.User), r.Key, r.Attempt, map[bool]string{true: "yes", false: "no"}[r.Expired])
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", userCell(r.User), r.Key, r.Attempt, map[bool]string{true: "yes", false: "no"}[r.Expired])
 	}
 	return tw.Flush()
 }
@@ -244,13 +248,16 @@ GROUP BY scope_endpoint ORDER BY scope_endpoint LIMIT %d`, o.limit+1)
 	if c.g.json {
 		return n, writeJSONLines(c.stdout, out)
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "in_flight\tstale\tcompleted\tfailed\ttotal\t  endpoint\t")
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENDPOINT\tIN FLIGHT\tSTALE\tCOMPLETED\tFAILED\tTOTAL")
 	for _, r := range out {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t  %s\t\n", r.InFlight, r.Stale, r.Completed, r.Failed, r.Total, r.Endpoint)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", r.Endpoint, r.InFlight, r.Stale, r.Completed, r.Failed, r.Total)
 	}
 	return n, tw.Flush()
 }
+
+// seconds converts a JSON field's seconds back to a duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // writeJSONLines writes each of rows as one JSON object on a line.
 func writeJSONLines[T any](w io.Writer, rows []T) error {

@@ -73,37 +73,10 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer d.Close()
-	ops := d.ops()
-
-	var recs []idempotency.Record
-	for _, k := range keys {
-		sctx, cancel := c.statementContext(ctx)
-		found, _, err := ops.Lookup(sctx, k, scope, endpoint.v)
-		cancel()
-		if err != nil {
-			return c.dbError(ctx, "read the key", err)
-		}
-		for _, r := range found {
-			if !endpoint.set || r.Endpoint == endpoint.v {
-				recs = append(recs, r)
-			}
-		}
+	rec, err := c.releaseRow(ctx, d, keys, scope, endpoint)
+	if err != nil {
+		return err
 	}
-	switch {
-	case len(recs) == 0:
-		where := ""
-		if endpoint.set {
-			where = fmt.Sprintf(" on endpoint %q", endpoint.v)
-		}
-		return fmt.Errorf("no row for key %s in %s%s: nothing to release", keys[0], describeUser(scope), where)
-	case len(recs) > 1:
-		eps := make([]string, len(recs))
-		for i, r := range recs {
-			eps[i] = fmt.Sprintf("%q", r.Endpoint)
-		}
-		return usagef("key %s has %d rows in %s (endpoints %s): pick one with --endpoint", keys[0], len(recs), describeUser(scope), strings.Join(eps, ", "))
-	}
-	rec := recs[0]
 	c.printReleaseRow(rec)
 	switch {
 	case rec.Status == idempotency.StatusCompleted:
@@ -120,7 +93,7 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	}
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	released, err := ops.ReleaseKey(sctx, rec.Fence())
+	released, err := d.ops().ReleaseKey(sctx, rec.Fence())
 	if err != nil {
 		return c.dbError(ctx, "release the key", err)
 	}
@@ -139,6 +112,41 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	}
 	_, err = fmt.Fprintf(c.stdout, "released key %s of %s on %q\n", rec.Key, describeUser(rec.Scope), rec.Endpoint)
 	return err
+}
+
+// releaseRow reads the one row release is about: keys (a UUID's stored
+// forms) in scope, on endpoint when it is set. None is an error (exit 1),
+// several a usage error that asks for --endpoint.
+func (c *cli) releaseRow(ctx context.Context, d *database, keys []string, scope string, endpoint optString) (idempotency.Record, error) {
+	var recs []idempotency.Record
+	for _, k := range keys {
+		sctx, cancel := c.statementContext(ctx)
+		found, _, err := d.ops().Lookup(sctx, k, scope, endpoint.v)
+		cancel()
+		if err != nil {
+			return idempotency.Record{}, c.dbError(ctx, "read the key", err)
+		}
+		for _, r := range found {
+			if !endpoint.set || r.Endpoint == endpoint.v {
+				recs = append(recs, r)
+			}
+		}
+	}
+	switch {
+	case len(recs) == 0:
+		where := ""
+		if endpoint.set {
+			where = fmt.Sprintf(" on endpoint %q", endpoint.v)
+		}
+		return idempotency.Record{}, fmt.Errorf("no row for key %s in %s%s: nothing to release", keys[0], describeUser(scope), where)
+	case len(recs) > 1:
+		eps := make([]string, len(recs))
+		for i, r := range recs {
+			eps[i] = fmt.Sprintf("%q", r.Endpoint)
+		}
+		return idempotency.Record{}, usagef("key %s has %d rows in %s (endpoints %s): pick one with --endpoint", keys[0], len(recs), describeUser(scope), strings.Join(eps, ", "))
+	}
+	return recs[0], nil
 }
 
 // releasable reports whether an operator may release rec: it is failed, or
