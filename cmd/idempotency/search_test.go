@@ -205,7 +205,7 @@ func TestList(t *testing.T) {
 		}
 		r = runDB(t, db.dsn, "list", "--counts")
 		wantCode(t, r, exitOK)
-		if !strings.Contains(r.stdout, orders) || !strings.Contains(r.stdout, "stale") {
+		if !strings.Contains(r.stdout, orders) || !strings.Contains(r.stdout, "STALE") {
 			t.Errorf("list --counts:\n%s", r.stdout)
 		}
 	})
