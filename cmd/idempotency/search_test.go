@@ -178,6 +178,15 @@ func TestList(t *testing.T) {
 			t.Errorf("list --stale --user 4:\nstdout %s\nstderr %s", r.stdout, r.stderr)
 		}
 
+		r = runDB(t, db.dsn, "list", "--stale", "--endpoint", billing)
+		wantCode(t, r, exitOK)
+		if r.stdout != "no stale in-flight keys\n" {
+			t.Errorf("list --stale --endpoint %s: %s", billing, r.stdout)
+		}
+		if lines := jsonLines(t, runDB(t, db.dsn, "list", "--failed", "--json", "--unscoped").stdout); len(lines) != 0 {
+			t.Errorf("list --failed --unscoped: %v", lines)
+		}
+
 		lines = jsonLines(t, runDB(t, db.dsn, "list", "--failed", "--json").stdout)
 		if len(lines) != 2 || lines[0]["endpoint"] != billing || lines[0]["key"] != failed || lines[1]["key"] != failed2 {
 			t.Errorf("list --failed --json: %v", lines)
