@@ -58,8 +58,8 @@ const unsupportedBody = `{"error":"idempotency_key_unsupported"}` + "\n"
 // RefuseUnlisted returns a middleware for the whole router that answers 400
 // with {"error":"idempotency_key_unsupported"} to a request that carries
 // an Idempotency-Key header (or a coverage probe) when its method is not
-// safe (GET, HEAD, OPTIONS, TRACE) and its route is not in wrapped, before
-// any handler runs. A client that sends a key to a route nobody wrapped
+// safe (GET, HEAD, OPTIONS, TRACE, QUERY) and its route is not in
+// wrapped, before any handler runs. A client that sends a key to a route nobody wrapped
 // learns so at once, rather than getting a 201 that looks retry-safe and
 // is not. Other requests pass through unchanged, as do requests that
 // match no route (lookup returns ""), which the router answers itself.
@@ -108,7 +108,7 @@ func unlisted(r *http.Request, listed map[string]bool, lookup func(*http.Request
 		return false
 	}
 	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "QUERY":
 		return false
 	}
 	pattern := lookup(r)

@@ -21,8 +21,8 @@ import (
 // routes lists h's routes as "METHOD /pattern" (or "/pattern" for every
 // method): the table a ServeMux program registers its routes from, or, for
 // chi, gin and echo, the list their contrib modules' Routes return. Routes
-// with a safe method (GET, HEAD, OPTIONS, TRACE) are skipped. For each
-// other route, CheckCoverage sends h one request through the whole
+// with a safe method (GET, HEAD, OPTIONS, TRACE, QUERY) are skipped. For
+// each other route, CheckCoverage sends h one request through the whole
 // router: the method (POST for a route without one), the pattern with
 // every path parameter filled with "1" ("/orders/{id}" and
 // "/orders/:id" become "/orders/1"), no body, prepared by prepare (for
@@ -34,13 +34,15 @@ import (
 // empty body: check against a test instance.
 //
 // exempt maps routes (as in routes) that need no key to the reason why,
-// such as "DELETE /orders/{id}": "already idempotent". An exemption
-// without a reason, or for a route not in routes, fails t.
+// such as "DELETE /orders/{id}": "already idempotent"; a pattern without a
+// method ("/static/*") exempts it for every method. An exemption without
+// a reason, or for a route not in routes, fails t.
 func CheckCoverage(t testing.TB, h http.Handler, routes []string, exempt map[string]string, prepare func(*http.Request)) {
 	t.Helper()
-	listed := make(map[string]bool, len(routes))
+	listed := make(map[string]bool, 2*len(routes))
 	for _, route := range routes {
-		listed[normalRoute(route)] = true
+		_, pattern := splitRoute(route)
+		listed[normalRoute(route)], listed[" "+pattern] = true, true
 	}
 	exempted := make(map[string]bool, len(exempt))
 	for _, route := range slices.Sorted(maps.Keys(exempt)) {
@@ -53,8 +55,8 @@ func CheckCoverage(t testing.TB, h http.Handler, routes []string, exempt map[str
 		}
 	}
 	for _, route := range routes {
-		method, _ := splitRoute(route)
-		if exempted[normalRoute(route)] || safeMethod(method) {
+		method, pattern := splitRoute(route)
+		if exempted[normalRoute(route)] || exempted[" "+pattern] || safeMethod(method) {
 			continue
 		}
 		if msg := probe(t, h, route, prepare); msg != "" {
@@ -155,10 +157,10 @@ func normalRoute(route string) string {
 }
 
 // safeMethod reports whether method never changes state, by HTTP's
-// definition: such routes need no key.
+// definition (QUERY included): such routes need no key.
 func safeMethod(method string) bool {
 	switch method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "QUERY":
 		return true
 	}
 	return false
