@@ -21,8 +21,10 @@ type failures struct {
 	errs []string
 }
 
-func (f *failures) Errorf(format string, args ...any) { f.errs = append(f.errs, fmt.Sprintf(format, args...)) }
-func (f *failures) Helper()                           {}
+func (f *failures) Errorf(format string, args ...any) {
+	f.errs = append(f.errs, fmt.Sprintf(format, args...))
+}
+func (f *failures) Helper() {}
 
 // coverageRouter is a chi router with a session middleware in front of
 // everything, the idempotency middleware on a group, on a mounted
