@@ -22,13 +22,10 @@ const (
 	probeWrapped = "wrapped"
 )
 
-// WithCoverageProbe returns a copy of ctx that marks a request as a
-// coverage probe. A route wrapped by Middleware.Route that receives a
-// request with this context answers 204 No Content with the header
-// "Idempotency-Probe: wrapped" and does nothing else: it claims no key and
-// runs no handler. Only this function sets the marker; no header or body
-// can, so a client cannot probe a server. idempotencytest.CheckCoverage
-// uses it; RefuseUnlisted refuses a probe to an unlisted route.
+// WithCoverageProbe marks ctx's request as a coverage probe (see
+// idempotencytest.CheckCoverage): a route wrapped by Middleware.Route
+// answers it 204 with "Idempotency-Probe: wrapped", claims no key and runs
+// no handler. No header can set the marker, so clients cannot probe.
 func WithCoverageProbe(ctx context.Context) context.Context {
 	return context.WithValue(ctx, probeKey{}, true)
 }
@@ -55,25 +52,17 @@ func answerProbe(w http.ResponseWriter, r *http.Request) bool {
 // unsupportedBody is RefuseUnlisted's answer body.
 const unsupportedBody = `{"error":"idempotency_key_unsupported"}` + "\n"
 
-// RefuseUnlisted returns a middleware for the whole router that answers 400
-// with {"error":"idempotency_key_unsupported"} to a request that carries
-// an Idempotency-Key header (or a coverage probe) when its method is not
-// safe (GET, HEAD, OPTIONS, TRACE, QUERY) and its route is not in
-// wrapped, before any handler runs. A client that sends a key to a route nobody wrapped
-// learns so at once, rather than getting a 201 that looks retry-safe and
-// is not. Other requests pass through unchanged, as do requests that
-// match no route (lookup returns ""), which the router answers itself.
-//
-// wrapped lists the wrapped routes as "METHOD /pattern" (or "/pattern" for
-// every method), as they are registered. lookup returns the pattern the
-// router will route r to, with or without its method:
-//
-//	// http.ServeMux
-//	func(r *http.Request) string { _, p := mux.Handler(r); return p }
-//	// chi
-//	func(r *http.Request) string { return mux.Find(chi.NewRouteContext(), r.Method, r.URL.Path) }
-//
-// It panics when lookup is nil.
+// RefuseUnlisted returns a middleware for the whole router that answers
+// 400 {"error":"idempotency_key_unsupported"}, before any handler runs, to
+// a request with an Idempotency-Key (or a coverage probe) whose method is
+// not safe (GET, HEAD, OPTIONS, TRACE, QUERY) and whose route is not in
+// wrapped: a key sent to a route nobody wrapped fails loudly rather than
+// get a 201 that looks retry-safe. wrapped lists routes as "METHOD
+// /pattern" ("/pattern" for every method). lookup returns the pattern r
+// will be routed to, with or without its method, "" for none (r passes
+// through): for a ServeMux, func(r *http.Request) string { _, p :=
+// mux.Handler(r); return p }; for chi, idemchi.Lookup. It panics when
+// lookup is nil.
 func RefuseUnlisted(wrapped []string, lookup func(*http.Request) string) func(http.Handler) http.Handler {
 	if lookup == nil {
 		panic("idempotency: RefuseUnlisted needs a lookup of the request's route")
