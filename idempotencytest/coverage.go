@@ -36,9 +36,13 @@ import (
 // exempt maps routes (as in routes) that need no key to the reason why,
 // such as "DELETE /orders/{id}": "already idempotent"; a pattern without a
 // method ("/static/*") exempts it for every method. An exemption without
-// a reason, or for a route not in routes, fails t.
+// a reason, or for a route not in routes, fails t, as does an empty
+// list of routes.
 func CheckCoverage(t testing.TB, h http.Handler, routes []string, exempt map[string]string, prepare func(*http.Request)) {
 	t.Helper()
+	if len(routes) == 0 {
+		t.Errorf("coverage: no routes to check (is the router's route list empty?)")
+	}
 	listed := make(map[string]bool, 2*len(routes))
 	for _, route := range routes {
 		_, pattern := splitRoute(route)

@@ -135,6 +135,15 @@ func TestCheckCoverageBehindSession(t *testing.T) {
 	}
 }
 
+// TestCheckCoverageNoRoutes: an empty route list (a router listed before
+// its routes were added, say) fails rather than proves nothing.
+func TestCheckCoverageNoRoutes(t *testing.T) {
+	t.Parallel()
+	if errs := check(t, http.NewServeMux(), nil, nil, nil); len(errs) != 1 {
+		t.Fatalf("errors %q, want one", errs)
+	}
+}
+
 // TestCheckCoverageHandlerPanics: a handler that panics on the probe's
 // empty body fails its route, naming it, rather than the whole test.
 func TestCheckCoverageHandlerPanics(t *testing.T) {
