@@ -194,6 +194,7 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 	mux.Handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
+	mux.Handle("GET /openapi.json", http.HandlerFunc(serveOpenAPI))
 	s.handler = s.accessLog(jsonMuxErrors(mux))
 
 	janitorCtx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))
