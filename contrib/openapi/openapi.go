@@ -79,13 +79,15 @@ func Operation(op *openapi3.Operation, cfg idempotency.Config, rc idempotency.Ro
 	if err != nil {
 		return err
 	}
+	if op.Responses != nil {
+		for code, ref := range op.Responses.Map() {
+			if ref.Value == nil {
+				return fmt.Errorf("openapi: response %s is an unresolved $ref %q: load the document before Operation", code, ref.Ref)
+			}
+		}
+	}
 	if op.Responses == nil {
 		op.Responses = openapi3.NewResponses()
-	}
-	for code, ref := range op.Responses.Map() {
-		if ref.Value == nil {
-			return fmt.Errorf("openapi: response %s is an unresolved $ref %q: load the document before Operation", code, ref.Ref)
-		}
 	}
 
 	op.Parameters = slices.DeleteFunc(op.Parameters, func(p *openapi3.ParameterRef) bool {
