@@ -1,4 +1,4 @@
-package openapi_test
+package idemopenapi_test
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/contrib/openapi"
+	idemopenapi "github.com/idemkit/idempotency/contrib/openapi"
 )
 
 // waitLimit bounds every wait of these tests on the middleware (its store
@@ -26,7 +26,7 @@ const waitLimit = 30 * time.Second
 
 // thingsDoc is a document with POST /things and POST /full, both the same
 // operation: the handler's 201 and 500, and the contract of cfg and rc.
-func thingsDoc(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig, opts ...openapi.Option) *openapi3.T {
+func thingsDoc(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig, opts ...idemopenapi.Option) *openapi3.T {
 	t.Helper()
 	op := &openapi3.Operation{OperationID: "createThing", Responses: openapi3.NewResponses()}
 	thing := openapi3.NewObjectSchema().WithProperty("id", openapi3.NewIntegerSchema())
@@ -35,7 +35,7 @@ func thingsDoc(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig,
 	boom := openapi3.NewObjectSchema().WithProperty("error", openapi3.NewStringSchema().WithEnum("boom"))
 	boom.Required = []string{"error"}
 	op.Responses.Set("500", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("Failed.").WithJSONSchema(boom)})
-	if err := openapi.Operation(op, cfg, rc, opts...); err != nil {
+	if err := idemopenapi.Operation(op, cfg, rc, opts...); err != nil {
 		t.Fatalf("Operation: %v", err)
 	}
 	doc := &openapi3.T{OpenAPI: "3.0.3", Info: &openapi3.Info{Title: "things", Version: "1"}, Paths: openapi3.NewPaths()}
@@ -172,7 +172,7 @@ func TestAnswersMatchTheMiddleware(t *testing.T) {
 	formats := []struct {
 		name string
 		cfg  idempotency.Config
-		opts []openapi.Option
+		opts []idemopenapi.Option
 	}{
 		{"json", idempotency.Config{}, nil},
 		{"problem", idempotency.Config{ErrorFormat: idempotency.ErrorProblem}, nil},
@@ -180,7 +180,7 @@ func TestAnswersMatchTheMiddleware(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(e.Status)
 			_, _ = w.Write([]byte(`{"code":"` + e.Code + `"}`))
-		}}, []openapi.Option{openapi.ErrorSchema("application/json", custom.NewRef())}},
+		}}, []idemopenapi.Option{idemopenapi.ErrorSchema("application/json", custom.NewRef())}},
 	}
 	for _, f := range formats {
 		t.Run(f.name, func(t *testing.T) {

@@ -1,4 +1,4 @@
-package openapi_test
+package idemopenapi_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/contrib/openapi"
+	idemopenapi "github.com/idemkit/idempotency/contrib/openapi"
 )
 
 // Declare the handler's own responses, then the route's contract: the
@@ -18,7 +18,7 @@ func ExampleOperation() {
 
 	op := &openapi3.Operation{OperationID: "createPayment", Responses: openapi3.NewResponses()}
 	op.Responses.Set("201", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("The payment.")})
-	if err := openapi.Operation(op, cfg, rc); err != nil {
+	if err := idemopenapi.Operation(op, cfg, rc); err != nil {
 		panic(err)
 	}
 	doc := &openapi3.T{OpenAPI: "3.0.3", Info: &openapi3.Info{Title: "payments", Version: "1"}, Paths: openapi3.NewPaths()}

@@ -1,4 +1,4 @@
-// Package openapi declares an idempotency route's contract in an OpenAPI 3.0.3
+// Package idemopenapi declares an idempotency route's contract in an OpenAPI 3.0.3
 // operation, built with kin-openapi (github.com/getkin/kin-openapi), so that
 // generated clients send the Idempotency-Key and readers of the spec see the
 // answers the middleware sends instead of the handler's.
@@ -16,7 +16,7 @@
 //
 // Declare the handler's own responses first: Operation merges its answers into
 // a status the handler also answers (anyOf the two bodies).
-package openapi
+package idemopenapi
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package openapi_test
+package idemopenapi_test
 
 import (
 	"context"
@@ -10,16 +10,16 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/contrib/openapi"
+	idemopenapi "github.com/idemkit/idempotency/contrib/openapi"
 )
 
 // declare returns a new operation with a 201 after Operation, in a document
 // that validates.
-func declare(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig, opts ...openapi.Option) *openapi3.Operation {
+func declare(t *testing.T, cfg idempotency.Config, rc idempotency.RouteConfig, opts ...idemopenapi.Option) *openapi3.Operation {
 	t.Helper()
 	op := &openapi3.Operation{OperationID: "create", Responses: openapi3.NewResponses()}
 	op.Responses.Set("201", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("Created.")})
-	if err := openapi.Operation(op, cfg, rc, opts...); err != nil {
+	if err := idemopenapi.Operation(op, cfg, rc, opts...); err != nil {
 		t.Fatalf("Operation: %v", err)
 	}
 	validate(t, op)
@@ -75,7 +75,7 @@ func TestOperationKeyParameter(t *testing.T) {
 			op := &openapi3.Operation{Responses: openapi3.NewResponses()}
 			// An existing declaration, in another case, is replaced.
 			op.Parameters = openapi3.Parameters{{Value: openapi3.NewHeaderParameter("idempotency-key")}}
-			if err := openapi.Operation(op, idempotency.Config{}, c.rc); err != nil {
+			if err := idemopenapi.Operation(op, idempotency.Config{}, c.rc); err != nil {
 				t.Fatal(err)
 			}
 			validate(t, op)
@@ -140,7 +140,7 @@ func TestOperationStatuses(t *testing.T) {
 	op = &openapi3.Operation{Responses: openapi3.NewResponses()}
 	own := openapi3.NewObjectSchema().WithProperty("error", openapi3.NewStringSchema())
 	op.Responses.Set("503", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("Gate closed.").WithJSONSchema(own)})
-	if err := openapi.Operation(op, idempotency.Config{}, idempotency.RouteConfig{}); err != nil {
+	if err := idemopenapi.Operation(op, idempotency.Config{}, idempotency.RouteConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	validate(t, op)
@@ -162,7 +162,7 @@ func TestOperationReplayedOnEveryResponse(t *testing.T) {
 	op.Responses.Set("201", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("Created.")})
 	op.Responses.Set("404", shared)
 	op.Responses.Set("default", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("Other.")})
-	if err := openapi.Operation(op, idempotency.Config{}, idempotency.RouteConfig{}); err != nil {
+	if err := idemopenapi.Operation(op, idempotency.Config{}, idempotency.RouteConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	for code, r := range op.Responses.Map() {
@@ -187,12 +187,12 @@ func TestOperationRefuses(t *testing.T) {
 	cases := []struct {
 		name string
 		cfg  idempotency.Config
-		opts []openapi.Option
+		opts []idemopenapi.Option
 		resp *openapi3.ResponseRef
 	}{
 		{name: "ErrorWriter without ErrorSchema", cfg: idempotency.Config{ErrorWriter: writer}},
-		{name: "ErrorSchema without ErrorWriter", opts: []openapi.Option{openapi.ErrorSchema("text/plain", schema)}},
-		{name: "ErrorSchema without a media type", cfg: idempotency.Config{ErrorWriter: writer}, opts: []openapi.Option{openapi.ErrorSchema("", schema)}},
+		{name: "ErrorSchema without ErrorWriter", opts: []idemopenapi.Option{idemopenapi.ErrorSchema("text/plain", schema)}},
+		{name: "ErrorSchema without a media type", cfg: idempotency.Config{ErrorWriter: writer}, opts: []idemopenapi.Option{idemopenapi.ErrorSchema("", schema)}},
 		{name: "unresolved $ref", resp: &openapi3.ResponseRef{Ref: "#/components/responses/Gone"}},
 	}
 	for _, c := range cases {
@@ -201,7 +201,7 @@ func TestOperationRefuses(t *testing.T) {
 			if c.resp != nil {
 				op.Responses = openapi3.NewResponses(openapi3.WithStatus(410, c.resp))
 			}
-			if err := openapi.Operation(op, c.cfg, idempotency.RouteConfig{}, c.opts...); err == nil {
+			if err := idemopenapi.Operation(op, c.cfg, idempotency.RouteConfig{}, c.opts...); err == nil {
 				t.Fatal("no error")
 			}
 			if op.Parameters != nil || (c.resp == nil && op.Responses != nil) || (c.resp != nil && op.Responses.Len() != 1) {

@@ -6,7 +6,7 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	"github.com/idemkit/idempotency/contrib/openapi"
+	idemopenapi "github.com/idemkit/idempotency/contrib/openapi"
 )
 
 // operation is one route of the example server's ServeMux.
@@ -140,7 +140,7 @@ func placeOrder() (*openapi3.Operation, error) {
 	errorResponse(op, http.StatusInternalServerError, "fill_engine_error: the fill failed and nothing was written (symbol XFAIL simulates it).")
 	errorResponse(op, http.StatusServiceUnavailable, "new_orders_disabled (the order-path kill-switch, before the idempotency middleware) or database_unavailable.")
 	errorResponse(op, http.StatusGatewayTimeout, "fill_timeout: the order outlived its deadline.")
-	if err := openapi.Operation(op, config, ordersRoute); err != nil {
+	if err := idemopenapi.Operation(op, config, ordersRoute); err != nil {
 		return nil, err
 	}
 	return op, nil
@@ -157,7 +157,7 @@ func createCheckoutSession() (*openapi3.Operation, error) {
 	unauthorized(op)
 	errorResponse(op, http.StatusRequestEntityTooLarge, "body_too_large: the body is over 1 MiB.")
 	errorResponse(op, http.StatusUnprocessableEntity, "idempotency_key_body_mismatch from the provider, when the middleware was bypassed.")
-	if err := openapi.Operation(op, config, billingRoute); err != nil {
+	if err := idemopenapi.Operation(op, config, billingRoute); err != nil {
 		return nil, err
 	}
 	return op, nil
