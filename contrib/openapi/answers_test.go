@@ -219,10 +219,15 @@ func TestAnswersMatchTheMiddleware(t *testing.T) {
 			s, c = call(t, doc, base, "/things", big, `{"do":"big"}`)
 			want(409, "idempotency_response_not_stored", s, c)
 
-			blocked, done := uuid.NewString(), make(chan struct{})
-			go func() {
-				defer close(done)
-				call(t, doc, base, "/things", blocked, `{"do":"block"}`)
+			blocked, done := uuid.NewString(), make(chan error, 1)
+			go func() { // not call: no t.Fatal off the test's goroutine
+				req, _ := http.NewRequest(http.MethodPost, base+"/things", strings.NewReader(`{"do":"block"}`))
+				req.Header.Set("Idempotency-Key", blocked)
+				resp, err := (&http.Client{Timeout: waitLimit}).Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
 			}()
 			select {
 			case <-started:
@@ -232,7 +237,9 @@ func TestAnswersMatchTheMiddleware(t *testing.T) {
 			s, c = call(t, doc, base, "/things", blocked, `{"do":"block"}`)
 			want(409, "idempotency_in_flight", s, c)
 			close(release)
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("the blocked request: %v", err)
+			}
 
 			s, c = call(t, doc, base, "/full", uuid.NewString(), `{"do":"ok"}`)
 			want(201, "", s, c)

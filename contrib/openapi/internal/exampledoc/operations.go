@@ -67,48 +67,11 @@ func operations() ([]operation, error) {
 		return nil, err
 	}
 
-	listOrders := newOp("listOrders", "trading", "List the user's orders, oldest first")
-	jsonResponse(listOrders, http.StatusOK, "The user's orders.", listOf("orders", "Order"))
-	unauthorized(listOrders)
-	errorResponse(listOrders, http.StatusServiceUnavailable, "database_unavailable.").Headers = retryAfter()
-
-	getOrder := newOp("getOrder", "trading", "Get one of the user's orders")
-	getOrder.Parameters = openapi3.Parameters{idParam()}
-	jsonResponse(getOrder, http.StatusOK, "The order.", ref("Order"))
-	unauthorized(getOrder)
-	errorResponse(getOrder, http.StatusNotFound, "not_found: not the user's order, or no such id.")
-	errorResponse(getOrder, http.StatusServiceUnavailable, "database_unavailable.").Headers = retryAfter()
-
-	cancelOrder := newOp("cancelOrder", "trading", "Cancel an order (orders fill at once, so never cancellable)")
-	cancelOrder.Description = "Already idempotent, so not wrapped: the user's own order answers 409 order_not_cancellable every time."
-	cancelOrder.Parameters = openapi3.Parameters{idParam()}
-	notCancellable := openapi3.NewObjectSchema().
-		WithProperty("error", openapi3.NewStringSchema().WithEnum("order_not_cancellable")).
-		WithProperty("status", openapi3.NewStringSchema())
-	notCancellable.Required = []string{"error", "status"}
-	jsonResponse(cancelOrder, http.StatusConflict, "order_not_cancellable: the order is filled.", notCancellable.NewRef())
-	unauthorized(cancelOrder)
-	errorResponse(cancelOrder, http.StatusNotFound, "not_found: not the user's order, or no such id.")
-	errorResponse(cancelOrder, http.StatusServiceUnavailable, "database_unavailable.").Headers = retryAfter()
-
+	listOrders, getOrder, cancelOrder := orderReads()
 	listSessions := newOp("listCheckoutSessions", "billing", "List the user's checkout sessions")
 	jsonResponse(listSessions, http.StatusOK, "The user's checkout sessions.", listOf("checkout_sessions", "CheckoutSession"))
 	unauthorized(listSessions)
-
-	metrics := newOp("metrics", "operations", "Prometheus metrics")
-	public(metrics)
-	text := openapi3.NewResponse().WithDescription("The server's metrics in the Prometheus text format.").
-		WithContent(openapi3.NewContentWithSchema(openapi3.NewStringSchema(), []string{"text/plain"}))
-	metrics.Responses.Set("200", &openapi3.ResponseRef{Value: text})
-
-	healthz := newOp("healthz", "operations", "Liveness (does not touch the database)")
-	public(healthz)
-	jsonResponse(healthz, http.StatusOK, "The server is up.",
-		openapi3.NewObjectSchema().WithProperty("status", openapi3.NewStringSchema().WithEnum("ok")).NewRef())
-
-	document := newOp("openapi", "operations", "This OpenAPI document")
-	public(document)
-	jsonResponse(document, http.StatusOK, "The example server's OpenAPI 3.0.3 document.", openapi3.NewObjectSchema().NewRef())
+	metrics, healthz, document := operationsRoutes()
 
 	return []operation{
 		{http.MethodPost, "/api/demo/users", createUser},
@@ -181,4 +144,54 @@ func listOf(member, schema string) *openapi3.SchemaRef {
 	s.Properties[member].Value.Items = ref(schema)
 	s.Required = []string{member}
 	return s.NewRef()
+}
+
+// orderReads are the order routes that are not wrapped: GET the list, GET
+// and DELETE one order.
+func orderReads() (listOrders, getOrder, cancelOrder *openapi3.Operation) {
+	listOrders = newOp("listOrders", "trading", "List the user's orders, oldest first")
+	jsonResponse(listOrders, http.StatusOK, "The user's orders.", listOf("orders", "Order"))
+	unauthorized(listOrders)
+	errorResponse(listOrders, http.StatusServiceUnavailable, "database_unavailable.").Headers = retryAfter()
+
+	getOrder = newOp("getOrder", "trading", "Get one of the user's orders")
+	getOrder.Parameters = openapi3.Parameters{idParam()}
+	jsonResponse(getOrder, http.StatusOK, "The order.", ref("Order"))
+	unauthorized(getOrder)
+	errorResponse(getOrder, http.StatusNotFound, "not_found: not the user's order, or no such id.")
+	errorResponse(getOrder, http.StatusServiceUnavailable, "database_unavailable.").Headers = retryAfter()
+
+	cancelOrder = newOp("cancelOrder", "trading", "Cancel an order (orders fill at once, so never cancellable)")
+	cancelOrder.Description = "Already idempotent, so not wrapped: the user's own order answers 409 order_not_cancellable every time."
+	cancelOrder.Parameters = openapi3.Parameters{idParam()}
+	notCancellable := openapi3.NewObjectSchema().
+		WithProperty("error", openapi3.NewStringSchema().WithEnum("order_not_cancellable")).
+		WithProperty("status", openapi3.NewStringSchema())
+	notCancellable.Required = []string{"error", "status"}
+	jsonResponse(cancelOrder, http.StatusConflict, "order_not_cancellable: the order is filled.", notCancellable.NewRef())
+	unauthorized(cancelOrder)
+	errorResponse(cancelOrder, http.StatusNotFound, "not_found: not the user's order, or no such id.")
+	errorResponse(cancelOrder, http.StatusServiceUnavailable, "database_unavailable.").Headers = retryAfter()
+
+	return listOrders, getOrder, cancelOrder
+}
+
+// operationsRoutes are GET /metrics, /healthz and /openapi.json: no session.
+func operationsRoutes() (metrics, healthz, document *openapi3.Operation) {
+	metrics = newOp("metrics", "operations", "Prometheus metrics")
+	public(metrics)
+	text := openapi3.NewResponse().WithDescription("The server's metrics in the Prometheus text format.").
+		WithContent(openapi3.NewContentWithSchema(openapi3.NewStringSchema(), []string{"text/plain"}))
+	metrics.Responses.Set("200", &openapi3.ResponseRef{Value: text})
+
+	healthz = newOp("healthz", "operations", "Liveness (does not touch the database)")
+	public(healthz)
+	jsonResponse(healthz, http.StatusOK, "The server is up.",
+		openapi3.NewObjectSchema().WithProperty("status", openapi3.NewStringSchema().WithEnum("ok")).NewRef())
+
+	document = newOp("openapi", "operations", "This OpenAPI document")
+	public(document)
+	jsonResponse(document, http.StatusOK, "The example server's OpenAPI 3.0.3 document.", openapi3.NewObjectSchema().NewRef())
+
+	return metrics, healthz, document
 }
