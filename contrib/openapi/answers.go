@@ -112,7 +112,11 @@ func (g statusGroup) every(p func(answer) bool) bool {
 func (g statusGroup) description(rc idempotency.RouteConfig) string {
 	switch g.status {
 	case 400:
-		return "Idempotency: the Idempotency-Key is missing (on a route that requires it) or malformed, the request's scope cannot be stored, or the body could not be read whole. Nothing was stored and the handler did not run; fix the request."
+		key := "malformed"
+		if rc.RequireKey {
+			key = "missing or malformed"
+		}
+		return "Idempotency: the Idempotency-Key is " + key + ", the request's scope cannot be stored, or the body could not be read whole. Nothing was stored and the handler did not run; fix the request."
 	case 409:
 		return "Idempotency: idempotency_in_flight (a request with this key is running: retry the same key after Retry-After), idempotency_previous_failed (the first request failed: use a new key), idempotency_outcome_unknown (the first request may or may not have run: reconcile, never retry with a new key) or idempotency_response_not_stored (the first request completed with original_status; its response was too large to replay)."
 	case 413:
