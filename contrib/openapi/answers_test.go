@@ -167,6 +167,7 @@ func checkResponse(doc *openapi3.T, req *http.Request, resp *http.Response, body
 // document Operation declares for the route: a status, header or body the
 // middleware sends and the document does not declare fails.
 func TestAnswersMatchTheMiddleware(t *testing.T) {
+	t.Parallel()
 	custom := openapi3.NewObjectSchema().WithProperty("code", openapi3.NewStringSchema())
 	custom.Required = []string{"code"}
 	formats := []struct {
@@ -184,6 +185,7 @@ func TestAnswersMatchTheMiddleware(t *testing.T) {
 	}
 	for _, f := range formats {
 		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
 			rc := idempotency.RouteConfig{RequireKey: true, MaxBodyBytes: 32, MaxResponseBytes: 64}
 			doc := thingsDoc(t, f.cfg, rc, f.opts...)
 			base, started, release := thingsServer(t, f.cfg, rc)

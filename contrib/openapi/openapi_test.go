@@ -48,6 +48,7 @@ func keyParams(op *openapi3.Operation) []*openapi3.Parameter {
 }
 
 func TestOperationKeyParameter(t *testing.T) {
+	t.Parallel()
 	parse := func(v string) (string, error) { return v, nil }
 	cases := []struct {
 		name       string
@@ -72,6 +73,7 @@ func TestOperationKeyParameter(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			op := &openapi3.Operation{Responses: openapi3.NewResponses()}
 			// An existing declaration, in another case, is replaced.
 			op.Parameters = openapi3.Parameters{{Value: openapi3.NewHeaderParameter("idempotency-key")}}
@@ -100,6 +102,7 @@ func TestOperationKeyParameter(t *testing.T) {
 // TestOperationStatuses: the statuses follow the route's config, each in
 // its format's media type, with Retry-After where the answers send it.
 func TestOperationStatuses(t *testing.T) {
+	t.Parallel()
 	codes := func(op *openapi3.Operation) []string {
 		ks := op.Responses.Keys()
 		slices.Sort(ks)
@@ -157,6 +160,7 @@ func TestOperationStatuses(t *testing.T) {
 // every response, the handler's own included; a $ref response is copied,
 // not changed.
 func TestOperationReplayedOnEveryResponse(t *testing.T) {
+	t.Parallel()
 	shared := &openapi3.ResponseRef{Ref: "#/components/responses/NotFound", Value: openapi3.NewResponse().WithDescription("Not found.")}
 	op := &openapi3.Operation{Responses: openapi3.NewResponses()}
 	op.Responses.Set("201", &openapi3.ResponseRef{Value: openapi3.NewResponse().WithDescription("Created.")})
@@ -182,6 +186,7 @@ func TestOperationReplayedOnEveryResponse(t *testing.T) {
 // TestOperationRefuses: an error format the document cannot know, and an
 // unresolved $ref, are refused, and op is left as it was.
 func TestOperationRefuses(t *testing.T) {
+	t.Parallel()
 	writer := func(http.ResponseWriter, *http.Request, idempotency.ErrorAnswer) {}
 	schema := openapi3.NewStringSchema().NewRef()
 	cases := []struct {
@@ -197,6 +202,7 @@ func TestOperationRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			op := &openapi3.Operation{}
 			if c.resp != nil {
 				op.Responses = openapi3.NewResponses(openapi3.WithStatus(410, c.resp))
