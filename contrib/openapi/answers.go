@@ -122,7 +122,7 @@ func (g statusGroup) description(rc idempotency.RouteConfig) string {
 	case 413:
 		return "Idempotency: the request body is over the route's limit (" + limitText(rc.MaxBodyBytes) + "). Nothing was stored and the handler did not run."
 	case 422:
-		return "Idempotency: this Idempotency-Key was used for a different request (another body, method or endpoint). Use a new key for a new request."
+		return "Idempotency: this Idempotency-Key was used for a different request (another body, path or query). Use a new key for a new request."
 	case 500:
 		return "Idempotency: idempotency_response_too_large, the response outgrew the transactional route's buffer; its writes rolled back and the key is failed."
 	case 503:
