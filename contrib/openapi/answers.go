@@ -118,17 +118,21 @@ func (g statusGroup) description(rc idempotency.RouteConfig) string {
 		}
 		return "Idempotency: the Idempotency-Key is " + key + ", the request's scope cannot be stored, or the body could not be read whole. Nothing was stored and the handler did not run; fix the request."
 	case 409:
-		return "Idempotency: idempotency_in_flight (a request with this key is running: retry the same key after Retry-After), idempotency_previous_failed (the first request failed: use a new key), idempotency_outcome_unknown (the first request may or may not have run: reconcile, never retry with a new key) or idempotency_response_not_stored (the first request completed with original_status; its response was too large to replay)."
+		return "Idempotency: idempotency_in_flight (the first request is still running: retry the same key after Retry-After), idempotency_previous_failed (the first attempt failed with a 5xx: the key is spent; check state, then use a new key), idempotency_outcome_unknown (the first attempt may or may not have run: reconcile before anything else, never retry with a new key) or idempotency_response_not_stored (it completed with original_status, but its response was too large to keep: fetch the resource instead)."
 	case 413:
 		return "Idempotency: the request body is over the route's limit (" + limitText(rc.MaxBodyBytes) + "). Nothing was stored and the handler did not run."
 	case 422:
 		return "Idempotency: this Idempotency-Key was used for a different request (another body, path or query). Use a new key for a new request."
 	case 500:
-		return "Idempotency: idempotency_response_too_large, the response outgrew the transactional route's buffer; its writes rolled back and the key is failed."
+		return "Idempotency: idempotency_response_too_large, the response was over the transactional route's buffer: its writes rolled back and the key is failed (the same key answers idempotency_previous_failed; check state, then use a new key)."
 	case 503:
-		s := "Idempotency: the idempotency store is unavailable; the handler did not run. Retry the same key after Retry-After."
+		s := "Idempotency: idempotency_store_unavailable, the idempotency store could not decide and the handler did not run."
+		if rc.Transactional {
+			s = "Idempotency: idempotency_store_unavailable, the idempotency store could not decide: usually nothing ran, but when the transaction's commit failed (or its reply was lost) the handler ran and whether it committed is unknown."
+		}
+		s += " Always retry the same key after Retry-After (it replays what committed, executes what did not), never a new key."
 		if rc.FailOpen {
-			s += " This route fails open: while the database is down it runs without deduplication instead, so this answer means a saturated pool or a misconfiguration."
+			s += " This route fails open: while the database is down it runs without deduplication instead, so this answer means a saturated pool, a full store or a misconfiguration."
 		}
 		return s
 	}
