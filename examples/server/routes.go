@@ -38,5 +38,6 @@ func (s *server) routeTable(orders, billing func(http.Handler) http.Handler) []r
 		{pattern: "GET /healthz", handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		})},
+		{pattern: "GET /openapi.json", handler: http.HandlerFunc(serveOpenAPI)},
 	}
 }
