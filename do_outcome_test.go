@@ -79,4 +79,8 @@ func TestExecMissingKey(t *testing.T) {
 	if !strings.HasSuffix(ea.Type, "idempotency_key_required") {
 		t.Fatalf("no key: type %q, want idempotency_key_required", ea.Type)
 	}
+	// Outside HTTP there is no header: the error speaks of a key.
+	if msg := err.Error(); strings.Contains(msg, "header") || strings.Contains(msg, "Idempotency-Key") || !strings.Contains(msg, "idempotency key") {
+		t.Fatalf("no key: %q, want a message about the idempotency key, not a header", msg)
+	}
 }

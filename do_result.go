@@ -66,7 +66,7 @@ func encodeResult[T any](op *Operation, v T, err error) (Response, T, error) {
 	var zero T
 	var pe *PermanentError
 	switch {
-	case errors.As(err, new(retryable)):
+	case errors.As(err, new(*RetryableError)):
 		return Response{Status: statusTooManyRequests}, zero, err
 	case errors.As(err, &pe):
 		body, _ := json.Marshal(permanentJSON{pe.Code, pe.Message}) // two strings always encode

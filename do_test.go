@@ -160,6 +160,11 @@ func TestDoOutcomes(t *testing.T) {
 			if !errors.Is(err, busy) {
 				t.Fatalf("retryable: %v, want the function's error", err)
 			}
+			// A consumer tests for the outcome, to nack the message.
+			var re *idempotency.RetryableError
+			if !errors.Is(err, idempotency.ErrRetryable) || !errors.As(err, &re) || re.Err != busy {
+				t.Fatalf("retryable: %v (%T), want a *RetryableError that errors.Is ErrRetryable and holds the function's error", err, err)
+			}
 			v, info, err := idempotency.Do(t.Context(), op, payment(key), func(context.Context) (receipt, error) {
 				runs.Add(1)
 				return receipt{Ledger: 1}, nil

@@ -1,6 +1,9 @@
 package idempotency
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // The contract's answers to a call whose function did not run, as Do
 // returns them: each is what an *ErrorAnswer unwraps to, matched with
@@ -23,12 +26,15 @@ var (
 // delivered: the client gets 503 idempotency_store_unavailable.
 var ErrTxEnded = errors.New("idempotency: the route's transaction ended under the handler")
 
-// Error describes the answer: its code, and what it stands for.
+// Error describes the answer, as Do and the RPC adapters return it: what it
+// stands for, and its idempotency_... code (the problem type's, never the
+// HTTP header's sentence: outside HTTP the key is no header).
 func (e ErrorAnswer) Error() string {
+	code := e.Type[strings.LastIndexAny(e.Type, "/#:")+1:]
 	if e.err == nil {
-		return "idempotency: " + e.Code
+		return "idempotency: " + code
 	}
-	return e.err.Error() + " (" + e.Code + ")"
+	return e.err.Error() + " (" + code + ")"
 }
 
 // Unwrap returns the error the answer stands for: one of the errors above,
@@ -51,16 +57,29 @@ func (e *PermanentError) Error() string { return e.Code + ": " + e.Message }
 
 // Retryable marks err, returned by a function of Do, as retryable: the key
 // is released, as a 429 releases it over HTTP, so a retry with the key runs
-// the function again. Do returns err itself. Retryable(nil) is nil.
+// the function again. Do returns it as a *RetryableError holding err (a
+// consumer nacks on errors.Is(err, ErrRetryable)). Retryable(nil) is nil.
 func Retryable(err error) error {
 	if err == nil {
 		return nil
 	}
-	return retryable{err}
+	return &RetryableError{Err: err}
 }
 
-// retryable is an error marked by Retryable.
-type retryable struct{ err error }
+// ErrRetryable matches (with errors.Is) every *RetryableError: the
+// function's call was not completed and its key was released, so a retry
+// with the same key runs the function again.
+var ErrRetryable = errors.New("idempotency: the call may be retried with the same key")
 
-func (r retryable) Error() string { return r.err.Error() }
-func (r retryable) Unwrap() error { return r.err }
+// RetryableError is a function's error marked by Retryable, as Do returns
+// it. It unwraps to the function's error Err.
+type RetryableError struct{ Err error }
+
+// Error returns Err's message.
+func (e *RetryableError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *RetryableError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrRetryable.
+func (e *RetryableError) Is(target error) bool { return target == ErrRetryable }

@@ -34,7 +34,7 @@ const minGuardKeyLength = 16
 
 // ErrInvalidKey is returned by ParseKey for a value that is not a key of
 // the format.
-var ErrInvalidKey = errors.New("idempotency: invalid Idempotency-Key")
+var ErrInvalidKey = errors.New("idempotency: invalid idempotency key")
 
 // ParseKey parses one Idempotency-Key header value as a route of format
 // does and returns the key as it is stored: a UUID in lower case, an

@@ -65,7 +65,7 @@ func answerError(err error) error {
 	if ea.OriginalStatus != 0 {
 		md["original_status"] = strconv.Itoa(ea.OriginalStatus)
 	}
-	ce := connect.NewError(code, errors.New(ea.Title))
+	ce := connect.NewError(code, errors.New(ea.Error())) // about a key, never the HTTP header
 	if d, err := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: md}); err == nil {
 		ce.AddDetail(d)
 	}

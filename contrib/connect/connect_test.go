@@ -213,6 +213,9 @@ func TestAnswers(t *testing.T) {
 		wantAnswer(t, name+": mismatch", err, connect.CodeInvalidArgument, "IDEMPOTENCY_KEY_BODY_MISMATCH", 0)
 		_, err = call(ctx, settle, "", map[string]any{"a": 1})
 		wantAnswer(t, name+": no key, required", err, connect.CodeInvalidArgument, "IDEMPOTENCY_KEY_REQUIRED", 0)
+		if ce := new(connect.Error); !errors.As(err, &ce) || strings.Contains(ce.Message(), "header") || !strings.Contains(ce.Message(), "idempotency key") {
+			t.Fatalf("no key: %v, want a message about the idempotency key, not a header", err)
+		}
 		_, err = call(ctx, transfer, strings.Repeat("k", 256), map[string]any{"a": 1})
 		wantAnswer(t, name+": a 256-byte key", err, connect.CodeInvalidArgument, "IDEMPOTENCY_KEY_INVALID", 0)
 		failed := uuid.NewString()

@@ -66,7 +66,7 @@ func answerStatus(err error) error {
 	if ea.OriginalStatus != 0 {
 		md["original_status"] = strconv.Itoa(ea.OriginalStatus)
 	}
-	st := status.New(code, ea.Title)
+	st := status.New(code, ea.Error()) // about a key, never the HTTP header
 	details := []protoadapt.MessageV1{protoadapt.MessageV1Of(errInfo(reason, md))}
 	if retry {
 		details = append(details, protoadapt.MessageV1Of(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}))

@@ -126,6 +126,9 @@ func TestAnswers(t *testing.T) {
 
 	_, err = invoke(ctx, cc, "Settle", request("a", codes.OK))
 	wantAnswer(t, "no key, required", err, codes.InvalidArgument, "IDEMPOTENCY_KEY_REQUIRED", 0)
+	if msg := status.Convert(err).Message(); strings.Contains(msg, "header") || !strings.Contains(msg, "idempotency key") {
+		t.Fatalf("no key: message %q, want one about the idempotency key, not a header", msg)
+	}
 	_, err = invoke(withKey(ctx, strings.Repeat("k", 256)), cc, "Transfer", request("a", codes.OK))
 	wantAnswer(t, "a 256-byte key", err, codes.InvalidArgument, "IDEMPOTENCY_KEY_INVALID", 0)
 	_, err = invoke(withKey(withKey(ctx, "k1"), "k2"), cc, "Transfer", request("a", codes.OK))

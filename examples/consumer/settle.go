@@ -58,14 +58,13 @@ func (c *consumer) settle(msg jetstream.Msg, meta *jetstream.MsgMetadata, key st
 			v = verdict{act: deadLetter, answer: "panic", err: fmt.Errorf("the function panicked: %v", r)}
 		}
 	}()
-	released := false
 	r, info, err := idempotency.Do(context.Background(), c.op,
 		idempotency.Call{Key: key, Scope: p.UserID, Request: msg.Data()},
 		func(ctx context.Context) (receipt, error) {
 			rejected := decline(p)
 			id, err := book(ctx, p, rejected)
 			if err != nil {
-				if released = transient(err); released {
+				if transient(err) {
 					return receipt{}, idempotency.Retryable(err)
 				}
 				return receipt{}, err
@@ -76,7 +75,7 @@ func (c *consumer) settle(msg jetstream.Msg, meta *jetstream.MsgMetadata, key st
 			}
 			return receipt{LedgerID: id}, nil
 		})
-	return c.np.judge(info, err, released, meta.NumDelivered), r.LedgerID
+	return c.np.judge(info, err, meta.NumDelivered), r.LedgerID
 }
 
 // perform acks, nacks or dead-letters the delivery and logs what it did:

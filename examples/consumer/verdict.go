@@ -43,8 +43,9 @@ const storeBackoff = 250 * time.Millisecond
 // answered again; everything else (previous failed, outcome unknown,
 // mismatch, a key or scope that cannot be stored, the function's own
 // failure) is dead-lettered, never acked silently and never requeued for
-// ever. released reports that the function returned a Retryable error.
-func (np nakPolicy) judge(info idempotency.CallInfo, err error, released bool, deliveries uint64) verdict {
+// ever. A released key is the function's Retryable error, as Do returns it
+// (errors.Is ErrRetryable).
+func (np nakPolicy) judge(info idempotency.CallInfo, err error, deliveries uint64) verdict {
 	var (
 		ea       *idempotency.ErrorAnswer
 		rejected *idempotency.PermanentError
@@ -70,7 +71,7 @@ func (np nakPolicy) judge(info idempotency.CallInfo, err error, released bool, d
 		return verdict{act: deadLetter, answer: answerName(err), err: err}
 	case errors.As(err, &ea): // an answer the table above does not know yet
 		return verdict{act: deadLetter, answer: ea.Code, err: err}
-	case released:
+	case errors.Is(err, idempotency.ErrRetryable):
 		return verdict{act: nak, answer: "released", delay: np.backoff(deliveries), err: err}
 	}
 	return verdict{act: deadLetter, answer: "failed", err: err} // the key failed: every redelivery gets previous_failed

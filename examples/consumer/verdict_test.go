@@ -35,16 +35,17 @@ func judgeOp(t *testing.T, s idempotency.Store, cfg idempotency.Config, rc idemp
 }
 
 // judgeCall runs fn through Do on its first delivery and judges the answer;
-// an error starting "transient" counts as the function's Retryable one.
+// an error starting "transient" is returned as the function's Retryable one.
 func judgeCall(t *testing.T, op *idempotency.Operation, key, scope, body string, fn func(context.Context) (receipt, error)) verdict {
-	released := false
 	_, info, err := idempotency.Do(t.Context(), op, idempotency.Call{Key: key, Scope: scope, Request: []byte(body)},
 		func(ctx context.Context) (receipt, error) {
 			r, err := fn(ctx)
-			released = err != nil && strings.HasPrefix(err.Error(), "transient")
+			if err != nil && strings.HasPrefix(err.Error(), "transient") {
+				return r, idempotency.Retryable(err)
+			}
 			return r, err
 		})
-	return testNaks.judge(info, err, released, 1)
+	return testNaks.judge(info, err, 1)
 }
 
 func wantVerdict(t *testing.T, step string, v verdict, act action, answer string) {
@@ -134,7 +135,7 @@ func TestJudgeAnswers(t *testing.T) {
 		wantVerdict(t, "following the switch", judgeCall(t, follows, "pay-10", "user-1", `{}`, settles), ack, "bypassed")
 	})
 	t.Run("OutcomeUnknown", func(t *testing.T) { // an ordinary operation's owner that died: matched as Do returns it
-		v := testNaks.judge(idempotency.CallInfo{}, fmt.Errorf("answer: %w", idempotency.ErrOutcomeUnknown), false, 1)
+		v := testNaks.judge(idempotency.CallInfo{}, fmt.Errorf("answer: %w", idempotency.ErrOutcomeUnknown), 1)
 		wantVerdict(t, "outcome unknown", v, deadLetter, "outcome_unknown")
 	})
 }
