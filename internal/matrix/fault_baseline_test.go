@@ -15,7 +15,7 @@ func baselineFaults() []*fault {
 	return []*fault{
 		simple("baseline: new key, replay", nil, envOpts{}, func(e *env) {
 			key := newKey()
-			first := e.send(key)
+			first := e.sendUnrun(key)
 			e.expect("first call", first, "")
 			e.within("first call", first, 0)
 			again := e.send(key)

@@ -61,7 +61,7 @@ func runPoolBusy(t *testing.T, c cell) {
 	}
 	e.wantReason("pool_exhausted")
 	e.noBypass()
-	again := e.send(key)
+	again := e.sendUnrun(key)
 	e.expect("retry on a free pool", again, "")
 	e.atMostOnce(key, 1)
 }
