@@ -47,7 +47,18 @@ func runCrash(t *testing.T, c cell) {
 	e := newEnv(t, c, envOpts{})
 	doomed := startChild(t, e, true)
 	key := newKey()
-	go func() { _ = doomed.call(e, key) }() // never answers: the child dies
+	go func() {
+		// Never answers once its handler ran: the child dies. A claim the
+		// loaded child was refused before that (503, 409 in flight) is
+		// sent again after Retry-After, as a client would.
+		for range 4 {
+			a := doomed.call(e, key)
+			if doomed.ranCount(key) > 0 || a.code != "idempotency_store_unavailable" && a.code != "idempotency_in_flight" {
+				return
+			}
+			time.Sleep(time.Second) // Retry-After, not a synchronisation
+		}
+	}()
 	if !doomed.waitRan(key, 30*time.Second) {
 		e.failf("the child's handler never ran")
 		return
