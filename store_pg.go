@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/idemkit/idempotency/internal/probe"
 )
 
@@ -42,7 +43,7 @@ func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
 // errClaimVanished is the cause of a claim that kept reading no row.
 var errClaimVanished = errors.New("the conflicting row was not visible after repeated attempts")
 
-// Claim implements Store in one statement (pgClaimSQL): the winner's insert
+// Claim implements Store in one statement (pgsql.ClaimSQL): the winner's insert
 // and the loser's read of the existing row take one round trip.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
 	var last error
@@ -55,7 +56,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 		c, err := s.conn(ctx)
 		if err == nil {
 			var rows pgx.Rows
-			if rows, err = c.Query(ctx, pgClaimSQL, claimArgs(req)...); err == nil {
+			if rows, err = c.Query(ctx, pgsql.ClaimSQL, claimArgs(req)...); err == nil {
 				err = scanClaimRows(rows, req, &rec, &won)
 			}
 			c.release()
@@ -79,14 +80,14 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 	return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
 }
 
-// claimArgs are pgClaimSQL's parameters for req, in order.
+// claimArgs are pgsql.ClaimSQL's parameters for req, in order.
 func claimArgs(req ClaimRequest) []any {
 	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}
 }
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "takeover", pgTakeoverSQL,
+	return s.claimExisting(ctx, "takeover", pgsql.TakeoverSQL,
 		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint)
 }
 
@@ -124,17 +125,17 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	}
 	defer c.release()
 	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}
-	return pgOwnerError("complete", execFenced(ctx, c, pgCompleteSQL, args))
+	return pgOwnerError("complete", execFenced(ctx, c, pgsql.CompleteSQL, args))
 }
 
 // Fail implements Store with one fenced UPDATE.
 func (s *PostgresStore) Fail(ctx context.Context, f Fence) error {
-	return pgOwnerError("fail", s.fenced(ctx, pgFailSQL, f))
+	return pgOwnerError("fail", s.fenced(ctx, pgsql.FailSQL, f))
 }
 
 // Release implements Store with one fenced DELETE.
 func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
-	return pgOwnerError("release", s.fenced(ctx, pgReleaseSQL, f))
+	return pgOwnerError("release", s.fenced(ctx, pgsql.ReleaseSQL, f))
 }
 
 // fenced runs a statement whose five parameters are f (id, attempt,
@@ -174,7 +175,7 @@ func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (boo
 	var n int64
 	err := retryConnLoss(ctx, func() error {
 		return s.withConn(ctx, func(c pgConn) error {
-			tag, err := c.Exec(ctx, pgReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
+			tag, err := c.Exec(ctx, pgsql.ReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
 			n = tag.RowsAffected()
 			return err
 		})
@@ -228,7 +229,7 @@ func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult,
 
 // eraseScope runs Erase's statement in tx, filling res.
 func eraseScope(ctx context.Context, tx pgx.Tx, scope string, res *ErasureResult) error {
-	rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
+	rows, err := tx.Query(ctx, pgsql.DeleteScopeSQL, scope)
 	if err != nil {
 		return err
 	}
@@ -261,7 +262,7 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 			return err
 		}
 		defer c.release()
-		rows, err := c.Query(ctx, pgExportScopeSQL, scope)
+		rows, err := c.Query(ctx, pgsql.ExportScopeSQL, scope)
 		if err != nil {
 			return err
 		}

@@ -8,28 +8,10 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// pgCheckSQL reads, for the table $1 names (idempotency_keys as the
-// connection's search_path finds it, or the store's resolved table), its
-// columns, whether the unique constraint the claim's ON CONFLICT needs
-// exists on exactly the key's three columns, and its schema-qualified name.
-// No row: there is no such table.
-const pgCheckSQL = `SELECT
-	ARRAY(SELECT attname::text FROM pg_attribute
-		WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped),
-	EXISTS (SELECT 1 FROM pg_constraint k
-		WHERE k.conrelid = c.oid AND k.contype IN ('u', 'p')
-			AND ARRAY(SELECT a.attname::text FROM pg_attribute a
-				WHERE a.attrelid = c.oid AND a.attnum = ANY(k.conkey) ORDER BY a.attname)
-				= ARRAY['idem_key', 'scope_endpoint', 'scope_user_id']),
-	ARRAY(SELECT attname::text FROM pg_attribute
-		WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped AND atttypid = 'bytea'::regtype),
-	format('%s.%I', c.relnamespace::regnamespace, c.relname)
-FROM pg_class c
-WHERE c.oid = to_regclass($1)`
 
 // pgNeededColumns are the columns the store reads or writes.
 var pgNeededColumns = []string{
@@ -65,7 +47,7 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	)
 	err := retryConnLoss(ctx, func() error {
 		return s.withConn(ctx, func(c pgConn) error {
-			return c.poolConn.QueryRow(ctx, pgCheckSQL, s.pool.table()).Scan(&cols, &unique, &bytea, &table)
+			return c.poolConn.QueryRow(ctx, pgsql.CheckSQL, s.pool.table()).Scan(&cols, &unique, &bytea, &table)
 		})
 	})
 	if err != nil {

@@ -7,12 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 )
 
 // Cleanup implements Store: it reads at most limit deletable rows,
-// earliest expiry first, without locking them (pgExpiredBatchSQL), then
-// deletes them with one DELETE per scope (pgDeleteExpiredSQL), all sent in
+// earliest expiry first, without locking them (pgsql.ExpiredBatchSQL), then
+// deletes them with one DELETE per scope (pgsql.DeleteExpiredSQL), all sent in
 // one pipelined batch, which runs as one transaction. Each DELETE checks
 // the predicate again, so a row taken over since the read stays. Two
 // cleaners running at once may read the same rows: the second waits for
@@ -40,7 +41,7 @@ type pgKeyEndpoint struct{ key, endpoint string }
 
 // cleanupBatch runs one batch of Cleanup on c.
 func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
-	rows, err := c.Query(ctx, pgExpiredBatchSQL, int64(limit))
+	rows, err := c.Query(ctx, pgsql.ExpiredBatchSQL, int64(limit))
 	if err != nil {
 		return 0, err
 	}
@@ -67,7 +68,7 @@ func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
 		for i, r := range rows {
 			keys[i], endpoints[i] = r.key, r.endpoint
 		}
-		batch.Queue(pgDeleteExpiredSQL, sc, keys, endpoints)
+		batch.Queue(pgsql.DeleteExpiredSQL, sc, keys, endpoints)
 	}
 	results := c.SendBatch(ctx, batch)
 	var n int64

@@ -11,7 +11,7 @@ import (
 
 // How PostgresStore encodes a Record into its columns and decodes it back.
 
-// completeArgs encodes resp for pgCompleteSQL: the body's bytes in the
+// completeArgs encodes resp for pgsql.CompleteSQL: the body's bytes in the
 // column of its kind (response_body for BodyJSON, response_body_raw for
 // BodyRaw; both BYTEA, so every body is stored as it is), and the headers'
 // JSON.
@@ -34,7 +34,7 @@ func completeArgs(resp Response) (jsonBody, rawBody, headers []byte, err error) 
 	return jsonBody, rawBody, headers, nil
 }
 
-// scanRecord reads pgColumns into rec, and any trailing columns into
+// scanRecord reads pgsql.Columns into rec, and any trailing columns into
 // extra.
 func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	var v rowValues
@@ -51,7 +51,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	return v.fill(rec)
 }
 
-// scanClaim reads pgClaimColumns and the won flag; the key, scope and
+// scanClaim reads pgsql.ClaimColumns and the won flag; the key, scope and
 // endpoint are the claim's own.
 func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	var v rowValues
@@ -85,7 +85,7 @@ func (v *rowValues) fill(rec *Record) error {
 	return nil
 }
 
-// nullRecord receives pgColumns from an outer join, where all of them may
+// nullRecord receives pgsql.Columns from an outer join, where all of them may
 // be NULL.
 type nullRecord struct {
 	id                               *int64
@@ -100,7 +100,7 @@ type nullRecord struct {
 	expired, leaseOver               *bool
 }
 
-// dest returns the scan destinations in pgColumns order.
+// dest returns the scan destinations in pgsql.Columns order.
 func (n *nullRecord) dest() []any {
 	return []any{
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,

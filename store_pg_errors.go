@@ -10,6 +10,10 @@ import (
 	"github.com/idemkit/idempotency/internal/sqlstate"
 )
 
+// pgRetries bounds how many times a statement is run again when it read no
+// row because of a concurrent commit, or failed with a serialization failure.
+const pgRetries = 5
+
 // retrySerialization runs f again, a bounded number of times, while it fails
 // with a serialization failure or a deadlock (possible when the host runs
 // its sessions at SERIALIZABLE or REPEATABLE READ); the failed statement

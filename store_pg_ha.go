@@ -33,7 +33,7 @@ func explainPooler(err error) error {
 // statement in flight. Only claims, reads and ReleaseOwner go through it.
 // When the lost attempt of a claim had committed, the retry finds that
 // row: with an owner token (ClaimRequest.Owner) it recognises the row as
-// its own and wins it (pgClaimSQL); without one it reads the row as
+// its own and wins it (pgsql.ClaimSQL); without one it reads the row as
 // someone else's claim in flight, and the request answers as a concurrent
 // duplicate would (409) although nothing ran. A takeover whose
 // reply was lost reads as lost (no row matches its fence any more); the

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/internal/operator"
+	"github.com/idemkit/idempotency/internal/pgsql"
 )
 
 // What an operator reads from the table (the CLI's inspect, stats and
@@ -35,7 +36,7 @@ func (s *PostgresStore) lookup(ctx context.Context, key, scope, endpoint string)
 	}
 	err := retryConnLoss(ctx, func() error {
 		out.Records, out.Now = nil, time.Time{}
-		rows, err := s.pool.Query(ctx, pgLookupSQL, key, scope, ep)
+		rows, err := s.pool.Query(ctx, pgsql.LookupSQL, key, scope, ep)
 		if err != nil {
 			return err
 		}
@@ -51,7 +52,7 @@ func (s *PostgresStore) lookup(ctx context.Context, key, scope, endpoint string)
 			return err
 		}
 		if len(out.Records) == 0 {
-			return s.pool.QueryRow(ctx, pgNowSQL).Scan(&out.Now)
+			return s.pool.QueryRow(ctx, pgsql.NowSQL).Scan(&out.Now)
 		}
 		return nil
 	})
@@ -61,12 +62,12 @@ func (s *PostgresStore) lookup(ctx context.Context, key, scope, endpoint string)
 	return out.Records, out.Now, nil
 }
 
-// stats counts the table's rows in one scan (pgStatsSQL).
+// stats counts the table's rows in one scan (pgsql.StatsSQL).
 func (s *PostgresStore) stats(ctx context.Context) (operator.Stats, error) {
 	var st operator.Stats
 	err := retryConnLoss(ctx, func() error {
 		var inFlightAge, expiredAge *float64
-		if err := s.pool.QueryRow(ctx, pgStatsSQL).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
+		if err := s.pool.QueryRow(ctx, pgsql.StatsSQL).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
 			&inFlightAge, &st.InFlightPastLease, &st.AwaitingCleanup, &expiredAge); err != nil {
 			return err
 		}
@@ -79,12 +80,12 @@ func (s *PostgresStore) stats(ctx context.Context) (operator.Stats, error) {
 	return st, nil
 }
 
-// countCleanup counts the rows Cleanup would delete now (pgCountCleanupSQL),
+// countCleanup counts the rows Cleanup would delete now (pgsql.CountCleanupSQL),
 // reading only the expired end of the expiry index; it deletes nothing.
 func (s *PostgresStore) countCleanup(ctx context.Context) (int64, error) {
 	var n int64
 	err := retryConnLoss(ctx, func() error {
-		return s.pool.QueryRow(ctx, pgCountCleanupSQL).Scan(&n)
+		return s.pool.QueryRow(ctx, pgsql.CountCleanupSQL).Scan(&n)
 	})
 	if err != nil {
 		return 0, pgStoreError("count cleanup", err)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -68,9 +69,6 @@ func (s *PostgresStore) Probe(ctx context.Context) error {
 	})
 }
 
-// pgProbeSQL is the outage probe's statement.
-const pgProbeSQL = `SELECT 1`
-
 // probe connects as the pool does (BeforeConnect included) and runs
 // SELECT 1. Through PgBouncer the statement reaches the database, and
 // PgBouncer's own error for a server it cannot reach (class 08) is a
@@ -86,7 +84,7 @@ func (s *PostgresStore) probe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.Exec(ctx, pgProbeSQL)
+	_, err = c.Exec(ctx, pgsql.ProbeSQL)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second) // the Terminate, not the verdict
 	defer cancel()
 	_ = c.Close(cctx)

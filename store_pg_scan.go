@@ -20,7 +20,7 @@ import (
 // or format, a NULL where pgx would refuse it, a value pgx would refuse, or
 // a connection whose type map replaces one of the types' codecs.
 
-// claimColumnOIDs are the types of pgClaimColumns and the won flag, in
+// claimColumnOIDs are the types of pgsql.ClaimColumns and the won flag, in
 // order.
 var claimColumnOIDs = [...]uint32{
 	pgtype.Int8OID, pgtype.ByteaOID, pgtype.TextOID, pgtype.Int4OID,

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,11 +23,6 @@ import (
 
 // pgTable is the table's name as the statements are written.
 const pgTable = "idempotency_keys"
-
-// pgTableSQL resolves $1, a table name, as a statement naming it would
-// (through the connection's search_path), to its schema-qualified name,
-// quoted where needed. No row: no such table.
-const pgTableSQL = `SELECT format('%s.%I', relnamespace::regnamespace, relname) FROM pg_class WHERE oid = to_regclass($1)`
 
 // pgTableName matches the table's name where a statement names it: as an
 // identifier, or as a literal (pg_get_serial_sequence's argument).
@@ -47,38 +43,38 @@ func qualify(sql, table string) string {
 // ones sent with the table qualified, and the ones the Citus rules check
 // (store_pg_sql_test.go). TestPostgresStatementsListed keeps it complete.
 var pgStatements = map[string]string{
-	"pgClaimSQL":               pgClaimSQL,
-	"pgTakeoverSQL":            pgTakeoverSQL,
-	"pgCompleteSQL":            pgCompleteSQL,
-	"pgFailSQL":                pgFailSQL,
-	"pgReleaseSQL":             pgReleaseSQL,
-	"pgReleaseOwnerSQL":        pgReleaseOwnerSQL,
-	"pgExpiredBatchSQL":        pgExpiredBatchSQL,
-	"pgDeleteExpiredSQL":       pgDeleteExpiredSQL,
-	"pgDeleteScopeSQL":         pgDeleteScopeSQL,
-	"pgExportScopeSQL":         pgExportScopeSQL,
-	"pgTxSessionSQL":           pgTxSessionSQL,
-	"pgTxBoundsSQL":            pgTxBoundsSQL,
-	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
-	"pgTxRestoreSQL":           pgTxRestoreSQL,
-	"pgSessionRestoreSQL":      pgSessionRestoreSQL,
-	"pgSavepointSQL":           pgSavepointSQL,
-	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
-	"pgImmediateSQL":           pgImmediateSQL,
-	"pgTxCompleteSQL":          pgTxCompleteSQL,
-	"pgTxFailSQL":              pgTxFailSQL,
-	"pgEndLeaseSQL":            pgEndLeaseSQL,
-	"pgCommitSQL":              pgCommitSQL,
-	"pgCheckSQL":               pgCheckSQL,
-	"pgTableSQL":               pgTableSQL,
-	"pgTxClaimSQL":             pgTxClaimSQL,
-	"pgTxReadSQL":              pgTxReadSQL,
-	"pgLookupSQL":              pgLookupSQL,
-	"pgNowSQL":                 pgNowSQL,
-	"pgProbeSQL":               pgProbeSQL,
-	"pgStatsSQL":               pgStatsSQL,
-	"pgCountCleanupSQL":        pgCountCleanupSQL,
-	"pgReleaseKeySQL":          pgReleaseKeySQL,
+	"pgsql.ClaimSQL":               pgsql.ClaimSQL,
+	"pgsql.TakeoverSQL":            pgsql.TakeoverSQL,
+	"pgsql.CompleteSQL":            pgsql.CompleteSQL,
+	"pgsql.FailSQL":                pgsql.FailSQL,
+	"pgsql.ReleaseSQL":             pgsql.ReleaseSQL,
+	"pgsql.ReleaseOwnerSQL":        pgsql.ReleaseOwnerSQL,
+	"pgsql.ExpiredBatchSQL":        pgsql.ExpiredBatchSQL,
+	"pgsql.DeleteExpiredSQL":       pgsql.DeleteExpiredSQL,
+	"pgsql.DeleteScopeSQL":         pgsql.DeleteScopeSQL,
+	"pgsql.ExportScopeSQL":         pgsql.ExportScopeSQL,
+	"pgsql.TxSessionSQL":           pgsql.TxSessionSQL,
+	"pgsql.TxBoundsSQL":            pgsql.TxBoundsSQL,
+	"pgsql.TxTakeoverSQL":          pgsql.TxTakeoverSQL,
+	"pgsql.TxRestoreSQL":           pgsql.TxRestoreSQL,
+	"pgsql.SessionRestoreSQL":      pgsql.SessionRestoreSQL,
+	"pgsql.SavepointSQL":           pgsql.SavepointSQL,
+	"pgsql.RollbackToSavepointSQL": pgsql.RollbackToSavepointSQL,
+	"pgsql.ImmediateSQL":           pgsql.ImmediateSQL,
+	"pgsql.TxCompleteSQL":          pgsql.TxCompleteSQL,
+	"pgsql.TxFailSQL":              pgsql.TxFailSQL,
+	"pgsql.EndLeaseSQL":            pgsql.EndLeaseSQL,
+	"pgsql.CommitSQL":              pgsql.CommitSQL,
+	"pgsql.CheckSQL":               pgsql.CheckSQL,
+	"pgsql.TableSQL":               pgsql.TableSQL,
+	"pgsql.TxClaimSQL":             pgsql.TxClaimSQL,
+	"pgsql.TxReadSQL":              pgsql.TxReadSQL,
+	"pgsql.LookupSQL":              pgsql.LookupSQL,
+	"pgsql.NowSQL":                 pgsql.NowSQL,
+	"pgsql.ProbeSQL":               pgsql.ProbeSQL,
+	"pgsql.StatsSQL":               pgsql.StatsSQL,
+	"pgsql.CountCleanupSQL":        pgsql.CountCleanupSQL,
+	"pgsql.ReleaseKeySQL":          pgsql.ReleaseKeySQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.
@@ -145,7 +141,7 @@ func (p *pgPool) resolved(ctx context.Context, db rowQuerier) (*pgQualified, err
 		return q, nil
 	}
 	var table string
-	err := db.QueryRow(ctx, pgTableSQL, pgTable).Scan(&table)
+	err := db.QueryRow(ctx, pgsql.TableSQL, pgTable).Scan(&table)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil

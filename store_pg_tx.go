@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -15,7 +16,7 @@ var _ TxStore = (*PostgresStore)(nil)
 // BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
 // Batch.BeginTx), the session's state read with the claim's bounds, the
 // claim and the savepoint; a loser then reads the existing row
-// (pgTxReadSQL). A serialization failure or a lock wait that ran out rolls
+// (pgsql.TxReadSQL). A serialization failure or a lock wait that ran out rolls
 // back and begins again, a bounded number of times.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	if req == nil {
@@ -76,7 +77,7 @@ func beginFailed(err error) error {
 }
 
 // begin takes a connection and sends BEGIN and the session's state read
-// (pgTxSessionSQL, or pgTxBoundsSQL with the claim's bounds), pipelined
+// (pgsql.TxSessionSQL, or pgsql.TxBoundsSQL with the claim's bounds), pipelined
 // with req's claim (nil: no claim). Each of the store's statements in the
 // transaction names the table qualified (pgPool.resolved, on this
 // connection when no statement has resolved it yet), so a search_path
@@ -97,9 +98,9 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 	// The session's lock_timeout, as last read on this connection, goes
 	// back after the claim; checked against what this batch reads.
 	restored, _ := c.Conn().PgConn().CustomData()[lockTimeoutKey].(string)
-	steps := []pgStep{{sql: pgTxSessionSQL}}
+	steps := []pgStep{{sql: pgsql.TxSessionSQL}}
 	if req != nil {
-		steps[0] = pgStep{sql: pgTxBoundsSQL, args: []any{lease}}
+		steps[0] = pgStep{sql: pgsql.TxBoundsSQL, args: []any{lease}}
 		steps = append(steps, claimSteps(*req, wait, restored)...)
 	}
 	p := sendPipe(ctx, c.Conn(), q, true, steps...)
@@ -167,8 +168,8 @@ func pgMillis(d time.Duration) int64 {
 func claimSteps(req ClaimRequest, wait, restored string) []pgStep {
 	return []pgStep{
 		{sql: pgSetLocal("lock_timeout", wait), alone: true},
-		{sql: pgTxClaimSQL, args: claimArgs(req)},
-		{sql: pgSavepointSQL},
+		{sql: pgsql.TxClaimSQL, args: claimArgs(req)},
+		{sql: pgsql.SavepointSQL},
 		{sql: pgSetLocal("lock_timeout", restored), alone: true},
 	}
 }
@@ -228,7 +229,7 @@ func readClaim(p *pgPipe, req ClaimRequest) (ClaimResult, error) {
 	return ClaimResult{Won: won, Record: rec}, nil
 }
 
-// claimLost reads the existing row of a claim that lost (pgTxReadSQL; a
+// claimLost reads the existing row of a claim that lost (pgsql.TxReadSQL; a
 // plain read never waits on a lock). When that read finds no row (cleanup
 // or a release removed it meanwhile) it claims again in the same
 // transaction; it returns pgx.ErrNoRows when that kept happening.
@@ -238,7 +239,7 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait string
 			rec Record
 			won bool
 		)
-		rows, err := t.tx.Query(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint)
+		rows, err := t.tx.Query(ctx, pgsql.TxReadSQL, req.Key, req.Scope, req.Endpoint)
 		if err == nil {
 			err = scanClaimRows(rows, req, &rec, &won)
 		}

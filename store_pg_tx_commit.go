@@ -9,6 +9,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -16,8 +17,8 @@ import (
 // Commit implements RouteTx. Settled: the rollback to the savepoint
 // (Undo), then one pipelined batch that puts back the state the claim
 // found (restoreSteps: whatever the handler set with SET LOCAL), SET
-// CONSTRAINTS ALL IMMEDIATE, the fenced record (pgTxCompleteSQL or
-// pgTxFailSQL), COMMIT and the session's state read. Unclaimed (s nil):
+// CONSTRAINTS ALL IMMEDIATE, the fenced record (pgsql.TxCompleteSQL or
+// pgsql.TxFailSQL), COMMIT and the session's state read. Unclaimed (s nil):
 // COMMIT and the read. The connection goes back to the pool once
 // committed, as BEGIN found it (afterCommit); on an error the caller ends
 // the transaction (Abort).
@@ -40,20 +41,20 @@ func (t *pgRouteTx) Commit(ctx context.Context, s *Settlement) error {
 // record writes s's record in the transaction and commits.
 func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 	f := s.Fence
-	op, sql, args := "fail", pgTxFailSQL, []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint}
+	op, sql, args := "fail", pgsql.TxFailSQL, []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint}
 	if !s.Failed {
 		jsonBody, rawBody, headers, err := completeArgs(s.Response)
 		if err != nil {
 			return err
 		}
-		op, sql = "complete", pgTxCompleteSQL
+		op, sql = "complete", pgsql.TxCompleteSQL
 		args = []any{f.ID, f.Attempt, f.Scope, s.Response.Status, jsonBody, rawBody, headers, sealKeyArg(s.Response.SealKeyID), f.Key, f.Endpoint}
 	}
 	if s.Undo {
 		// Alone, not in the batch: an aborted transaction refuses even to
 		// prepare the batch's other statements until it is rolled back.
 		// Only failure paths pay this round trip.
-		if _, err := t.tx.Exec(ctx, pgRollbackToSavepointSQL); err != nil {
+		if _, err := t.tx.Exec(ctx, pgsql.RollbackToSavepointSQL); err != nil {
 			return pgStoreError(op, err)
 		}
 	}
@@ -65,7 +66,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 	// the state was put back, the constraints held and the record found
 	// its row.
 	n := len(steps)
-	steps = append(steps, pgStep{sql: pgImmediateSQL}, pgStep{sql: sql, args: args})
+	steps = append(steps, pgStep{sql: pgsql.ImmediateSQL}, pgStep{sql: sql, args: args})
 	return t.commit(ctx, op, steps, n)
 }
 
@@ -73,7 +74,7 @@ func (t *pgRouteTx) record(ctx context.Context, s *Settlement) error {
 // next two check the constraints and record), then COMMIT and the
 // session's state read, and reads their results.
 func (t *pgRouteTx) commit(ctx context.Context, op string, steps []pgStep, n int) error {
-	steps = append(steps, pgStep{sql: pgCommitSQL}, pgStep{sql: pgTxSessionSQL})
+	steps = append(steps, pgStep{sql: pgsql.CommitSQL}, pgStep{sql: pgsql.TxSessionSQL})
 	p := t.pipe(ctx, steps...)
 	var err error
 	for i := 0; i < len(steps)-2 && err == nil; i++ {
@@ -104,7 +105,7 @@ func (t *pgRouteTx) commit(ctx context.Context, op string, steps []pgStep, n int
 	case errors.Is(err, ErrDeferredConstraint):
 		return &StoreError{Op: op, Reason: ReasonData, Err: err}
 	case !recorded && isDivisionByZero(err):
-		return ErrNotOwner // the guard of pgTxCompleteSQL and pgTxFailSQL: no row matched
+		return ErrNotOwner // the guard of pgsql.TxCompleteSQL and pgsql.TxFailSQL: no row matched
 	case !recorded:
 		return pgStoreError(op, err)
 	case err != nil:
@@ -122,7 +123,7 @@ func isIntegrityViolation(err error) bool {
 }
 
 // isDivisionByZero reports division_by_zero (22012), what the guard of
-// pgTxCompleteSQL and pgTxFailSQL raises when the record matched no row.
+// pgsql.TxCompleteSQL and pgsql.TxFailSQL raises when the record matched no row.
 func isDivisionByZero(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "22012"
@@ -159,7 +160,7 @@ func (t *pgRouteTx) rollback(ctx context.Context) error {
 		// The handler ended the transaction itself (or a COMMIT failed):
 		// what it committed may have changed the session.
 		var now pgSession
-		if err := now.scan(t.c.Conn().QueryRow(ctx, pgTxSessionSQL)); err != nil {
+		if err := now.scan(t.c.Conn().QueryRow(ctx, pgsql.TxSessionSQL)); err != nil {
 			t.afterCommit(ctx, nil)
 		} else {
 			t.afterCommit(ctx, &now)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,7 +22,7 @@ type pgRouteTx struct {
 	q       *pgQualified  // the store's table, as its statements name it
 	session pgSession     // the session's state at BEGIN
 	// bounds are statement_timeout and idle_in_transaction_session_timeout
-	// as the claim bounded them (pgTxBoundsSQL); unclaimed, the session's.
+	// as the claim bounded them (pgsql.TxBoundsSQL); unclaimed, the session's.
 	bounds [2]string
 	gate   *txGate // the handler's view, once lent
 }
@@ -63,7 +64,7 @@ func (t *pgRouteTx) State() TxState {
 	return TxOpen
 }
 
-// Takeover implements RouteTx: the fenced UPDATE of pgTxTakeoverSQL
+// Takeover implements RouteTx: the fenced UPDATE of pgsql.TxTakeoverSQL
 // inside the transaction, between the lock wait and the session's
 // lock_timeout, then the savepoint, pipelined. The transaction holds the
 // table's lock since its claim, so a lock wait that runs out here is the
@@ -72,8 +73,8 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 	var rec Record
 	p := t.pipe(ctx,
 		pgStep{sql: pgSetLocal("lock_timeout", pgInterval(cmpWait(req.LockWait))), alone: true},
-		pgStep{sql: pgTxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint}},
-		pgStep{sql: pgSavepointSQL},
+		pgStep{sql: pgsql.TxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint}},
+		pgStep{sql: pgsql.SavepointSQL},
 		pgStep{sql: pgSetLocal("lock_timeout", t.session.lock), alone: true})
 	_, err := p.Exec()
 	if err == nil {
@@ -97,10 +98,10 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 	return ClaimResult{}, pgStoreError("takeover", err)
 }
 
-// EndLease implements RouteTx: pgEndLeaseSQL on a connection of the pool,
+// EndLease implements RouteTx: pgsql.EndLeaseSQL on a connection of the pool,
 // the route's own given back by Abort.
 func (t *pgRouteTx) EndLease(ctx context.Context, f Fence) error {
-	return pgOwnerError("end_lease", t.s.fenced(ctx, pgEndLeaseSQL, f))
+	return pgOwnerError("end_lease", t.s.fenced(ctx, pgsql.EndLeaseSQL, f))
 }
 
 // isLockWait reports a lock wait that ran out (lock_not_available).

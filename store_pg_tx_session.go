@@ -10,16 +10,17 @@ import (
 	"context"
 	"errors"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 )
 
 // pgSession is the session's state a transactional route depends on, as
-// pgTxSessionSQL reads it.
+// pgsql.TxSessionSQL reads it.
 type pgSession struct {
 	role, searchPath, syncCommit, statement, lock, idle, user string
 }
 
-// scan reads pgTxSessionSQL's row into s, and any columns after it into
+// scan reads pgsql.TxSessionSQL's row into s, and any columns after it into
 // more.
 func (s *pgSession) scan(row pgx.Row, more ...any) error {
 	return row.Scan(append([]any{&s.role, &s.searchPath, &s.syncCommit, &s.statement, &s.lock, &s.idle, &s.user}, more...)...)
@@ -71,7 +72,7 @@ func (t *pgRouteTx) restoreSteps(now *pgSession) []pgStep {
 	want.statement, want.idle = t.bounds[0], t.bounds[1]
 	var steps []pgStep
 	if now == nil || now.statement != want.statement || now.searchPath != want.searchPath || now.idle != want.idle {
-		steps = append(steps, pgStep{sql: pgTxRestoreSQL, args: []any{want.statement, want.searchPath, want.idle}})
+		steps = append(steps, pgStep{sql: pgsql.TxRestoreSQL, args: []any{want.statement, want.searchPath, want.idle}})
 	}
 	if now == nil || now.role != want.role {
 		steps = append(steps, pgStep{sql: pgSetRole("SET LOCAL ", want.role), alone: true})
@@ -95,7 +96,7 @@ func (t *pgRouteTx) beforeRecord(ctx context.Context) ([]pgStep, error) {
 		return t.restoreSteps(nil), nil
 	}
 	var now pgSession
-	if err := now.scan(t.tx.QueryRow(ctx, pgTxSessionSQL)); err != nil {
+	if err := now.scan(t.tx.QueryRow(ctx, pgsql.TxSessionSQL)); err != nil {
 		return nil, err
 	}
 	return t.restoreSteps(&now), nil
@@ -126,10 +127,10 @@ func (t *pgRouteTx) restoreSession(ctx context.Context) error {
 	s := t.session
 	p := sendPipe(ctx, t.c.Conn(), t.q, false,
 		pgStep{sql: pgSetRole("SET ", s.role)},
-		pgStep{sql: pgSessionRestoreSQL, args: []any{s.searchPath, s.statement, s.idle}},
+		pgStep{sql: pgsql.SessionRestoreSQL, args: []any{s.searchPath, s.statement, s.idle}},
 		pgStep{sql: pgSet("SET ", "synchronous_commit", s.syncCommit)},
 		pgStep{sql: pgSet("SET ", "lock_timeout", s.lock)},
-		pgStep{sql: pgTxSessionSQL})
+		pgStep{sql: pgsql.TxSessionSQL})
 	var err error
 	for range 4 {
 		if _, err = p.Exec(); err != nil {
