@@ -1,17 +1,25 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/idemkit/idempotency/internal/operator"
 	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/idemkit/idempotency/internal/probe"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// The pgx store's face: PostgresStore, its Store methods (claim, settle,
+// release, erase, export, cleanup) and what the operator's tools read.
 
 // PostgresStore is a Store on a PostgreSQL table, idempotency_keys (see
 // Migrate), reached through a pgx connection pool. Several processes sharing
@@ -20,7 +28,7 @@ import (
 // clocks of the application servers never matter. It is safe for concurrent
 // use, and pins its table to the schema Check or its first statement found.
 type PostgresStore struct {
-	pool   *pgPool    // qualifies the table in what it sends (store_pg_table.go)
+	pool   *pgPool    // qualifies the table in what it sends (store_pg_pool.go)
 	probes probe.Gate // one outage probe at a time (Probe)
 }
 
@@ -280,4 +288,185 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 		return nil, pgStoreError("export", err)
 	}
 	return recs, nil
+}
+
+// releaseKey releases one stuck key for an operator
+// (operator.Store.ReleaseKey) with one fenced DELETE, idempotent, so a lost
+// connection is retried.
+func (s *PostgresStore) releaseKey(ctx context.Context, f Fence) (bool, error) {
+	var n int64
+	err := retryConnLoss(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, pgsql.ReleaseKeySQL, f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return false, pgStoreError("release", err)
+	}
+	return n > 0, nil
+}
+
+// Cleanup implements Store: it reads at most limit deletable rows,
+// earliest expiry first, without locking them (pgsql.ExpiredBatchSQL), then
+// deletes them with one DELETE per scope (pgsql.DeleteExpiredSQL), all sent in
+// one pipelined batch, which runs as one transaction. Each DELETE checks
+// the predicate again, so a row taken over since the read stays. Two
+// cleaners running at once may read the same rows: the second waits for
+// the first's delete and then deletes none of them, so its batch may count
+// fewer rows than it read (the next batch or run goes on).
+func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := retrySerialization(ctx, func() error {
+		return s.withConn(ctx, func(c pgConn) (err error) {
+			n, err = cleanupBatch(ctx, c, limit)
+			return err
+		})
+	})
+	if err != nil {
+		return 0, pgStoreError("cleanup", err)
+	}
+	return n, nil
+}
+
+// pgKeyEndpoint is a row's key within its scope.
+type pgKeyEndpoint struct{ key, endpoint string }
+
+// cleanupBatch runs one batch of Cleanup on c.
+func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
+	rows, err := c.Query(ctx, pgsql.ExpiredBatchSQL, int64(limit))
+	if err != nil {
+		return 0, err
+	}
+	byScope := make(map[string][]pgKeyEndpoint)
+	var scope string
+	var k pgKeyEndpoint
+	_, err = pgx.ForEachRow(rows, []any{&scope, &k.key, &k.endpoint}, func() error {
+		byScope[scope] = append(byScope[scope], k)
+		return nil
+	})
+	if err != nil || len(byScope) == 0 {
+		return 0, err
+	}
+	// One order for every cleaner, so two of them lock rows in the same
+	// order and do not deadlock.
+	scopes := slices.Sorted(maps.Keys(byScope))
+	batch := &pgx.Batch{}
+	for _, sc := range scopes {
+		rows := byScope[sc]
+		slices.SortFunc(rows, func(a, b pgKeyEndpoint) int {
+			return cmp.Or(strings.Compare(a.key, b.key), strings.Compare(a.endpoint, b.endpoint))
+		})
+		keys, endpoints := make([]string, len(rows)), make([]string, len(rows))
+		for i, r := range rows {
+			keys[i], endpoints[i] = r.key, r.endpoint
+		}
+		batch.Queue(pgsql.DeleteExpiredSQL, sc, keys, endpoints)
+	}
+	results := c.SendBatch(ctx, batch)
+	var n int64
+	for range scopes {
+		tag, err := results.Exec()
+		if err != nil {
+			results.Close()
+			return 0, err
+		}
+		n += tag.RowsAffected()
+	}
+	return n, results.Close()
+}
+
+// What an operator reads from the table (the CLI's inspect, stats and
+// cleanup --dry-run) and the release of one stuck key: read-only
+// statements, against the database's clock, and one fenced DELETE. The CLI
+// reaches them through internal/operator, where the store registers them.
+
+func init() {
+	operator.Register(func(store any) (any, bool) {
+		s, ok := store.(*PostgresStore)
+		if !ok {
+			return nil, false
+		}
+		return operator.Store[Record, Fence]{Lookup: s.lookup, ReleaseKey: s.releaseKey, Stats: s.stats, CountCleanup: s.countCleanup}, true
+	})
+}
+
+// lookup reads the rows of key in scope, on every endpoint, or on endpoint
+// alone when it is not "" (operator.Store.Lookup), and the database's time.
+func (s *PostgresStore) lookup(ctx context.Context, key, scope, endpoint string) ([]Record, time.Time, error) {
+	var out struct {
+		Records []Record
+		Now     time.Time
+	}
+	var ep *string
+	if endpoint != "" {
+		ep = &endpoint
+	}
+	err := retryConnLoss(ctx, func() error {
+		out.Records, out.Now = nil, time.Time{}
+		rows, err := s.pool.Query(ctx, pgsql.LookupSQL, key, scope, ep)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var rec Record
+			if err := scanRecord(rows, &rec, &out.Now); err != nil {
+				return err
+			}
+			out.Records = append(out.Records, rec)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(out.Records) == 0 {
+			return s.pool.QueryRow(ctx, pgsql.NowSQL).Scan(&out.Now)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, pgStoreError("lookup", err)
+	}
+	return out.Records, out.Now, nil
+}
+
+// stats counts the table's rows in one scan (pgsql.StatsSQL).
+func (s *PostgresStore) stats(ctx context.Context) (operator.Stats, error) {
+	var st operator.Stats
+	err := retryConnLoss(ctx, func() error {
+		var inFlightAge, expiredAge *float64
+		if err := s.pool.QueryRow(ctx, pgsql.StatsSQL).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
+			&inFlightAge, &st.InFlightPastLease, &st.AwaitingCleanup, &expiredAge); err != nil {
+			return err
+		}
+		st.OldestInFlightAge, st.OldestExpiredAge = seconds(inFlightAge), seconds(expiredAge)
+		return nil
+	})
+	if err != nil {
+		return operator.Stats{}, pgStoreError("stats", err)
+	}
+	return st, nil
+}
+
+// countCleanup counts the rows Cleanup would delete now (pgsql.CountCleanupSQL),
+// reading only the expired end of the expiry index; it deletes nothing.
+func (s *PostgresStore) countCleanup(ctx context.Context) (int64, error) {
+	var n int64
+	err := retryConnLoss(ctx, func() error {
+		return s.pool.QueryRow(ctx, pgsql.CountCleanupSQL).Scan(&n)
+	})
+	if err != nil {
+		return 0, pgStoreError("count cleanup", err)
+	}
+	return n, nil
+}
+
+// seconds converts a nullable count of seconds; NULL is 0.
+func seconds(s *float64) time.Duration {
+	if s == nil {
+		return 0
+	}
+	return time.Duration(*s * float64(time.Second))
 }
