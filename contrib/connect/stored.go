@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idemrpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -62,8 +63,8 @@ func record(resp connect.AnyResponse, herr error, allow []string) idempotency.Re
 			rpc = append(rpc, base64.StdEncoding.EncodeToString(b))
 		}
 	}
-	h[rpcHeader], h[outcomeHeader] = rpc, []string{outcomeOf(code)}
-	return idempotency.Response{Status: httpStatus(code), Header: h, Body: body, BodyKind: idempotency.BodyRaw}
+	h[rpcHeader], h[outcomeHeader] = rpc, []string{idemrpc.Outcome(uint32(code))}
+	return idempotency.Response{Status: idemrpc.HTTPStatus(uint32(code)), Header: h, Body: body, BodyKind: idempotency.BodyRaw}
 }
 
 // keep copies the allow-listed headers of from into h, under prefix.
