@@ -22,10 +22,9 @@ func RequestFromContext(ctx context.Context) (*http.Request, bool) {
 	return r, ok
 }
 
-// KeyFromContext returns the request's normalised idempotency key inside a
-// wrapped handler, for example to forward it to a broker as its client
-// order id. It reports false when the request carried no key or the
-// kill-switch was off.
+// KeyFromContext returns the request's normalised key inside a wrapped
+// handler (to forward as a broker's client order id, say); false when the
+// request carried no key or the kill-switch was off.
 func KeyFromContext(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(keyCtxKey).(string)
 	return k, ok

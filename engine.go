@@ -41,8 +41,8 @@ type request struct {
 	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
 	storeReason  string        // the reason of the store error the claim failed with
 	observed     bool          // the decision was reported
-	// run is the call's execution, if it runs one: kept here, where the
-	// adapter already allocated the call, rather than allocated apart.
+	// run is the call's execution, if it runs one: kept here, where the adapter
+	// already allocated the call, rather than allocated apart.
 	run0 execution
 }
 
@@ -52,25 +52,24 @@ type request struct {
 // engine calls it from the call's goroutine, and delivers exactly once:
 // send, deliver or replay, or through pass.
 type transport interface {
-	// pass runs the handler with no claim (a pass-through, a bypass), with
-	// key in its context when it is not "", and delivers its result.
+	// pass runs the handler with no claim (a pass-through, a bypass), with key in
+	// its context when it is not "", and delivers its result.
 	pass(key string)
-	// handle runs the handler under ctx and holds its result: for the
-	// record up to limit bytes when limit > 0, and whole until the commit
-	// when held (a transactional run). It may panic: the handler's panic.
+	// handle runs the handler under ctx and holds its result: for the record up to
+	// limit bytes when limit > 0, and whole until the commit when held (a
+	// transactional run). It may panic: the handler's panic.
 	handle(ctx context.Context, limit int64, held bool)
-	// status is the held result's status: HTTP's, or the adapter's HTTP-like
-	// code (200 for a handler that said nothing).
+	// status is the held result's status: HTTP's, or the adapter's HTTP-like code
+	// (200 for a handler that said nothing).
 	status() int
 	// tooLarge reports a held result that outgrew the transactional cap.
 	tooLarge() bool
-	// result is the held result as recorded: status, replayable metadata
-	// and body.
+	// result is the held result as recorded: status, replayable metadata and body.
 	result() Response
 	// send delivers the handler's own result.
 	send()
-	// deliver delivers one of the contract's answers instead (original:
-	// the stored status of answerNotStored), undoing what the handler set.
+	// deliver delivers one of the contract's answers instead (original: the stored
+	// status of answerNotStored), undoing what the handler set.
 	deliver(a answer, original int)
 	// replay delivers a stored result.
 	replay(resp Response)

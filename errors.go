@@ -15,12 +15,10 @@ var (
 	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
 )
 
-// ErrTxEnded is returned by every call of a transactional route's lent
-// transaction (TxFromContext) once the transaction has ended under the
-// handler (it ran COMMIT or ROLLBACK itself, or the server rolled it back):
-// nothing more is sent, so no statement of the handler runs outside the
-// transaction that holds its key. The handler's answer is then never
-// delivered: the client gets 503 idempotency_store_unavailable.
+// ErrTxEnded is returned by every call of a lent transaction
+// (TxFromContext) once it ended under the handler (its own COMMIT or
+// ROLLBACK, or the server's rollback): nothing more is sent, and the client
+// gets 503 idempotency_store_unavailable.
 var ErrTxEnded = errors.New("idempotency: the route's transaction ended under the handler")
 
 // Error describes the answer: its code, and what it stands for.
@@ -36,11 +34,10 @@ func (e ErrorAnswer) Error() string {
 // ErrStoreUnavailable).
 func (e ErrorAnswer) Unwrap() error { return e.err }
 
-// PermanentError is a business rejection (insufficient funds, an unknown
-// account) returned by a function of Do: it completes the call, as a 4xx
-// does over HTTP, and every retry with the key gets the same
-// *PermanentError back, Code and Message (not the function's own error
-// type). On a transactional Operation the function's writes commit with it.
+// PermanentError is a business rejection returned by a function of Do: it
+// completes the call, as a 4xx does over HTTP, and every retry with the key
+// gets the same *PermanentError back (a transactional Operation's writes
+// commit with it).
 type PermanentError struct {
 	Code    string // for programs, e.g. "insufficient_funds"
 	Message string // for people

@@ -7,7 +7,7 @@ import (
 )
 
 // opReleaseOwner is the store operation of the background deletion of a
-// lost claim's row by its owner token (OwnerReleaser): not "release", which
+// lost claim's row by its owner token (Store.ReleaseOwner): not "release", which
 // is a fenced release of a claim the request holds.
 const opReleaseOwner = "release_owner"
 
@@ -36,8 +36,7 @@ func unknownOutcome(reason string) bool {
 // request's claim is never touched. It keeps trying until the store
 // answers, or the lease the claim would have held ends.
 func (rq *request) forgetClaim(err error) {
-	rel, ok := rq.m.store.(OwnerReleaser)
-	if !ok || !unknownOutcome(storeReason(err)) || rq.rt.txStore != nil {
+	if !unknownOutcome(storeReason(err)) || rq.rt.txStore != nil {
 		// A transactional route's claim never commits alone: it rolled
 		// back with its transaction.
 		return
@@ -47,7 +46,7 @@ func (rq *request) forgetClaim(err error) {
 	// on the server too (two store timeouts after it failed): before
 	// that, its INSERT may still commit.
 	noneAfter := time.Now().Add(2 * rq.m.cfg.StoreTimeout)
-	rq.inBackground(opReleaseOwner, func(ctx context.Context) (bool, error) { return rel.ReleaseOwner(ctx, req) },
+	rq.inBackground(opReleaseOwner, func(ctx context.Context) (bool, error) { return rq.m.store.ReleaseOwner(ctx, req) },
 		noneAfter, rq.claimStart.Add(req.Lease), "idempotency: freed the key of a claim whose reply was lost; its handler never ran", "")
 }
 

@@ -90,8 +90,8 @@ func (rq *httpRequest) admit() bool {
 func (rq *httpRequest) admitScope(key string, body []byte) bool {
 	scope := rq.m.cfg.Scope(rq.hookContext(rq.m.scoped))
 	if !storable(scope) || !storable(rq.endpoint) || scope == "" && rq.rt.needScope {
-		// A value the store cannot hold would fail every claim of this
-		// key alike: refuse it rather than treat it as an outage (which a
+		// A value the store cannot hold would fail every claim of this key
+		// alike: refuse it rather than treat it as an outage (which a
 		// fail-open route would run without deduplication, every time).
 		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long), or the scope that guards the route's keys is empty",
 			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))

@@ -68,8 +68,8 @@ func (m *Middleware) Route(rc RouteConfig) (func(http.Handler) http.Handler, err
 	}, nil
 }
 
-// MustRoute is like Route but panics when rc is invalid. It suits routes
-// built once at start-up.
+// MustRoute is Route for routes built at start-up: it panics when rc is
+// invalid.
 func (m *Middleware) MustRoute(rc RouteConfig) func(http.Handler) http.Handler {
 	mw, err := m.Route(rc)
 	if err != nil {

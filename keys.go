@@ -13,15 +13,14 @@ import (
 type KeyFormat int
 
 const (
-	// KeyUUID accepts a UUID in its 36-character 8-4-4-4-12 hex form, any
-	// case, optionally as a structured-field string ("..."), and stores it
-	// in lower case (the ADR). The default.
+	// KeyUUID accepts a UUID in its 36-character 8-4-4-4-12 hex form, any case,
+	// optionally as a structured-field string ("..."), and stores it in lower
+	// case. The default.
 	KeyUUID KeyFormat = iota
-	// KeyOpaque accepts 1 to MaxKeyLength visible ASCII characters or
-	// spaces, bare or as a structured-field string (\" and \\ escapes),
-	// compared exactly: "AbC" and "abc" are two keys (Stripe's keys fit).
-	// Such keys may be guessable ("all"), so the route needs Config.Scope or
-	// RouteConfig.MinKeyLength.
+	// KeyOpaque accepts 1 to MaxKeyLength visible ASCII characters or spaces, bare
+	// or as a structured-field string (\" and \\ escapes), compared exactly: "AbC"
+	// and "abc" are two keys (Stripe's keys fit). Such keys may be guessable
+	// ("all"), so the route needs Config.Scope or RouteConfig.MinKeyLength.
 	KeyOpaque
 )
 

@@ -21,39 +21,37 @@ import (
 // The pgx store's face: PostgresStore, its Store methods (claim, settle,
 // release, erase, export, cleanup) and what the operator's tools read.
 
-// PostgresStore is a Store on a PostgreSQL table, idempotency_keys (see
-// Migrate), reached through a pgx connection pool. Several processes sharing
-// one database share its keys, so at most one of them runs a handler per key.
-// Every time it stores or compares comes from the database's now(), so the
-// clocks of the application servers never matter. It is safe for concurrent
-// use, and pins its table to the schema Check or its first statement found.
+// PostgresStore is a Store and TxStore on the PostgreSQL table
+// idempotency_keys (see migrations), through a pgx pool. Processes sharing
+// one database share its keys; every time comes from the database's now().
+// It is safe for concurrent use.
 type PostgresStore struct {
 	pool   *pgPool    // qualifies the table in what it sends (store_pg_pool.go)
 	probes probe.Gate // one outage probe at a time (Probe)
 }
 
 var (
-	_ Store         = (*PostgresStore)(nil)
-	_ OwnerReleaser = (*PostgresStore)(nil)
+	_ Store = (*PostgresStore)(nil)
 )
 
 // NewPostgresStore returns a PostgresStore using pool, which stays the
-// caller's to close. It expects MaxConns sized for the transactional routes
-// (each holds a connection for its whole handler) plus the other claims, and
-// a ConnectTimeout (connect_timeout in the URL) of a few seconds: without
-// one, a black-holed network wedges the pool for minutes after it heals, so
-// the store logs a WARN through slog.Default. A call that finds every
-// connection in use fails as ReasonPoolExhausted.
+// caller's to close. Size MaxConns for the transactional routes (each holds
+// a connection for its whole handler) plus the other claims, and set
+// connect_timeout in the URL (a few seconds; the store warns without one).
 func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
+	// A black-holed network wedges a pool without a connect timeout for
+	// minutes after it heals. A call that finds every connection in use fails
+	// as ReasonPoolExhausted.
 	return newPostgresStore(pool, slog.Default())
 }
 
 // errClaimVanished is the cause of a claim that kept reading no row.
 var errClaimVanished = errors.New("the conflicting row was not visible after repeated attempts")
 
-// Claim implements Store in one statement (pgsql.ClaimSQL): the winner's insert
-// and the loser's read of the existing row take one round trip.
+// Claim implements Store in one round trip.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	// One statement (pgsql.ClaimSQL): the winner's insert and the loser's
+	// read of the existing row.
 	var last error
 	lossRetried := false // see retryConnLoss
 	for range pgRetries {
@@ -118,11 +116,11 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 	}
 }
 
-// Complete implements Store with one fenced UPDATE. Every body is stored
-// and read back byte for byte: a BodyJSON body in response_body, a BodyRaw
-// body, empty included, in response_body_raw (a sealed one too); BodyNone
-// stores no body.
+// Complete implements Store with one fenced UPDATE.
 func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
+	// Every body is stored and read back byte for byte: a BodyJSON body in
+	// response_body, a BodyRaw body, empty included, in response_body_raw (a
+	// sealed one too); BodyNone stores no body.
 	jsonBody, rawBody, headers, err := completeArgs(resp)
 	if err != nil {
 		return err
@@ -173,10 +171,10 @@ func execFenced(ctx context.Context, c pgConn, sql string, args []any) error {
 	})
 }
 
-// ReleaseOwner implements OwnerReleaser with one DELETE that names the
-// key's scope (one shard on Citus). A lost connection is retried once, like
-// a claim: the DELETE is idempotent.
+// ReleaseOwner implements Store with one idempotent DELETE.
 func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
+	// The DELETE names the key's scope (one shard on Citus); a lost
+	// connection is retried once, like a claim.
 	if req.Owner == uuid.Nil {
 		return false, nil
 	}
@@ -211,8 +209,7 @@ func ownerArg(o uuid.UUID) any {
 	return o.String()
 }
 
-// Erase implements Store in one statement: the rows it deletes and
-// the live in_flight rows it skips are read from one snapshot.
+// Erase implements Store in one statement (one snapshot).
 func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	var res ErasureResult
 	// REPEATABLE READ: a row that changed after the statement's snapshot
@@ -306,15 +303,15 @@ func (s *PostgresStore) releaseKey(ctx context.Context, f Fence) (bool, error) {
 	return n > 0, nil
 }
 
-// Cleanup implements Store: it reads at most limit deletable rows,
-// earliest expiry first, without locking them (pgsql.ExpiredBatchSQL), then
-// deletes them with one DELETE per scope (pgsql.DeleteExpiredSQL), all sent in
-// one pipelined batch, which runs as one transaction. Each DELETE checks
-// the predicate again, so a row taken over since the read stays. Two
-// cleaners running at once may read the same rows: the second waits for
-// the first's delete and then deletes none of them, so its batch may count
-// fewer rows than it read (the next batch or run goes on).
+// Cleanup implements Store in one pipelined transaction.
 func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
+	// It reads at most limit deletable rows, earliest expiry first, without
+	// locking them (pgsql.ExpiredBatchSQL), then deletes them with one DELETE
+	// per scope (pgsql.DeleteExpiredSQL). Each DELETE checks the predicate
+	// again, so a row taken over since the read stays. Two cleaners running at
+	// once may read the same rows: the second waits for the first's delete and
+	// then deletes none of them, so its batch may count fewer rows than it read
+	// (the next batch or run goes on).
 	if limit <= 0 {
 		return 0, nil
 	}

@@ -148,7 +148,7 @@ func isConnLoss(ctx context.Context, err error) bool {
 	return r == ReasonConnection || r == ReasonRemoteNode
 }
 
-// The class table of store errors (DESIGN-settled-r4 items 4 and 5): what
+// The class table of store errors: what
 // a failed store call means for a fail-open route. Only a connection
 // failure or a sent statement's timeout makes the route run the outage
 // probe, and only a failed probe is a bypass (claimFailed). The server's
@@ -218,7 +218,7 @@ func (d dialect) probeVerdict(err error) error {
 
 // acquireError is a failed wait for a pooled connection, with the pool's
 // state when it failed, for the log. Whatever that state, it is
-// pool_exhausted (DESIGN-settled-r4 item 4): every connection in use is
+// pool_exhausted: every connection in use is
 // saturation, and a pool still opening a connection is no evidence of an
 // outage either; only the outage probe is.
 type acquireError struct {
@@ -249,16 +249,14 @@ var pgByteaColumns = []string{"request_hash", "response_body", "response_body_ra
 // table that lacks a column or constraint the store needs.
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
 
-// Check verifies at start-up what every claim needs, so that a bad
-// deployment fails to start rather than fail every claim: the
-// idempotency_keys table the pool's search_path finds (none: a *StoreError
-// of Reason ReasonSchema), its columns, their types where an older schema
-// differs, and unique constraint
-// (ErrSchemaOutdated, wrapped, naming what is missing: docs/stores.md "Upgrading an
-// old version-1 database"), and the role's SELECT, INSERT, UPDATE and DELETE
-// on it and USAGE on its id sequence, which a rolled-back probe transaction
-// uses (a *StoreError of Reason ReasonPermission naming the privilege).
+// Check implements Store: the table the pool's search_path finds (none: a
+// *StoreError, ReasonSchema), its columns, types and unique key
+// (ErrSchemaOutdated, wrapped, naming what is missing), and the role's
+// privileges on it (a *StoreError, ReasonPermission, naming the privilege).
 func (s *PostgresStore) Check(ctx context.Context) error {
+	// The privileges: SELECT, INSERT, UPDATE and DELETE on the table and
+	// USAGE on its id sequence, which a rolled-back probe transaction uses. An
+	// outdated table: docs/stores.md "Upgrading an old version-1 database".
 	var (
 		cols   []string
 		bytea  []string

@@ -15,24 +15,18 @@ import (
 // The lent transaction: the pgx.Tx a transactional route's handler gets
 // (TxFromContext), gated so that it never outlives the handler.
 
-// TxFromContext returns the transaction a transactional route began for its
-// handler. Write through it: the writes commit together with the key's
-// completed record, or not at all. The middleware owns it: its Commit and
-// Rollback return ErrTxManaged and change nothing (answer >= 500 to roll
-// back); Begin opens a savepoint as usual. Each call runs exactly one
-// statement (several in one string fail with 42601; a batch runs one
-// statement at a time), and once the transaction has ended under the
-// handler every call returns ErrTxEnded and sends nothing. It reports
-// false outside a transactional route.
+// TxFromContext returns the transaction of a transactional route's handler
+// (false elsewhere): its writes commit with the key's record, or not at
+// all. Commit and Rollback return ErrTxManaged (answer >= 500 to roll back);
+// Begin opens a savepoint. Each call runs one statement, and once the
+// transaction ended under the handler every call returns ErrTxEnded.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txCtxKey).(pgx.Tx)
 	return tx, ok
 }
 
-// ErrTxManaged is returned by Commit and Rollback on the transaction
-// TxFromContext hands a handler: the middleware commits the handler's
-// writes together with the key's record, or rolls them back, keeping the
-// key's claim, when the handler failed.
+// ErrTxManaged is returned by Commit and Rollback of the transaction
+// TxFromContext hands a handler: the middleware ends it.
 var ErrTxManaged = errors.New("idempotency: the route's transaction is committed or rolled back by the middleware")
 
 // The route's transaction as the handler sees it (TxFromContext). Once the
@@ -49,7 +43,7 @@ var ErrTxManaged = errors.New("idempotency: the route's transaction is committed
 // the handler.
 //
 // No statement of the handler runs outside the transaction that holds its
-// key (DESIGN-settled-r4.md item 2): each call is exactly one statement,
+// key: each call is exactly one statement,
 // never sent over the simple protocol, where one string may hold several
 // (a ROLLBACK, then writes that would commit on their own), and a batch
 // runs one statement at a time (gatedBatch). After every call the

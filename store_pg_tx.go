@@ -16,12 +16,12 @@ import (
 
 var _ TxStore = (*PostgresStore)(nil)
 
-// BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
-// Batch.BeginTx), the session's state read with the claim's bounds, the
-// claim and the savepoint; a loser then reads the existing row
-// (pgsql.TxReadSQL). A serialization failure or a lock wait that ran out rolls
-// back and begins again, a bounded number of times.
+// BeginClaim implements TxStore in one pipelined round trip.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
+	// One batch of BEGIN (pgx's Batch.BeginTx), the session's state read with
+	// the claim's bounds, the claim and the savepoint; a loser then reads the
+	// existing row (pgsql.TxReadSQL). A serialization failure or a lock wait
+	// that ran out rolls back and begins again, a bounded number of times.
 	if req == nil {
 		t, _, err := s.begin(ctx, nil, "", "")
 		if err != nil {
@@ -157,6 +157,12 @@ func cmpWait(d time.Duration) time.Duration {
 // (at least 1: 0 would mean no bound at all).
 func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(pgMillis(d), 1), 10) + "ms"
+}
+
+// TxLockWaitBudget implements TxStore: each try's wait in whole
+// milliseconds, rounded up, times the tries.
+func (s *PostgresStore) TxLockWaitBudget(wait time.Duration) time.Duration {
+	return time.Duration(pgMillis(wait)) * time.Millisecond * pgRetries
 }
 
 // pgMillis is d in whole milliseconds, rounded up: the bound PostgreSQL

@@ -288,7 +288,7 @@ func (t *pgRouteTx) release() {
 }
 
 // What a transactional route's handler does to its session never reaches
-// the record, nor outlives its request (DESIGN.md "Safe as deployed"):
+// the record, nor outlives its request:
 // the record and COMMIT run with the state the claim found, and after
 // COMMIT the connection goes back to the pool as the store found it, or is
 // destroyed.

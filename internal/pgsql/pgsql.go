@@ -138,7 +138,7 @@ WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
 	AND status = 'in_flight' AND attempt = $2`
 
 // ReleaseOwnerSQL deletes the key's row only while it is in_flight with
-// the given owner token (see OwnerReleaser).
+// the given owner token (Store.ReleaseOwner).
 //
 // $1 key, $2 scope, $3 endpoint, $4 owner token.
 const ReleaseOwnerSQL = `DELETE FROM idempotency_keys
