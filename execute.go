@@ -25,7 +25,7 @@ type execution struct {
 // settlement is how a run's outcome reaches the store: ordinary (the fenced
 // Store.Complete, Fail or Release after the handler returned: settle.go) or
 // transactional (the record commits with the handler's writes:
-// execute_tx.go).
+// settle_tx.go).
 type settlement interface {
 	// free gives back a won key whose handler never ran.
 	free(x *execution)

@@ -7,7 +7,7 @@ import (
 
 // The connection controls of http.ResponseController that change no bytes
 // of the response are passed to the real writer, buffering or not. Flush
-// and Hijack are the buffer's own (recorder.go), and Unwrap exposes the
+// and Hijack are the buffer's own (http_buffer.go), and Unwrap exposes the
 // real writer only once the response streams, so a controller can never
 // reach past the buffer for those.
 
