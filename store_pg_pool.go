@@ -126,7 +126,7 @@ func qualify(sql, table string) string {
 // pgStatements is every SQL statement the Postgres store sends, by the
 // name of its constant, but for Check's privilege probe (pgProbe): the
 // ones sent with the table qualified, and the ones the Citus rules check
-// (store_pg_sql_test.go). TestPostgresStatementsListed keeps it complete.
+// (store_pg_pool_statements_test.go). TestPostgresStatementsListed keeps it complete.
 var pgStatements = map[string]string{
 	"pgsql.ClaimSQL":               pgsql.ClaimSQL,
 	"pgsql.TakeoverSQL":            pgsql.TakeoverSQL,

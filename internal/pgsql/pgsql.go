@@ -77,7 +77,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // idem_key, scope_endpoint), and checks the id (a key released and claimed
 // again is another row) and the attempt; on Citus the table is distributed
 // by scope_user_id, so the statement reaches one shard
-// (store_pg_sql_test.go pins it).
+// (store_pg_pool_statements_test.go pins it).
 //
 // $1 id, $2 attempt, $3 scope, $4 request hash (hex), $5 TTL, $6 lease,
 // $7 owner token, $8 key, $9 endpoint.
