@@ -40,6 +40,10 @@ test/pg: ## make test against the local Postgres (TEST_DATABASE_URL, default 127
 test/failover: ## Kill -9 the Patroni leader under load (needs the patroni, etcd-server and postgresql packages; about a minute)
 	$(GO) test -tags failover -count=1 -timeout 4m -v -run TestFailover ./internal/failover
 
+.PHONY: test/matrix
+test/matrix: ## The fault matrix: every fault x entry point x store x route policy, printed with N/A reasons and wall time (MATRIX_PARALLEL cells at once, default 4; a few minutes)
+	cd internal/matrix && $(GO) test -tags matrix -count=1 -timeout 25m -parallel 64 -run '^TestMatrix$$'
+
 .PHONY: bench
 bench: ## Go benchmarks with allocations (Postgres ones need IDEMPOTENCY_TEST_DATABASE_URL)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
@@ -79,6 +83,7 @@ lint: ## gofmt, go vet and staticcheck
 		(cd $$m && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...); \
 	done
 	$(GO) vet -tags failover ./internal/failover && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags failover ./internal/failover
+	cd internal/matrix && $(GO) vet -tags matrix . && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags matrix .
 
 .PHONY: release/check
 release/check: ## Build every module's zip as the proxy would serve it at HEAD; fail on an executable or a zip over 2 MiB

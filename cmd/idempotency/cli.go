@@ -77,7 +77,7 @@ func (f durationFlag) Set(s string) error {
 func (c *cli) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned and printed as one line
-	fs.Var(&c.g.databaseURL, "database-url", "PostgreSQL or mysql:// `URL` (env "+envDatabaseURL+"; the flag wins; MySQL/MariaDB for "+bothDialects+")")
+	fs.Var(&c.g.databaseURL, "database-url", "PostgreSQL or mysql:// `URL` (env "+envDatabaseURL+"; the flag wins; every command works on both)")
 	fs.Var(&c.g.sealKeysFile, "seal-keys-file", "read the seal keys from `PATH` (the format of "+envSealKeys+", which is read when this is not given)")
 	fs.BoolVar(&c.g.json, "json", c.g.json, "print one JSON document instead of text")
 	fs.Var(durationFlag{&c.g.timeout}, "timeout", "deadline of each database statement, a `DURATION` such as 30s or 2m (default 30s)")
@@ -203,13 +203,31 @@ func scopeFlags(cmd string, u optString, unscoped bool) (string, error) {
 	return u.v, checkUser(u.v)
 }
 
+// optionalScope is scopeFlags for the commands that may also run without
+// a scope (inspect searches every scope, list and reseal read them all):
+// scoped is false when neither --user nor --unscoped was given.
+func optionalScope(cmd string, u optString, unscoped bool) (scope string, scoped bool, err error) {
+	if !u.set && !unscoped {
+		return "", false, nil
+	}
+	scope, err = scopeFlags(cmd, u, unscoped)
+	return scope, err == nil, err
+}
+
+// scopeVars adds --user and --unscoped to flags; verb says what the scope
+// is for.
+func scopeVars(flags *flag.FlagSet, verb string) (*optString, *bool) {
+	var user optString
+	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to "+verb+"; never empty")
+	unscoped := flags.Bool("unscoped", false, verb+" the keys stored without a user (the '' scope) instead of a user's")
+	return &user, unscoped
+}
+
 // parseScopeCommand parses the flags of a command that acts on one user
 // scope (erase, export): --user ID or --unscoped, and nothing else.
 func parseScopeCommand(c *cli, cmd string, args []string, help func(io.Writer), verb string) (string, error) {
 	flags := c.flagSet(cmd)
-	var user optString
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id) to "+verb+"; required unless --unscoped; never empty")
-	unscoped := flags.Bool("unscoped", false, verb+" the keys stored without a user (the '' scope) instead of a user's")
+	user, unscoped := scopeVars(flags, verb)
 	pos, err := c.parse(flags, args, help)
 	if err != nil {
 		return "", err
@@ -217,7 +235,7 @@ func parseScopeCommand(c *cli, cmd string, args []string, help func(io.Writer), 
 	if err := noArgs(cmd, pos); err != nil {
 		return "", err
 	}
-	return scopeFlags(cmd, user, *unscoped)
+	return scopeFlags(cmd, *user, *unscoped)
 }
 
 // describeUser names a user scope for messages.

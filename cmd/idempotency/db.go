@@ -39,15 +39,12 @@ func operatorFor(store idempotency.Store) operator.Store[idempotency.Record, ide
 	return ops
 }
 
-// open resolves the database URL, connects and checks that the server
+// open resolves a PostgreSQL database URL, connects and checks that the server
 // answers. A missing or malformed URL is a usage error. The caller closes
 // the pool.
 func (c *cli) open(ctx context.Context) (*pgxpool.Pool, error) {
 	url, err := c.databaseURL()
 	if err != nil {
-		return nil, err
-	}
-	if err := postgresOnly(url); err != nil {
 		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(url)

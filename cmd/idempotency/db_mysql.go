@@ -15,10 +15,7 @@ import (
 	"github.com/idemkit/idempotency/sqlstore"
 )
 
-// bothDialects names the commands that work on MySQL/MariaDB too.
-const bothDialects = "migrate, cleanup, erase, export, stats"
-
-// database is what the commands that work on both dialects use: the
+// database is what the commands use: the
 // PostgreSQL pool and its store, or, for a MySQL/MariaDB URL, sqlstore's
 // store on a *sql.DB.
 type database struct {
@@ -86,8 +83,8 @@ func (c *cli) databaseURL() (string, error) {
 	return url, nil
 }
 
-// openDB opens the database of the URL for a command that works on both
-// dialects, checked as openChecked does (sqlstore's Check on MySQL).
+// openDB opens the database of the URL for a command that reads or
+// changes keys, checked as openChecked does (sqlstore's Check on MySQL).
 func (c *cli) openDB(ctx context.Context) (*database, error) {
 	url, err := c.databaseURL()
 	if err != nil {
@@ -167,15 +164,6 @@ func (c *cli) openMySQL(ctx context.Context, url string, multiStatements bool) (
 	}
 	c.mysql = true
 	return db, nil
-}
-
-// postgresOnly refuses a MySQL/MariaDB URL for a command that works on
-// PostgreSQL only.
-func postgresOnly(url string) error {
-	if isMySQLURL(url) {
-		return usagef("this command works on PostgreSQL only; on MySQL/MariaDB the CLI has %s", bothDialects)
-	}
-	return nil
 }
 
 // mysqlMessage is a MySQL error's number and message.

@@ -16,26 +16,35 @@ import (
 )
 
 func inspectHelp(w io.Writer) {
-	fmt.Fprint(w, `Usage: idempotency inspect --key KEY [--user ID] [--endpoint E] [--show-body] [flags]
+	fmt.Fprint(w, `Usage: idempotency inspect --key KEY [--user ID | --unscoped] [--endpoint E] [--show-body] [flags]
 
-Shows the stored rows of one key in one user scope (--user omitted: the
-unscoped '' scope), one per endpoint unless --endpoint picks one: status,
-attempt, recorded response code, times, and whether the row is stale (in
-flight past its lease: a retry answers outcome_unknown) or expired (a retry
-would be a new request), both judged by the database's clock. The response
-body and headers are shown only with --show-body, a sealed one opened with
-the keys of IDEMPOTENCY_SEAL_KEYS or --seal-keys-file (without the key it
-is shown as sealed, with its key id). No row is not an error.
+Shows the stored rows of one key in one user scope (--user ID, or
+--unscoped for keys stored without a user), one per endpoint unless
+--endpoint picks one: status, attempt, recorded response code, times, and
+whether the row is stale (in flight past its lease: a retry answers
+outcome_unknown) or expired (a retry would be a new request), both judged
+by the database's clock. The response body and headers are shown only with
+--show-body, a sealed one opened with the keys of IDEMPOTENCY_SEAL_KEYS or
+--seal-keys-file (without the key it is shown as sealed, with its key id).
+
+Without --user or --unscoped it searches every scope (WHERE idem_key = KEY;
+on PostgreSQL a sequential scan, which it announces on stderr), bounded by
+--timeout. One match is shown as above. Several are listed (user, endpoint,
+status, created; --json: {"key", "candidates"}) and refused with exit
+status 2: name one with --user or --unscoped, and --endpoint. No row is
+"no key" with exit status 1 (--json still prints the document, rows []).
 
 A transactional route's key is in flight inside its handler's open
-transaction, which no other session can see. With --endpoint, when no row
-is found, inspect probes for it: it inserts the key in a transaction of its
-own that it always rolls back, waiting up to 1s (3s on Citus), and shows
+transaction, which no other session can see. On PostgreSQL, with --user or
+--unscoped and --endpoint, when no row is found, inspect probes for it: it
+inserts the key in a transaction of its own that it always rolls back,
+waiting up to 1s (3s on Citus), and shows
 the session that holds the key (pg_blocking_pids, or on Citus
 citus_lock_waits and citus_stat_activity: pid, application, client, since
 when), or that one it could not identify holds it. A probe that fails
-otherwise is an error: whether the key is held is then unknown. Without the
-probe it changes nothing.
+otherwise is an error: whether the key is held is then unknown. A key held
+so is exit status 0. Without the probe it changes nothing. It works on
+PostgreSQL and MySQL/MariaDB (there without the probe).
 
 KEY is a UUID in its 36-character form, any case (matched as a UUID route
 stores it, lower case, and as an opaque route stores it, exactly), or an
@@ -60,9 +69,9 @@ type inspectRow struct {
 
 func runInspect(ctx context.Context, c *cli, args []string) error {
 	flags := c.flagSet("inspect")
-	var key, user, endpoint optString
+	var key, endpoint optString
 	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID or an opaque key; required")
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id); omitted means the unscoped '' scope")
+	user, unscoped := scopeVars(flags, "inspect")
 	flags.Var(&endpoint, "endpoint", "only this `ENDPOINT` (scope_endpoint, e.g. 'POST /api/trading/orders')")
 	showBody := flags.Bool("show-body", false, "also show the recorded response body and headers")
 	pos, err := c.parse(flags, args, inspectHelp)
@@ -79,23 +88,33 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkUser(user.v); err != nil {
-		return err
-	}
-	var ep *string
-	if endpoint.set {
-		ep = &endpoint.v
-	}
-
-	pool, err := c.openChecked(ctx)
+	scope, scoped, err := optionalScope("inspect", *user, *unscoped)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	d, err := c.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if !scoped {
+		found, err := c.searchKey(ctx, d, keys, endpoint)
+		if err != nil {
+			return err
+		}
+		// The one match: shown as a scoped inspect of its row shows it.
+		scope, endpoint = found.User, optString{v: found.Endpoint, set: true}
+	}
+	return c.showKey(ctx, d, keys, scope, endpoint, *showBody)
+}
 
+// showKey prints the rows of keys (a UUID's stored forms) in scope, on
+// endpoint when it is set. No row is an error (exit 1), unless the probe
+// finds the key in flight inside an open transaction.
+func (c *cli) showKey(ctx context.Context, d *database, keys []string, scope string, endpoint optString, showBody bool) error {
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	store, err := c.readStore(sctx, idempotency.NewPostgresStore(pool))
+	store, err := c.readStore(sctx, d.store)
 	if err != nil {
 		return err
 	}
@@ -104,7 +123,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 		now time.Time
 	)
 	for _, k := range keys { // a UUID's two stored forms
-		found, at, err := operatorFor(store).Lookup(sctx, k, user.v, endpoint.v)
+		found, at, err := operatorFor(store).Lookup(sctx, k, scope, endpoint.v)
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}
@@ -112,65 +131,76 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 			if endpoint.set && rec.Endpoint != endpoint.v {
 				continue // --endpoint '': Lookup reads every endpoint, the CLI shows none
 			}
-			out = append(out, newInspectRow(rec, *showBody))
+			out = append(out, newInspectRow(rec, showBody))
 		}
 		now = at
 	}
 	slices.SortStableFunc(out, func(a, b inspectRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
 	// No committed row: a transactional route's handler may hold the key
-	// in flight inside its open transaction, which only a probe finds.
+	// in flight inside its open transaction, which only a probe finds
+	// (PostgreSQL only).
 	var probe probeResult
-	if len(out) == 0 && ep != nil {
-		if probe, err = probeOpenTransaction(ctx, pool, keys[0], user.v, *ep); err != nil {
+	if len(out) == 0 && endpoint.set && d.pool != nil {
+		if probe, err = probeOpenTransaction(ctx, d.pool, keys[0], scope, endpoint.v); err != nil {
 			if ctx.Err() == nil && errors.Is(err, errProbe) {
 				return fmt.Errorf("probe for an open transaction failed: %s: %v", pgMessage(err), errProbe)
 			}
 			return c.dbError(ctx, "probe for an open transaction", err)
 		}
 	}
-
 	if c.g.json {
-		if out == nil {
-			out = []inspectRow{}
+		if err := c.writeInspectJSON(keys[0], scope, out, probe); err != nil {
+			return err
 		}
-		return c.writeJSON(struct {
-			Key  string       `json:"key"`
-			User string       `json:"user"`
-			Rows []inspectRow `json:"rows"`
-			// OpenTransaction: no committed row, but the key is in flight
-			// inside this session's open transaction (--endpoint only).
-			OpenTransaction *openOwner `json:"open_transaction,omitempty"`
-			// HeldUnidentified: no committed row, and the probe's insert
-			// waited its whole bound on a transaction it could not name.
-			HeldUnidentified bool `json:"held_by_unidentified_transaction,omitempty"`
-		}{keys[0], user.v, out, probe.owner, probe.held && probe.owner == nil})
-	}
-	if probe.held {
+	} else if probe.held {
 		c.printOpenOwner(probe)
-		return nil
 	}
-	if len(out) == 0 {
-		where := ""
-		if ep != nil {
-			where = fmt.Sprintf(" on endpoint %q", *ep)
-		}
-		hint := ""
-		switch {
-		case user.v == "":
-			hint = " (a user's key needs --user)"
-		case ep == nil:
-			hint = " (a key in flight inside an open transaction is not visible: --endpoint probes for it)"
-		}
-		_, err := fmt.Fprintf(c.stdout, "no row for key %s in %s%s%s\n", keys[0], describeUser(user.v), where, hint)
-		return err
+	if len(out) == 0 && !probe.held {
+		return noKeyError(keys[0], scope, endpoint, d.pool != nil)
+	}
+	if c.g.json {
+		return nil
 	}
 	for i, r := range out {
 		if i > 0 {
 			fmt.Fprintln(c.stdout)
 		}
-		c.printInspectRow(r, now, *showBody)
+		c.printInspectRow(r, now, showBody)
 	}
 	return nil
+}
+
+// writeInspectJSON writes inspect's --json document.
+func (c *cli) writeInspectJSON(key, scope string, out []inspectRow, probe probeResult) error {
+	if out == nil {
+		out = []inspectRow{}
+	}
+	return c.writeJSON(struct {
+		Key  string       `json:"key"`
+		User string       `json:"user"`
+		Rows []inspectRow `json:"rows"`
+		// OpenTransaction: no committed row, but the key is in flight
+		// inside this session's open transaction (--endpoint only).
+		OpenTransaction *openOwner `json:"open_transaction,omitempty"`
+		// HeldUnidentified: no committed row, and the probe's insert
+		// waited its whole bound on a transaction it could not name.
+		HeldUnidentified bool `json:"held_by_unidentified_transaction,omitempty"`
+	}{key, scope, out, probe.owner, probe.held && probe.owner == nil})
+}
+
+// noKeyError is inspect's answer when a scope has no row of the key.
+func noKeyError(key, scope string, endpoint optString, postgres bool) error {
+	where, hint := "", ""
+	if endpoint.set {
+		where = fmt.Sprintf(" on endpoint %q", endpoint.v)
+	}
+	switch {
+	case !postgres:
+		hint = " (a key in flight inside an open transaction is not visible)"
+	case !endpoint.set:
+		hint = " (a key in flight inside an open transaction is not visible: --endpoint probes for it)"
+	}
+	return fmt.Errorf("no key %s in %s%s%s", key, describeUser(scope), where, hint)
 }
 
 // newInspectRow converts a row; the body and headers only with showBody.

@@ -81,14 +81,15 @@ func TestInspect(t *testing.T) {
 		t.Errorf("inspect --json:\n%s", r.stdout)
 	}
 
-	// Without --user it is the unscoped scope: nothing there. Not an error.
-	r = runDB(t, db.dsn, "inspect", "--key", key)
-	wantCode(t, r, exitOK)
-	if !strings.HasPrefix(r.stdout, "no row for key "+key+" in the unscoped ('') scope") {
-		t.Errorf("inspect of a missing key printed %q", r.stdout)
+	// --unscoped is the '' scope: nothing there, exit 1 (it was exit 0
+	// with "no row" before #38); --json still prints the empty document.
+	r = runDB(t, db.dsn, "inspect", "--unscoped", "--key", key)
+	wantCode(t, r, exitFailure)
+	if !strings.Contains(r.stderr, "no key "+key+" in the unscoped ('') scope") {
+		t.Errorf("inspect of a missing key printed %q", r.stderr)
 	}
-	r = runDB(t, db.dsn, "inspect", "--key", key, "--json")
-	wantCode(t, r, exitOK)
+	r = runDB(t, db.dsn, "inspect", "--unscoped", "--key", key, "--json")
+	wantCode(t, r, exitFailure)
 	if !strings.Contains(r.stdout, `"rows": []`) {
 		t.Errorf("inspect --json of a missing key printed %q", r.stdout)
 	}
@@ -242,9 +243,9 @@ func TestInspectProbesOpenTransaction(t *testing.T) {
 	}
 
 	r := runDB(t, db.dsn, "inspect", "--user", "7", "--key", key)
-	wantCode(t, r, exitOK)
-	if !strings.Contains(r.stdout, "no row for key") || !strings.Contains(r.stdout, "--endpoint probes for it") {
-		t.Errorf("inspect without --endpoint: %s", r.stdout)
+	wantCode(t, r, exitFailure)
+	if !strings.Contains(r.stderr, "no key") || !strings.Contains(r.stderr, "--endpoint probes for it") {
+		t.Errorf("inspect without --endpoint: %s", r.stderr)
 	}
 	r = runDB(t, db.dsn, "inspect", "--user", "7", "--key", key, "--endpoint", ep)
 	wantCode(t, r, exitOK)
@@ -266,9 +267,9 @@ func TestInspectProbesOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = runDB(t, db.dsn, "inspect", "--user", "7", "--key", key, "--endpoint", ep)
-	wantCode(t, r, exitOK)
-	if !strings.Contains(r.stdout, "no row for key") {
-		t.Errorf("inspect after the owner rolled back: %s, want no row (the probe keeps nothing)", r.stdout)
+	wantCode(t, r, exitFailure)
+	if !strings.Contains(r.stderr, "no key") {
+		t.Errorf("inspect after the owner rolled back: %s, want no key (the probe keeps nothing)", r.stderr)
 	}
 }
 

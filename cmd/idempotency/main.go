@@ -1,16 +1,16 @@
 // Command idempotency is the operator CLI for the idempotency_keys table of
 // github.com/idemkit/idempotency: migrations, cleanup of expired keys, GDPR
-// erasure and export, inspection, the release of one stuck key, the
-// reseal of stored responses with a new seal key, and the version it was
-// built from.
+// erasure and export, inspection, lists of stale and failed keys, the
+// release of one stuck key, the reseal of stored responses with a new seal
+// key, and the version it was built from.
 //
 //	go run github.com/idemkit/idempotency/cmd/idempotency --help
 //
 // The database URL comes from --database-url or DATABASE_URL (the flag
 // wins). A mysql:// URL (or a go-sql-driver DSN) selects MySQL/MariaDB,
-// sqlstore's MySQL dialect, for migrate, cleanup, erase, export and stats. Output is text by default, one JSON document with --json; export
-// always writes JSON lines. Exit status: 0 success, 1 runtime failure, 2
-// usage error.
+// sqlstore's MySQL dialect, for every command. Output is text by default,
+// one JSON document with --json; export and list --json write JSON lines.
+// Exit status: 0 success, 1 runtime failure, 2 usage error.
 package main
 
 import (
@@ -53,6 +53,7 @@ var commands = []command{
 	{"erase", "delete every key of a user scope, the GDPR erasure (--user required)", runErase},
 	{"export", "print every key of a user scope as JSON lines, GDPR access (--user required)", runExport},
 	{"inspect", "show a key's rows: status, times, staleness (--key required)", runInspect},
+	{"list", "list stale in-flight keys, failed keys, or counts per endpoint (--stale | --failed | --counts)", runList},
 	{"stats", "count keys by status, in flight past their lease, awaiting cleanup, by seal key", runStats},
 	{"reseal", "seal completed keys' responses with the active seal key, in fenced batches (--dry-run)", runReseal},
 	{"release", "delete one failed or stale key so its next retry executes again (--key, --yes)", runRelease},
@@ -165,7 +166,7 @@ table missing); 2 usage error (unknown command, bad flag, malformed key or user)
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app idempotency stats
-  DATABASE_URL=mysql://app@db:3306/app idempotency stats   (MySQL/MariaDB: `+bothDialects+`)
+  DATABASE_URL=mysql://app@db:3306/app idempotency stats   (MySQL/MariaDB: every command)
 
 Run 'idempotency <command> --help' for a command's flags and an example.
 `)

@@ -176,6 +176,7 @@ func TestHelp(t *testing.T) {
 		{"help", "cleanup"},
 		{"migrate", "--help"}, {"cleanup", "--help"}, {"erase", "--help"}, {"export", "--help"},
 		{"inspect", "--help"}, {"stats", "-h"}, {"release", "--help"}, {"version", "--help"},
+		{"list", "--help"}, {"reseal", "--help"}, {"help", "list"},
 	} {
 		r := runCLI(t, nil, args...)
 		wantCode(t, r, exitOK)
@@ -217,6 +218,15 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"export", "--unscoped", "--user", ""}, "--user and --unscoped exclude each other"},
 		{[]string{"erase", "--user", "bad\xff"}, "malformed --user"},
 		{[]string{"inspect"}, "--key is required"},
+		{[]string{"inspect", "--key", "k", "--user", "1", "--unscoped"}, "--user and --unscoped exclude each other"},
+		{[]string{"inspect", "--key", "k", "--user", ""}, "--user is empty"},
+		{[]string{"release", "--key", "k", "--yes"}, "--user ID or --unscoped is required"},
+		{[]string{"release", "--key", "k", "--user", "", "--yes"}, "--user is empty"},
+		{[]string{"reseal", "--user", "1", "--unscoped"}, "--user and --unscoped exclude each other"},
+		{[]string{"list"}, "give one of --stale, --failed or --counts"},
+		{[]string{"list", "--stale", "--failed"}, "give one of --stale, --failed or --counts"},
+		{[]string{"list", "--counts", "--limit", "0"}, "--limit must be from 1 to 1000000"},
+		{[]string{"list", "--stale", "--user", "1", "--unscoped"}, "--user and --unscoped exclude each other"},
 		{[]string{"inspect", "--key", "caf\u00e9"}, "malformed --key \"caf\u00e9\""},
 		{[]string{"inspect", "--key", ""}, "malformed --key"},
 		{[]string{"inspect", "--key", strings.Repeat("k", 256)}, "malformed --key"},

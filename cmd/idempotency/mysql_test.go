@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"net/url"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -110,8 +107,7 @@ func TestMySQLEmptyDatabase(t *testing.T) {
 }
 
 // TestMySQLURLs: a go-sql-driver DSN selects MySQL as a mysql:// URL does;
-// the commands built for PostgreSQL only refuse a MySQL URL (exit 2); a
-// malformed URL is a usage error and an unreachable server a failure,
+// a malformed URL is a usage error and an unreachable server a failure,
 // neither printing the password.
 func TestMySQLURLs(t *testing.T) {
 	t.Parallel()
@@ -125,20 +121,6 @@ func TestMySQLURLs(t *testing.T) {
 	wantCode(t, r, exitOK)
 	if !strings.Contains(r.stdout, "keys                          0") {
 		t.Errorf("stats over a driver DSN:\n%s", r.stdout)
-	}
-
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("k1:"+base64.StdEncoding.EncodeToString(make([]byte, 32))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"inspect", "--key", newKey()}, {"release", "--key", newKey(), "--yes"}, {"reseal", "--dry-run", "--seal-keys-file", keys},
-	} {
-		r := runDB(t, db.dsn, args...)
-		wantCode(t, r, exitUsage)
-		if !strings.Contains(r.stderr, "works on PostgreSQL only; on MySQL/MariaDB the CLI has "+bothDialects) {
-			t.Errorf("%s on MySQL: %q", args[0], r.stderr)
-		}
 	}
 
 	const pw = "s3cr3t-pw"

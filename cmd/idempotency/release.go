@@ -12,7 +12,7 @@ import (
 )
 
 func releaseHelp(w io.Writer) {
-	fmt.Fprint(w, `Usage: idempotency release --key KEY [--user ID] [--endpoint E] --yes [flags]
+	fmt.Fprint(w, `Usage: idempotency release --key KEY (--user ID | --unscoped) [--endpoint E] --yes [flags]
 
 Releases one stuck key: deletes its row when it is failed, or in flight past
 its lease (stale), so the client's next retry with the key executes the
@@ -28,8 +28,11 @@ on an ordinary route it may have run, and the retry then runs it a second
 time. Release such a key only once you know the first attempt did nothing
 (look the operation up first). A failed key's retry is a new attempt.
 
-KEY is a UUID (any case) or an opaque key, as inspect takes it. A key with
-rows on several endpoints needs --endpoint.
+KEY is a UUID (any case) or an opaque key, as inspect takes it. The scope
+is named, never searched: --user ID, or --unscoped for a key stored without
+a user (inspect --key KEY finds the scope of a key). A key with rows on
+several endpoints needs --endpoint. It works on PostgreSQL and
+MySQL/MariaDB.
 
 Example:
   idempotency release --user 42 --key 0b3e1a5c-7a1f-4c1e-9f3d-2f6a8c9b1d20 --yes
@@ -42,9 +45,9 @@ const releaseWarning = "releasing deletes this row: the client's next retry of t
 
 func runRelease(ctx context.Context, c *cli, args []string) error {
 	flags := c.flagSet("release")
-	var key, user, endpoint optString
+	var key, endpoint optString
 	flags.Var(&key, "key", "the Idempotency-Key `KEY`, a UUID or an opaque key; required")
-	flags.Var(&user, "user", "the user scope `ID` (scope_user_id); omitted means the unscoped '' scope")
+	user, unscoped := scopeVars(flags, "release")
 	flags.Var(&endpoint, "endpoint", "the row's `ENDPOINT` (scope_endpoint), when the key has rows on several")
 	yes := flags.Bool("yes", false, "confirm the release")
 	pos, err := c.parse(flags, args, releaseHelp)
@@ -61,46 +64,19 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkUser(user.v); err != nil {
-		return err
-	}
-
-	pool, err := c.openChecked(ctx)
+	scope, err := scopeFlags("release", *user, *unscoped)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	ops := operatorOf(pool)
-
-	var recs []idempotency.Record
-	for _, k := range keys {
-		sctx, cancel := c.statementContext(ctx)
-		found, _, err := ops.Lookup(sctx, k, user.v, endpoint.v)
-		cancel()
-		if err != nil {
-			return c.dbError(ctx, "read the key", err)
-		}
-		for _, r := range found {
-			if !endpoint.set || r.Endpoint == endpoint.v {
-				recs = append(recs, r)
-			}
-		}
+	d, err := c.openDB(ctx)
+	if err != nil {
+		return err
 	}
-	switch {
-	case len(recs) == 0:
-		where := ""
-		if endpoint.set {
-			where = fmt.Sprintf(" on endpoint %q", endpoint.v)
-		}
-		return fmt.Errorf("no row for key %s in %s%s: nothing to release", keys[0], describeUser(user.v), where)
-	case len(recs) > 1:
-		eps := make([]string, len(recs))
-		for i, r := range recs {
-			eps[i] = fmt.Sprintf("%q", r.Endpoint)
-		}
-		return usagef("key %s has %d rows in %s (endpoints %s): pick one with --endpoint", keys[0], len(recs), describeUser(user.v), strings.Join(eps, ", "))
+	defer d.Close()
+	rec, err := c.releaseRow(ctx, d, keys, scope, endpoint)
+	if err != nil {
+		return err
 	}
-	rec := recs[0]
 	c.printReleaseRow(rec)
 	switch {
 	case rec.Status == idempotency.StatusCompleted:
@@ -117,7 +93,7 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	}
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	released, err := ops.ReleaseKey(sctx, rec.Fence())
+	released, err := d.ops().ReleaseKey(sctx, rec.Fence())
 	if err != nil {
 		return c.dbError(ctx, "release the key", err)
 	}
@@ -136,6 +112,41 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	}
 	_, err = fmt.Fprintf(c.stdout, "released key %s of %s on %q\n", rec.Key, describeUser(rec.Scope), rec.Endpoint)
 	return err
+}
+
+// releaseRow reads the one row release is about: keys (a UUID's stored
+// forms) in scope, on endpoint when it is set. None is an error (exit 1),
+// several a usage error that asks for --endpoint.
+func (c *cli) releaseRow(ctx context.Context, d *database, keys []string, scope string, endpoint optString) (idempotency.Record, error) {
+	var recs []idempotency.Record
+	for _, k := range keys {
+		sctx, cancel := c.statementContext(ctx)
+		found, _, err := d.ops().Lookup(sctx, k, scope, endpoint.v)
+		cancel()
+		if err != nil {
+			return idempotency.Record{}, c.dbError(ctx, "read the key", err)
+		}
+		for _, r := range found {
+			if !endpoint.set || r.Endpoint == endpoint.v {
+				recs = append(recs, r)
+			}
+		}
+	}
+	switch {
+	case len(recs) == 0:
+		where := ""
+		if endpoint.set {
+			where = fmt.Sprintf(" on endpoint %q", endpoint.v)
+		}
+		return idempotency.Record{}, fmt.Errorf("no row for key %s in %s%s: nothing to release", keys[0], describeUser(scope), where)
+	case len(recs) > 1:
+		eps := make([]string, len(recs))
+		for i, r := range recs {
+			eps[i] = fmt.Sprintf("%q", r.Endpoint)
+		}
+		return idempotency.Record{}, usagef("key %s has %d rows in %s (endpoints %s): pick one with --endpoint", keys[0], len(recs), describeUser(scope), strings.Join(eps, ", "))
+	}
+	return recs[0], nil
 }
 
 // releasable reports whether an operator may release rec: it is failed, or

@@ -9,14 +9,13 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/internal/seal"
 	"github.com/idemkit/idempotency/internal/storedbody"
 )
 
 func resealHelp(w io.Writer) {
-	fmt.Fprint(w, `Usage: idempotency reseal [--batch N] [--dry-run] [flags]
+	fmt.Fprint(w, `Usage: idempotency reseal [--user ID | --unscoped] [--batch N] [--dry-run] [flags]
 
 Seals every completed key's response with the active seal key (the first of
 IDEMPOTENCY_SEAL_KEYS or --seal-keys-file): responses sealed with an older
@@ -34,7 +33,9 @@ already sealed with the active key are skipped). A row that does not open
 with the keys given is reported (id and key id) and left as it is; the run
 then exits with status 1. A second run with nothing left reseals nothing.
 --dry-run reads and opens every row it would reseal, writes nothing, and
-reports the same counts.
+reports the same counts. --user ID or --unscoped reseals one scope only
+(without either: every scope). It works on PostgreSQL and MySQL/MariaDB
+(there in id order).
 
 Example:
   IDEMPOTENCY_SEAL_KEYS="k2:...,k1:..." idempotency reseal --batch 500
@@ -65,6 +66,15 @@ const resealUpdateSQL = `UPDATE idempotency_keys SET
 WHERE scope_user_id = $1 AND idem_key = $7 AND scope_endpoint = $8 AND id = $2 AND attempt = $3 AND status = 'completed'
 	AND seal_key_id IS NOT DISTINCT FROM $4`
 
+// resealScopedSQL is resealSelectSQL within one scope ($1): the cursor
+// moves over the rest of the primary key.
+const resealScopedSQL = `SELECT scope_user_id, id, attempt, idem_key, scope_endpoint, encode(request_hash, 'hex'),
+	response_code, response_body, response_body_raw, response_headers, seal_key_id
+FROM idempotency_keys
+WHERE scope_user_id = $1 AND (idem_key, scope_endpoint) > ($2, $3) AND status = 'completed' AND seal_key_id IS DISTINCT FROM $4
+ORDER BY idem_key, scope_endpoint
+LIMIT $5`
+
 // resealCounts is what reseal did, and its --json output.
 type resealCounts struct {
 	ActiveKeyID string `json:"active_key_id"`
@@ -80,11 +90,16 @@ func runReseal(ctx context.Context, c *cli, args []string) error {
 	flags := c.flagSet("reseal")
 	batch := flags.Int("batch", 500, "rows per batch, `N` from 1 to 10000")
 	dryRun := flags.Bool("dry-run", false, "read and open the rows, write nothing")
+	user, unscoped := scopeVars(flags, "reseal")
 	pos, err := c.parse(flags, args, resealHelp)
 	if err != nil {
 		return err
 	}
 	if err := noArgs("reseal", pos); err != nil {
+		return err
+	}
+	scope, scoped, err := optionalScope("reseal", *user, *unscoped)
+	if err != nil {
 		return err
 	}
 	if *batch < 1 || *batch > 10000 {
@@ -97,13 +112,13 @@ func runReseal(ctx context.Context, c *cli, args []string) error {
 	if keys == nil {
 		return usagef("no seal keys: set %s or --seal-keys-file (the first key is the one rows are sealed with)", envSealKeys)
 	}
-	pool, err := c.openChecked(ctx)
+	d, err := c.openDB(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer d.Close()
 
-	r := resealer{c: c, pool: pool, sealer: seal.New(keys), batch: *batch}
+	r := resealer{c: c, d: d, sealer: seal.New(keys), batch: *batch, scoped: scoped, scope: scope}
 	r.n.ActiveKeyID, r.n.DryRun = keys.IDs()[0], *dryRun
 	if err := r.run(ctx); err != nil {
 		return err
@@ -126,12 +141,14 @@ func runReseal(ctx context.Context, c *cli, args []string) error {
 // resealer runs reseal's batches.
 type resealer struct {
 	c      *cli
-	pool   *pgxpool.Pool
+	d      *database
 	sealer *seal.Sealer
 	batch  int
+	scoped bool // scope is the only scope to reseal
 	n      resealCounts
-	// the cursor: the last row read
+	// the cursor: the last row read (on MySQL its id)
 	scope, key, endpoint string
+	id                   int64
 }
 
 // resealRow is one row read, and its new seal.
@@ -174,17 +191,20 @@ func (r *resealer) run(ctx context.Context) error {
 func (r *resealer) read(ctx context.Context) ([]*resealRow, error) {
 	sctx, cancel := r.c.statementContext(ctx)
 	defer cancel()
-	rows, err := r.pool.Query(sctx, resealSelectSQL, r.scope, r.key, r.endpoint, r.n.ActiveKeyID, r.batch)
-	if err != nil {
-		return nil, err
+	q, args := resealSelectSQL, []any{r.scope, r.key, r.endpoint, r.n.ActiveKeyID, r.batch}
+	switch {
+	case r.d.sqlDB != nil:
+		q, args = r.mysqlSelect()
+	case r.scoped:
+		q = resealScopedSQL
 	}
 	var out []*resealRow
 	var x resealRow
-	_, err = pgx.ForEachRow(rows, []any{&x.row.Scope, &x.row.ID, &x.row.Attempt, &x.row.Key, &x.row.Endpoint,
+	err := r.d.query(sctx, q, args, []any{&x.row.Scope, &x.row.ID, &x.row.Attempt, &x.row.Key, &x.row.Endpoint,
 		&x.row.RequestHash, &x.code, &x.body, &x.raw, &x.headers, &x.keyID}, func() error {
 		row := x
 		out = append(out, &row)
-		r.scope, r.key, r.endpoint = x.row.Scope, x.row.Key, x.row.Endpoint
+		r.scope, r.key, r.endpoint, r.id = x.row.Scope, x.row.Key, x.row.Endpoint, x.row.ID
 		// The next scan must not write through what this row kept.
 		x.code, x.keyID, x.body, x.raw, x.headers = nil, nil, nil, nil, nil
 		return nil
@@ -240,11 +260,14 @@ func (r *resealer) plain(ctx context.Context, x *resealRow) (seal.Plain, error) 
 func (r *resealer) write(ctx context.Context, todo []*resealRow) error {
 	sctx, cancel := r.c.statementContext(ctx)
 	defer cancel()
+	if r.d.sqlDB != nil {
+		return r.writeMySQL(sctx, todo)
+	}
 	b := &pgx.Batch{}
 	for _, x := range todo {
 		b.Queue(resealUpdateSQL, x.row.Scope, x.row.ID, x.row.Attempt, x.keyID, x.sealed, r.n.ActiveKeyID, x.row.Key, x.row.Endpoint)
 	}
-	br := r.pool.SendBatch(sctx, b)
+	br := r.d.pool.SendBatch(sctx, b)
 	var written int64
 	for range todo {
 		tag, err := br.Exec()

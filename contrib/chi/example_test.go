@@ -44,3 +44,28 @@ func ExampleRouteName() {
 	// 201  {"account":"a1"}
 	// 201 true {"idempotency_replayed":true,"account":"a1"}
 }
+
+// List a chi router's routes for idempotencytest.CheckCoverage, and refuse
+// a key sent to a route that is not wrapped with RefuseUnlisted and
+// Lookup.
+func ExampleRoutes() {
+	idem, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{RouteName: idemchi.RouteName})
+	if err != nil {
+		panic(err)
+	}
+	ok := func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }
+	r := chi.NewRouter()
+	r.With(idem.MustRoute(idempotency.RouteConfig{})).Post("/accounts/{id}/orders", ok)
+	r.Post("/accounts/{id}/notes", ok) // forgotten
+	fmt.Println(idemchi.Routes(r))
+
+	h := idempotency.RefuseUnlisted([]string{"POST /accounts/{id}/orders"}, idemchi.Lookup(r))(r)
+	req := httptest.NewRequest("POST", "/accounts/a1/notes", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "3f0b7c6e-2a4d-4e8f-9b1a-0c2d3e4f5a6b")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	fmt.Print(w.Code, " ", w.Body)
+	// Output:
+	// [POST /accounts/{id}/notes POST /accounts/{id}/orders]
+	// 400 {"error":"idempotency_key_unsupported"}
+}

@@ -32,15 +32,7 @@ func RouteName(ctx context.Context) string {
 	if rctx == nil || rctx.Routes == nil {
 		return ""
 	}
-	path := r.URL.RawPath
-	if path == "" {
-		path = r.URL.Path
-	}
-	if path == "" {
-		path = "/"
-	}
-	// Find updates the context it is given: use a fresh one.
-	pattern := rctx.Routes.Find(chi.NewRouteContext(), r.Method, path)
+	pattern := find(rctx.Routes, r)
 	if pattern == "" {
 		return ""
 	}

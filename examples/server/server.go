@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/sqlstore"
@@ -42,6 +41,7 @@ type server struct {
 	sessions sessions
 	idem     *idempotency.Middleware
 	reg      *prometheus.Registry
+	routes   []route // routes.go: registered, and checked for coverage
 	handler  http.Handler
 	// ordersTransactional reports that orders commit in the middleware's
 	// transaction, with the key's record (PostgreSQL mode).
@@ -178,22 +178,11 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		return nil, nil, fmt.Errorf("billing route: %w", err)
 	}
 
-	authed := s.requireSession
+	s.routes = s.routeTable(orderRoute, billingRoute)
 	mux := http.NewServeMux()
-	mux.Handle("POST /api/demo/users", http.HandlerFunc(s.createUser))
-	// Order of wrapping, outermost first: session, gate, idempotency. The
-	// gate can never be bypassed by a replay.
-	mux.Handle("POST /api/trading/orders", authed(s.newOrdersGate(orderRoute(http.HandlerFunc(s.placeOrder)))))
-	mux.Handle("GET /api/trading/orders", authed(http.HandlerFunc(s.listOrders)))
-	mux.Handle("GET /api/trading/orders/{id}", authed(http.HandlerFunc(s.getOrder)))
-	// Already idempotent (orders fill at once): not wrapped.
-	mux.Handle("DELETE /api/trading/orders/{id}", authed(http.HandlerFunc(s.cancelOrder)))
-	mux.Handle("POST /api/billing/checkout-sessions", authed(billingRoute(http.HandlerFunc(s.createCheckoutSession))))
-	mux.Handle("GET /api/billing/checkout-sessions", authed(http.HandlerFunc(s.listCheckoutSessions)))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
-	mux.Handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	}))
+	for _, rt := range s.routes {
+		mux.Handle(rt.pattern, rt.handler)
+	}
 	s.handler = s.accessLog(jsonMuxErrors(mux))
 
 	janitorCtx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))

@@ -5,6 +5,7 @@ package readmetest_test
 // another package fails until it is added here.
 import (
 	_ "connectrpc.com/connect"
+	_ "github.com/getkin/kin-openapi/openapi3"
 	_ "github.com/gin-gonic/gin"
 	_ "github.com/go-chi/chi/v5"
 	_ "github.com/go-chi/chi/v5/middleware"
@@ -28,6 +29,7 @@ import (
 	_ "github.com/idemkit/idempotency/contrib/gin"
 	_ "github.com/idemkit/idempotency/contrib/gorilla"
 	_ "github.com/idemkit/idempotency/contrib/grpc"
+	_ "github.com/idemkit/idempotency/contrib/openapi"
 	_ "github.com/idemkit/idempotency/contrib/otel"
 	_ "github.com/idemkit/idempotency/idemclient"
 	_ "github.com/idemkit/idempotency/idempotencytest"

@@ -5,6 +5,7 @@
 package tcpproxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -29,11 +30,13 @@ type Proxy struct {
 	ln     net.Listener
 	wg     sync.WaitGroup // the accept loop and every connection's goroutines
 
-	mu       sync.Mutex
-	mode     mode
-	closed   bool
-	links    map[*link]struct{}
-	accepted int64 // connections accepted, whatever the mode
+	mu        sync.Mutex
+	mode      mode
+	closed    bool
+	links     map[*link]struct{}
+	accepted  int64  // connections accepted, whatever the mode
+	muteOn    []byte // set by DropReplyTo: lower-case bytes from a client that arm its link
+	muteAfter int    // set by DropReplyTo: client writes after the one that armed, before the mute
 }
 
 // link is one client connection and, when forwarding, its upstream one.
@@ -41,6 +44,8 @@ type link struct {
 	client, upstream net.Conn // upstream is nil for a black-holed connection
 	discard          bool     // set once the link was black-holed: bytes are dropped
 	mute             bool     // set by DropReplies: the next bytes from upstream are dropped and the link closed
+	armed            bool     // DropReplyTo's match was seen; countdown client reads remain before mute
+	countdown        int
 }
 
 func (l *link) close() {
@@ -113,12 +118,28 @@ func (p *Proxy) DropReplies() {
 	}
 }
 
+// DropReplyTo makes every connection, live or new, lose the reply to the
+// first bytes its client sends that contain match as a word (ASCII, any
+// case, neither preceded nor followed by a letter, digit or '_'), or with
+// after > 0 to the after-th read of the client's bytes that follows them:
+// those bytes reach the target, and what the target sends next is dropped
+// and the connection closed. DropReplyTo("commit", 0) loses a COMMIT's
+// reply after the COMMIT committed; after 1 suits a client that prepares
+// the statement first and then executes it by name (pgx's statement
+// cache). Restore ends it.
+func (p *Proxy) DropReplyTo(match string, after int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.muteOn, p.muteAfter = bytes.ToLower([]byte(match)), after
+}
+
 // Restore forwards new connections again, after closing those that Cut or
 // Blackhole broke.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.mode = forwarding
+	p.muteOn = nil
 	for l := range p.links {
 		if l.discard {
 			l.close()
@@ -229,6 +250,9 @@ func (p *Proxy) pipe(l *link, dst io.Writer, src io.Reader, fromUpstream bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
+			if !fromUpstream && p.muteOn != nil {
+				p.arm(l, buf[:n]) // before the bytes leave, so their reply cannot pass first
+			}
 			discard, mute := l.discard, l.mute && fromUpstream
 			p.mu.Unlock()
 			if mute {
@@ -251,4 +275,41 @@ func (p *Proxy) drain(l *link) {
 	defer p.wg.Done()
 	defer p.untrack(l)
 	_, _ = io.Copy(io.Discard, l.client)
+}
+
+// arm counts DropReplyTo's reads on l, whose client sent b, and mutes l
+// at the read it names. Called with p.mu held.
+func (p *Proxy) arm(l *link, b []byte) {
+	switch {
+	case l.armed:
+		l.countdown--
+	case containsWord(bytes.ToLower(b), p.muteOn):
+		l.armed, l.countdown = true, p.muteAfter
+	default:
+		return
+	}
+	if l.countdown == 0 {
+		l.mute = true
+	}
+}
+
+// containsWord reports whether b holds w neither preceded nor followed by
+// a letter, digit or '_' (so "commit" is not found in
+// "synchronous_commit" or "committed").
+func containsWord(b, w []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(b[i:], w)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(w)
+		if (start == 0 || !wordByte(b[start-1])) && (end == len(b) || !wordByte(b[end])) {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+func wordByte(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }

@@ -127,3 +127,36 @@ func TestProxy(t *testing.T) {
 		t.Fatalf("connection after Close: %v, want it closed", err)
 	}
 }
+
+// TestDropReplyTo: the line that matches reaches the target, its echo is
+// lost and the connection closed; other lines pass, and Restore ends it.
+func TestDropReplyTo(t *testing.T) {
+	t.Parallel()
+	p := tcpproxy.New(t, echo(t))
+	const wait = 5 * time.Second
+	c, r := dial(t, p)
+	p.DropReplyTo("PIN", 0) // not a word of "ping": passes
+	if err := roundTrip(c, r, wait); err != nil {
+		t.Fatalf("a line with the bytes inside a word: %v", err)
+	}
+	p.DropReplyTo("PING", 0)
+	if err := roundTrip(c, r, wait); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a line that matches: %v, want its reply lost and the connection closed", err)
+	}
+	c2, r2 := dial(t, p) // a new connection is muted too
+	if err := roundTrip(c2, r2, wait); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a new connection's line that matches: %v, want it closed", err)
+	}
+	p.Restore()
+	c3, r3 := dial(t, p)
+	if err := roundTrip(c3, r3, wait); err != nil {
+		t.Fatalf("after Restore: %v", err)
+	}
+	p.DropReplyTo("ping", 1) // the read after the match loses its reply
+	if err := roundTrip(c3, r3, wait); err != nil {
+		t.Fatalf("the line that arms: %v, want its echo", err)
+	}
+	if err := roundTrip(c3, r3, wait); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the line after the match: %v, want its reply lost and the connection closed", err)
+	}
+}

@@ -1,0 +1,91 @@
+package idemecho_test
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/contrib/echo"
+	"github.com/idemkit/idempotency/idempotencytest"
+)
+
+// failures records CheckCoverage's errors instead of failing the test.
+type failures struct {
+	testing.TB
+	errs []string
+}
+
+func (f *failures) Errorf(format string, args ...any) {
+	f.errs = append(f.errs, fmt.Sprintf(format, args...))
+}
+func (f *failures) Helper() {}
+
+// coverageEcho is an echo instance with a session middleware in front, the
+// adapted idempotency middleware on a group and inline, a note route
+// wrapped only when notesWrapped, and a cancel route that needs no key.
+func coverageEcho(t *testing.T, notesWrapped bool) (*echo.Echo, *atomic.Int64) {
+	t.Helper()
+	idem, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{RouteName: idemecho.RouteName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orders := idemecho.Middleware(idem.MustRoute(idempotency.RouteConfig{}))
+	var ran atomic.Int64
+	h := func(c echo.Context) error { ran.Add(1); return c.NoContent(http.StatusCreated) }
+
+	e := newEcho()
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if c.Request().Header.Get("Authorization") != "Bearer ok" {
+				return echo.NewHTTPError(http.StatusUnauthorized, "unauthorized")
+			}
+			return next(c)
+		}
+	})
+	g := e.Group("/accounts/:id", orders)
+	g.POST("/orders", h)
+	g.PUT("/files/*", h)
+	if notesWrapped {
+		e.POST("/accounts/:id/notes", h, orders)
+	} else {
+		e.POST("/accounts/:id/notes", h)
+	}
+	e.GET("/accounts/:id/orders", h)
+	e.DELETE("/orders/:id", h)
+	return e, &ran
+}
+
+// TestCheckCoverageEcho: Routes lists the instance (without the group's
+// catch-all), and the check, behind the session middleware, fails naming
+// the one unwrapped POST and passes once it is wrapped; no wrapped handler
+// runs.
+func TestCheckCoverageEcho(t *testing.T) {
+	t.Parallel()
+	exempt := map[string]string{"DELETE /orders/:id": "cancelling twice cancels once"}
+	authenticate := func(r *http.Request) { r.Header.Set("Authorization", "Bearer ok") }
+	e, ran := coverageEcho(t, false)
+	routes := idemecho.Routes(e)
+	if !slices.Contains(routes, "PUT /accounts/:id/files/*") || !slices.Contains(routes, "POST /accounts/:id/notes") {
+		t.Fatalf("Routes = %q", routes)
+	}
+	f := &failures{TB: t}
+	idempotencytest.CheckCoverage(f, e, routes, exempt, authenticate)
+	if len(f.errs) != 1 || !strings.Contains(f.errs[0], "route POST /accounts/:id/notes ") {
+		t.Fatalf("CheckCoverage errors %q, want one naming POST /accounts/:id/notes", f.errs)
+	}
+	if ran.Load() != 1 {
+		t.Fatalf("handlers ran %d times, want 1 (the unwrapped one)", ran.Load())
+	}
+
+	e, ran = coverageEcho(t, true)
+	idempotencytest.CheckCoverage(t, e, idemecho.Routes(e), exempt, authenticate)
+	if ran.Load() != 0 {
+		t.Fatalf("handlers ran %d times under the probe of wrapped routes", ran.Load())
+	}
+}
