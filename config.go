@@ -130,18 +130,17 @@ type RouteConfig struct {
 	// hashed; larger bodies get 413. math.MaxInt64 means no limit but memory.
 	// Defaults to 1 MiB.
 	MaxBodyBytes int64
-	// MaxResponseBytes limits the response body (or Do's encoded value) that is
-	// recorded; a larger one is sent as it is and recorded without it, so
-	// duplicates get 409 idempotency_response_not_stored. Defaults to 1 MiB.
+	// MaxResponseBytes limits the recorded response body (or Do's value); a
+	// larger one is sent but not recorded, and duplicates get 409
+	// idempotency_response_not_stored. Defaults to 1 MiB.
 	MaxResponseBytes int64
 	// ReplayHeaders are response headers replayed besides Content-Type,
 	// Content-Encoding, Location and Content-Language. Set-Cookie, Authorization,
 	// WWW-Authenticate, Proxy-*, hop-by-hop headers, Date and Content-Length are
 	// refused. Defaults to none.
 	ReplayHeaders []string
-	// NoReplayMarker replays a JSON object as recorded, without the added
-	// "idempotency_replayed": true member (the Idempotent-Replayed header stays).
-	// Defaults to false.
+	// NoReplayMarker replays a JSON object without the added
+	// "idempotency_replayed" member (the header stays). Defaults to false.
 	NoReplayMarker bool
 	// NoStore never records response bodies (personal data): concurrent
 	// duplicates get 409 in flight and a completed key is released, so a later
@@ -156,9 +155,8 @@ type RouteConfig struct {
 	// TxLockWaitBudget of it must stay below Config.StoreTimeout. Defaults to
 	// DefaultTxLockWait.
 	TxLockWait time.Duration
-	// ReleaseOnError, on a transactional route, releases the key when the handler
-	// fails (>= 500 or panic) instead of marking it failed: the rollback proves
-	// nothing happened. Defaults to false.
+	// ReleaseOnError releases a transactional route's key when the handler
+	// fails (>= 500, panic), its writes rolled back. Defaults to false.
 	ReleaseOnError bool
 	// Codec, on an Operation, encodes the values Do stores. Defaults to
 	// encoding/json.

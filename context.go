@@ -13,10 +13,9 @@ const (
 	requestCtxKey
 )
 
-// RequestFromContext returns the HTTP request a route is deciding, inside
-// Config's hooks (Scope, RouteName, Enabled, OnReplay), which take the
-// call's context so that one hook serves HTTP routes and Do alike. It
-// reports false for a call that did not come over HTTP.
+// RequestFromContext returns the HTTP request a route is deciding, for
+// Config's hooks, which take the call's context so one hook serves HTTP and
+// Do; false for a call not over HTTP.
 func RequestFromContext(ctx context.Context) (*http.Request, bool) {
 	r, ok := ctx.Value(requestCtxKey).(*http.Request)
 	return r, ok

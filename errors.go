@@ -47,8 +47,7 @@ type PermanentError struct {
 func (e *PermanentError) Error() string { return e.Code + ": " + e.Message }
 
 // Retryable marks err, returned by a function of Do, as retryable: the key
-// is released, as a 429 releases it over HTTP, so a retry with the key runs
-// the function again. Do returns err itself. Retryable(nil) is nil.
+// is released (as a 429 over HTTP) and Do returns err. Retryable(nil) is nil.
 func Retryable(err error) error {
 	if err == nil {
 		return nil

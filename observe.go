@@ -42,8 +42,8 @@ type Observation struct {
 	// Status is the status sent: the contract's, the replayed or the handler's; 0
 	// when the handler runs after the decision or panicked.
 	Status int
-	// Duration runs from the call's arrival to the decision; for executed calls,
-	// to the end of the response.
+	// Duration runs from arrival to the decision (to the response's end when
+	// executed).
 	Duration time.Duration
 	// StoreDuration is the time spent in store calls within Duration.
 	StoreDuration time.Duration

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// ReplayEvent describes one replay, for OnReplay. The duplicate's HTTP
-// request, on an HTTP route, is in the hook's context (RequestFromContext).
+// ReplayEvent describes one replay, for OnReplay (an HTTP duplicate's
+// request is RequestFromContext's).
 type ReplayEvent struct {
 	Key            string    // the normalised idempotency key
 	Scope          string    // the user scope

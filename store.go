@@ -24,9 +24,8 @@ const (
 type BodyKind uint8
 
 const (
-	// BodyNone means no body was recorded: the response exceeded the route's
-	// response limit. A replay of such a key answers 409
-	// idempotency_response_not_stored.
+	// BodyNone: no body recorded (over the route's response limit); a replay
+	// answers 409 idempotency_response_not_stored.
 	BodyNone BodyKind = iota
 	// BodyJSON is a valid JSON document, stored as JSON (JSONB in Postgres) and
 	// replayed as the same JSON value.
@@ -36,16 +35,13 @@ const (
 )
 
 // Fence identifies one ownership of a key: the row and the attempt that
-// claimed it. Every state change made by an owner is conditional on both, so
-// an owner whose key was taken over changes nothing. Build it with
-// Record.Fence.
+// claimed it, on which every owner's change is conditional (Record.Fence).
 type Fence struct {
 	ID      int64 // the row's id
 	Attempt int32 // the row's attempt when it was claimed; bumped by takeover
-	// Scope, Key and Endpoint are the row's primary key (scope_user_id, idem_key,
-	// scope_endpoint): every fenced statement finds the row by them, so on a table
-	// distributed by scope_user_id (Citus) it reaches one shard. A Fence whose
-	// Scope, Key or Endpoint is not the row's owns nothing.
+	// Scope, Key and Endpoint are the row's primary key: every fenced statement
+	// finds the row by them (one shard on Citus); a Fence not matching owns
+	// nothing.
 	Scope    string
 	Key      string
 	Endpoint string
@@ -59,15 +55,12 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL         time.Duration // how long the row lives: expires_at = now + TTL
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
-	// LockWait bounds how long a claim inside a transaction (TxStore), its
-	// takeover and re-read wait on a row of the key another open transaction holds
-	// (0: DefaultTxLockWait); other claims never wait.
+	// LockWait bounds a transactional claim's wait on the key's row held by
+	// another transaction (0: DefaultTxLockWait).
 	LockWait time.Duration
-	// Owner is the claiming call's random token (one per call), stored in the row
-	// by Claim and Takeover (uuid.Nil stores none), so the call knows the claim as
-	// its own when the claim's reply was lost: a Claim that finds the key's row
-	// in_flight, inside its lease and carrying this Owner reports it as won, and
-	// Store.ReleaseOwner frees such a row.
+	// Owner is the claiming call's random token, stored by Claim and Takeover
+	// (uuid.Nil: none): a Claim that finds the row in_flight, inside its lease
+	// with this Owner reports it won; Store.ReleaseOwner frees such a row.
 	Owner uuid.UUID
 }
 
@@ -84,9 +77,8 @@ type Response struct {
 	plaintext bool // read by a sealing store from a row recorded before sealing
 }
 
-// Record is one stored key as the store read it. Expired and LeaseOver are
-// computed by the store against its own clock (the database's now() for
-// Postgres), never the caller's.
+// Record is one stored key as the store read it, Expired and LeaseOver by
+// the store's own clock.
 type Record struct {
 	ID          int64     // the row's id, never reused
 	Key         string    // the normalised idempotency key
@@ -111,9 +103,8 @@ func (r Record) Fence() Fence {
 
 // ClaimResult is the outcome of a claim or a takeover.
 type ClaimResult struct {
-	// Won reports that the caller now owns the key; Record.Fence() is its token.
-	// When false, Record is the existing row, or the zero Record when a takeover
-	// lost its race (claim again to read the row).
+	// Won reports that the caller owns the key (Record.Fence() is its token);
+	// else Record is the existing row, or zero when a takeover lost its race.
 	Won    bool
 	Record Record // the claimed row, or the existing one
 }
@@ -263,8 +254,7 @@ const (
 )
 
 // ErrNotOwner is returned by Complete, Fail and Release when the fence no
-// longer matches: the key was taken over, erased or already
-// finished. The caller no longer owns the key and must change nothing.
+// longer matches (taken over, erased or finished): change nothing.
 var ErrNotOwner = errors.New("idempotency: claim no longer owns the key")
 
 // ErrStoreUnavailable matches (with errors.Is) every *StoreError: the store
