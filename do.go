@@ -118,7 +118,7 @@ func reservedName(name string) bool {
 // returns the stored Response.
 func (op *Operation) Exec(ctx context.Context, c Call, fn func(context.Context) Response) (Response, CallInfo, error) {
 	oc := &opCall{op: op, fn: fn}
-	oc.request = request{rt: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
+	oc.request = request{policy: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
 		endpoint: op.endpoint, label: op.endpoint}
 	if oc.admit(c) {
 		oc.serve()
@@ -171,9 +171,9 @@ func (oc *opCall) admit(c Call) bool {
 		Scope:       scope,
 		Endpoint:    oc.endpoint,
 		RequestHash: requestHash(oc.endpoint, "", "", c.Request), // the endpoint in place of method and path
-		TTL:         oc.rt.ttl,
+		TTL:         oc.policy.ttl,
 		Lease:       oc.m.cfg.Lease,
-		LockWait:    oc.rt.txLockWait,
+		LockWait:    oc.policy.txLockWait,
 		Owner:       uuid.New(),
 	}
 	oc.rm = oc.m.metricsFor(oc.label)

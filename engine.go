@@ -18,10 +18,10 @@ import (
 // its admission (the endpoint, the label, the claim) and then calls serve,
 // or passThrough for a call with no key.
 type request struct {
-	rt  *policy
-	m   *Middleware
-	ctx context.Context // the call's: logs, the Observer, store calls (detached)
-	t   transport       // the adapter's side of the call
+	policy *policy // the entry point's policy (a route's, or an Operation's)
+	m      *Middleware
+	ctx    context.Context // the call's: logs, the Observer, store calls (detached)
+	t      transport       // the adapter's side of the call
 	// adapter names the entry point: "http", "do", or an Operation's scheme.
 	adapter string
 	// Set by the adapter, once a step needs them:

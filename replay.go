@@ -21,7 +21,7 @@ type ReplayEvent struct {
 // hook has audited it.
 func (rq *request) replay(rec Record) {
 	if err := rq.auditReplay(rec); err != nil {
-		if !rq.rt.failOpen {
+		if !rq.policy.failOpen {
 			rq.m.log.ErrorContext(rq.ctx, "idempotency: replay hook failed; replay refused",
 				"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 			rq.cause = err

@@ -54,14 +54,14 @@ func (rq *request) claimFailed(err error) {
 		return
 	}
 	f := failureOf(reason)
-	if f.outage && rq.rt.failOpen && rq.probeFailed() {
+	if f.outage && rq.policy.failOpen && rq.probeFailed() {
 		rq.bypass(f, reason, err)
 		return
 	}
 	rq.logClaimFailure(f.level, f.msg+", rejecting", reason, err)
 	rq.cause = err
 	rq.answer(answerUnavailable)
-	rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
+	rq.giveBackLost(err) // the handler never ran: free the key if the claim landed
 }
 
 // opProbe is the outage probe's store-call operation.
@@ -172,7 +172,7 @@ func (rq *request) switchedOff() {
 // transactional route still gets its transaction, so the handler has one
 // shape; the adapter has named such a call.
 func (rq *request) passThrough() {
-	if rq.rt.txStore == nil {
+	if rq.policy.txStore == nil {
 		rq.t.pass("")
 		return
 	}
