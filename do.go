@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/google/uuid"
 )
 
 // The Do adapter: an Operation's calls through the engine. A call is
@@ -160,24 +158,8 @@ func (oc *opCall) admit(c Call) bool {
 	if scope == "" && oc.m.scoped {
 		scope = oc.m.cfg.Scope(oc.ctx)
 	}
-	if !storable(scope) || scope == "" && oc.op.scoped {
-		oc.m.log.WarnContext(oc.ctx, "idempotency: scope is empty on a scoped entry point, or cannot be stored (not UTF-8, a NUL byte, or too long)",
-			"endpoint", oc.label, "scope_bytes", len(scope))
-		oc.answer(answerInvalidScope)
-		return false
-	}
-	oc.claim = ClaimRequest{
-		Key:         c.Key,
-		Scope:       scope,
-		Endpoint:    oc.endpoint,
-		RequestHash: requestHash(oc.endpoint, "", "", c.Request), // the endpoint in place of method and path
-		TTL:         oc.policy.ttl,
-		Lease:       oc.m.cfg.Lease,
-		LockWait:    oc.policy.txLockWait,
-		Owner:       uuid.New(),
-	}
-	oc.rm = oc.m.metricsFor(oc.label)
-	return true
+	// The endpoint in place of method and path.
+	return oc.admitClaim(c.Key, scope, requestHash(oc.endpoint, "", "", c.Request), oc.op.scoped)
 }
 
 // validCallKey applies the opaque-key rules to a Call's key, exactly as

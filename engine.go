@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // request is one call on its way through the engine: what is known of it
@@ -102,4 +104,31 @@ const maxScopeBytes = 1024
 // maxScopeBytes.
 func storable(s string) bool {
 	return len(s) <= maxScopeBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// admitClaim builds the claim of a keyed call, the one admission every
+// adapter ends with, or refuses (400 idempotency_scope_invalid) a scope or
+// endpoint the store could not hold and an empty scope where the scope
+// guards the keys: such a value would fail every claim of the key alike,
+// and must not count as an outage (which a fail-open route would run
+// without deduplication, every time).
+func (rq *request) admitClaim(key, scope, hash string, needScope bool) bool {
+	if !storable(scope) || !storable(rq.endpoint) || scope == "" && needScope {
+		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long), or the scope that guards the keys is empty",
+			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
+		rq.answer(answerInvalidScope)
+		return false
+	}
+	rq.claim = ClaimRequest{
+		Key:         key,
+		Scope:       scope,
+		Endpoint:    rq.endpoint,
+		RequestHash: hash,
+		TTL:         rq.policy.ttl,
+		Lease:       rq.m.cfg.Lease,
+		LockWait:    rq.policy.txLockWait,
+		Owner:       uuid.New(), // one per call: the store's retry of this claim knows its own row
+	}
+	rq.rm = rq.m.metricsFor(rq.label)
+	return true
 }
