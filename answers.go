@@ -71,14 +71,14 @@ var answers = [numAnswers]struct {
 type ErrorFormat int
 
 const (
-	// ErrorJSON answers {"error":"<code>"} with Content-Type
-	// application/json, plus the answer's extra members (retry_after_ms,
-	// original_status). The default.
+	// ErrorJSON answers {"error":"<code>"} with Content-Type application/json,
+	// plus the answer's extra members (retry_after_ms, original_status). The
+	// default.
 	ErrorJSON ErrorFormat = iota
 	// ErrorProblem answers RFC 9457 problem details with Content-Type
-	// application/problem+json: type (Config.ProblemTypeBase then the
-	// answer's idempotency_... code), title, status, and as extension
-	// members the same "error" code and extra members as ErrorJSON.
+	// application/problem+json: type (Config.ProblemTypeBase then the answer's
+	// idempotency_... code), title, status, and as extension members the same
+	// "error" code and extra members as ErrorJSON.
 	ErrorProblem
 )
 
@@ -87,12 +87,13 @@ const (
 // Operation.Exec return instead of running the function.
 type ErrorAnswer struct {
 	Status int // the contract's status: 400, 409, 413, 422, 500 or 503
-	// Code is the "error" member of the default body: an idempotency_...
-	// code, or for a missing or malformed key the contract's sentence.
+	// Code is the "error" member of the default body: an idempotency_... code, or
+	// for a missing or malformed key the contract's sentence.
 	Code string
-	// Type is the problem type URI: Config.ProblemTypeBase and an
-	// idempotency_... code (idempotency_key_required or _invalid for the
-	// key sentences).
+	// Kind is the answer's stable machine code, the one adapters map:
+	// idempotency_in_flight, idempotency_key_required, and so on.
+	Kind string
+	// Type is the problem type URI: Config.ProblemTypeBase and Kind.
 	Type           string
 	Title          string // a short human-readable summary
 	RetryAfterMS   int    // 5000 on idempotency_in_flight, else 0
@@ -137,7 +138,7 @@ func (e ErrorAnswer) appendExtra(b []byte) []byte {
 // problem type base.
 func (m *Middleware) errorAnswer(a answer, original int) ErrorAnswer {
 	ans := &answers[a]
-	return ErrorAnswer{Status: ans.status, Code: ans.code, Type: m.cfg.ProblemTypeBase + ans.problem,
+	return ErrorAnswer{Status: ans.status, Code: ans.code, Kind: ans.problem, Type: m.cfg.ProblemTypeBase + ans.problem,
 		Title: ans.title, RetryAfterMS: ans.retryAfterMS, OriginalStatus: original}
 }
 

@@ -41,7 +41,7 @@ func (rq *request) claimKey() (claimed, error) {
 	// its owner token (the store's retry after a lost reply) may have been
 	// inserted then.
 	rq.claimStart = time.Now()
-	if rq.rt.txStore != nil {
+	if rq.policy.txStore != nil {
 		return rq.claimKeyTx()
 	}
 	claimedAt := rq.claimStart
@@ -91,7 +91,7 @@ func (rq *request) claimKeyTx() (claimed, error) {
 		claimedAt := time.Now()
 		var tx RouteTx
 		res, err := rq.storeClaim("begin", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-			t, r, err := rq.rt.txStore.BeginClaim(ctx, &req)
+			t, r, err := rq.policy.txStore.BeginClaim(ctx, &req)
 			tx = t
 			return r, err
 		})

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/google/uuid"
 )
 
 // The Do adapter: an Operation's calls through the engine. A call is
@@ -31,13 +29,13 @@ type Operation struct {
 
 // Call is one call of an Operation.
 type Call struct {
-	// Key is the call's idempotency key (a message's id, a webhook's event
-	// id): 1 to 255 visible ASCII characters or spaces, compared exactly,
-	// at least RouteConfig.MinKeyLength.
+	// Key is the call's idempotency key (a message's id, a webhook's event id): 1
+	// to 255 visible ASCII characters or spaces, compared exactly, at least
+	// RouteConfig.MinKeyLength.
 	Key string
 	// Scope is the user the call is about ("" asks Config.Scope): keys of
-	// different scopes never meet, and erasure finds a user's rows by it.
-	// On a Scoped Operation a call whose scope is still empty is refused
+	// different scopes never meet, and erasure finds a user's rows by it. On a
+	// Scoped Operation a call whose scope is still empty is refused
 	// (ErrInvalidScope).
 	Scope   string
 	Request []byte // hashed as an HTTP body is: the key sent with other bytes is ErrMismatch
@@ -59,15 +57,12 @@ type Codec interface {
 // doScheme is the scheme of Do's endpoints: do:<name>.
 const doScheme = "do"
 
-// Operation returns the entry point name under policy rc, for Do. Its keys
-// are stored under the endpoint do:<name>; a name of the form scheme:/path,
-// as an adapter such as contrib/grpc gives, is stored as it is. Keys follow
-// the opaque-key rules whatever rc.KeyFormat says; rc's HTTP-only fields
-// (Name, ParseKey, RequireKey, MaxBodyBytes, ReplayHeaders, NoReplayMarker)
-// must be left unset. It fails when name or rc is invalid, and when rc is
-// neither Scoped nor has a MinKeyLength of at least 16. The kill-switch
-// applies to the grpc: and connect: adapters always, to any other
-// Operation only with rc.FollowKillSwitch.
+// Operation returns the entry point name under policy rc, for Do, storing
+// its keys under the endpoint do:<name> (a scheme:/path name, as adapters
+// give, as it is). Keys follow the opaque-key rules; rc's HTTP-only fields
+// must be unset, and rc must be Scoped or have a MinKeyLength of at least
+// 16. The kill-switch applies to grpc: and connect: names always, to others
+// only with rc.FollowKillSwitch.
 func (m *Middleware) Operation(name string, rc RouteConfig) (*Operation, error) {
 	endpoint, adapter := doScheme+":"+name, doScheme
 	if scheme, _, ok := strings.Cut(name, ":/"); ok && isScheme(scheme) {
@@ -115,15 +110,13 @@ func reservedName(name string) bool {
 }
 
 // Exec is Do for the adapters of other transports (contrib/grpc): fn's
-// Response is recorded as it is, its Status deciding the outcome as an
-// HTTP status does (below 500 completes, except 429, which releases the
-// key; 500 and above, or a panic, fails it); a replay returns the stored
-// Response. Its Header may carry an adapter's metadata under names that
-// start with ':'; ":outcome" ("complete", "fail" or "release") decides in
-// place of Status, and is not stored. Everything else is as Do.
+// Response is recorded as it is, its Status deciding the outcome as over
+// HTTP, unless its Header's ":outcome" ("complete", "fail" or "release",
+// not stored) decides; headers named ':...' are the adapter's. A replay
+// returns the stored Response.
 func (op *Operation) Exec(ctx context.Context, c Call, fn func(context.Context) Response) (Response, CallInfo, error) {
 	oc := &opCall{op: op, fn: fn}
-	oc.request = request{rt: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
+	oc.request = request{policy: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
 		endpoint: op.endpoint, label: op.endpoint}
 	if oc.admit(c) {
 		oc.serve()
@@ -165,24 +158,8 @@ func (oc *opCall) admit(c Call) bool {
 	if scope == "" && oc.m.scoped {
 		scope = oc.m.cfg.Scope(oc.ctx)
 	}
-	if !storable(scope) || scope == "" && oc.op.scoped {
-		oc.m.log.WarnContext(oc.ctx, "idempotency: scope is empty on a scoped entry point, or cannot be stored (not UTF-8, a NUL byte, or too long)",
-			"endpoint", oc.label, "scope_bytes", len(scope))
-		oc.answer(answerInvalidScope)
-		return false
-	}
-	oc.claim = ClaimRequest{
-		Key:         c.Key,
-		Scope:       scope,
-		Endpoint:    oc.endpoint,
-		RequestHash: requestHash(oc.endpoint, "", "", c.Request), // the endpoint in place of method and path
-		TTL:         oc.rt.ttl,
-		Lease:       oc.m.cfg.Lease,
-		LockWait:    oc.rt.txLockWait,
-		Owner:       uuid.New(),
-	}
-	oc.rm = oc.m.metricsFor(oc.label)
-	return true
+	// The endpoint in place of method and path.
+	return oc.admitClaim(c.Key, scope, requestHash(oc.endpoint, "", "", c.Request), oc.op.scoped)
 }
 
 // validCallKey applies the opaque-key rules to a Call's key, exactly as

@@ -12,16 +12,14 @@ import (
 // JSON body holds its code and message; a Retryable error a 429 (the key
 // is released); any other error a 500 (the key fails).
 
-// Do runs fn at most once per (c.Key, scope, op): the first call with a
-// key runs it, detached from ctx's cancellation with the lease less the
-// store timeout to finish, and records its outcome; every other call gets
-// it back (info.Replayed). fn's error decides the outcome: nil completes,
-// and the value is returned decoded from its stored encoding (Codec), on
-// the first run too; a *PermanentError completes and is returned as
-// itself; a Retryable error releases the key; any other error, or a panic
-// (re-raised), fails it. A call that does not run fn gets an *ErrorAnswer
-// (errors.Is: ErrInFlight and the rest). On a Transactional op, fn writes
-// through TxFromContext(ctx), committed together with the record.
+// Do runs fn at most once per (c.Key, scope, op), detached from ctx's
+// cancellation with the lease less the store timeout, and records its
+// outcome; every other call gets it back (info.Replayed). nil completes
+// (the value returned decoded from its stored encoding, on the first run
+// too); a *PermanentError completes; a Retryable error releases the key;
+// any other error, or a panic (re-raised), fails it. A call that does not
+// run fn gets an *ErrorAnswer. On a Transactional op, fn writes through
+// TxFromContext(ctx).
 func Do[T any](ctx context.Context, op *Operation, c Call, fn func(context.Context) (T, error)) (T, CallInfo, error) {
 	var (
 		ran   bool  // fn ran in this call

@@ -18,7 +18,22 @@
 // (TxFromContext), which commits together with the record, so a process that
 // dies mid-handler leaves nothing behind and the retry executes at once.
 //
-// The HTTP contract, the algorithm and the storage schema are described in
-// the README. PostgresStore is the production store, MemoryStore serves a
-// single process, and package idempotencytest checks a Store of your own.
+// # The module
+//
+//   - this package: the middleware (New, Route, Operation, Do) and two
+//     stores, PostgresStore (pgx, the files store_pg*.go) and MemoryStore
+//     (one process);
+//   - sqlstore: a TxStore on database/sql, for MySQL/MariaDB or PostgreSQL;
+//   - idempotencytest: the conformance kit every Store passes;
+//   - idemclient: a client that sends keys and retries safely;
+//   - idemrpc: what the gRPC and Connect adapters share;
+//   - migrations: the schema, embedded, and its runner;
+//   - contrib/*: a module per framework, router or RPC stack (chi, echo,
+//     gin, gorilla, grpc, connect, sqlx, gorm, bun, otel);
+//   - cmd/idempotency: the operator CLI (migrate, inspect, release, cleanup,
+//     erase, export, stats, reseal);
+//   - internal: what no user depends on (the shared SQL in internal/pgsql,
+//     the error classes in internal/sqlstate, the test helpers).
+//
+// The README describes the HTTP contract, the algorithm and the schema.
 package idempotency

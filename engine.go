@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // request is one call on its way through the engine: what is known of it
@@ -18,10 +20,10 @@ import (
 // its admission (the endpoint, the label, the claim) and then calls serve,
 // or passThrough for a call with no key.
 type request struct {
-	rt  *policy
-	m   *Middleware
-	ctx context.Context // the call's: logs, the Observer, store calls (detached)
-	t   transport       // the adapter's side of the call
+	policy *policy // the entry point's policy (a route's, or an Operation's)
+	m      *Middleware
+	ctx    context.Context // the call's: logs, the Observer, store calls (detached)
+	t      transport       // the adapter's side of the call
 	// adapter names the entry point: "http", "do", or an Operation's scheme.
 	adapter string
 	// Set by the adapter, once a step needs them:
@@ -41,8 +43,8 @@ type request struct {
 	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
 	storeReason  string        // the reason of the store error the claim failed with
 	observed     bool          // the decision was reported
-	// run is the call's execution, if it runs one: kept here, where the
-	// adapter already allocated the call, rather than allocated apart.
+	// run is the call's execution, if it runs one: kept here, where the adapter
+	// already allocated the call, rather than allocated apart.
 	run0 execution
 }
 
@@ -52,25 +54,24 @@ type request struct {
 // engine calls it from the call's goroutine, and delivers exactly once:
 // send, deliver or replay, or through pass.
 type transport interface {
-	// pass runs the handler with no claim (a pass-through, a bypass), with
-	// key in its context when it is not "", and delivers its result.
+	// pass runs the handler with no claim (a pass-through, a bypass), with key in
+	// its context when it is not "", and delivers its result.
 	pass(key string)
-	// handle runs the handler under ctx and holds its result: for the
-	// record up to limit bytes when limit > 0, and whole until the commit
-	// when held (a transactional run). It may panic: the handler's panic.
+	// handle runs the handler under ctx and holds its result: for the record up to
+	// limit bytes when limit > 0, and whole until the commit when held (a
+	// transactional run). It may panic: the handler's panic.
 	handle(ctx context.Context, limit int64, held bool)
-	// status is the held result's status: HTTP's, or the adapter's HTTP-like
-	// code (200 for a handler that said nothing).
+	// status is the held result's status: HTTP's, or the adapter's HTTP-like code
+	// (200 for a handler that said nothing).
 	status() int
 	// tooLarge reports a held result that outgrew the transactional cap.
 	tooLarge() bool
-	// result is the held result as recorded: status, replayable metadata
-	// and body.
+	// result is the held result as recorded: status, replayable metadata and body.
 	result() Response
 	// send delivers the handler's own result.
 	send()
-	// deliver delivers one of the contract's answers instead (original:
-	// the stored status of answerNotStored), undoing what the handler set.
+	// deliver delivers one of the contract's answers instead (original: the stored
+	// status of answerNotStored), undoing what the handler set.
 	deliver(a answer, original int)
 	// replay delivers a stored result.
 	replay(resp Response)
@@ -103,4 +104,31 @@ const maxScopeBytes = 1024
 // maxScopeBytes.
 func storable(s string) bool {
 	return len(s) <= maxScopeBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// admitClaim builds the claim of a keyed call, the one admission every
+// adapter ends with, or refuses (400 idempotency_scope_invalid) a scope or
+// endpoint the store could not hold and an empty scope where the scope
+// guards the keys: such a value would fail every claim of the key alike,
+// and must not count as an outage (which a fail-open route would run
+// without deduplication, every time).
+func (rq *request) admitClaim(key, scope, hash string, needScope bool) bool {
+	if !storable(scope) || !storable(rq.endpoint) || scope == "" && needScope {
+		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long), or the scope that guards the keys is empty",
+			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
+		rq.answer(answerInvalidScope)
+		return false
+	}
+	rq.claim = ClaimRequest{
+		Key:         key,
+		Scope:       scope,
+		Endpoint:    rq.endpoint,
+		RequestHash: hash,
+		TTL:         rq.policy.ttl,
+		Lease:       rq.m.cfg.Lease,
+		LockWait:    rq.policy.txLockWait,
+		Owner:       uuid.New(), // one per call: the store's retry of this claim knows its own row
+	}
+	rq.rm = rq.m.metricsFor(rq.label)
+	return true
 }

@@ -1,9 +1,6 @@
 package idempotency
 
-import (
-	"errors"
-	"strings"
-)
+import "errors"
 
 // The contract's answers to a call whose function did not run, as Do
 // returns them: each is what an *ErrorAnswer unwraps to, matched with
@@ -18,23 +15,20 @@ var (
 	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
 )
 
-// ErrTxEnded is returned by every call of a transactional route's lent
-// transaction (TxFromContext) once the transaction has ended under the
-// handler (it ran COMMIT or ROLLBACK itself, or the server rolled it back):
-// nothing more is sent, so no statement of the handler runs outside the
-// transaction that holds its key. The handler's answer is then never
-// delivered: the client gets 503 idempotency_store_unavailable.
+// ErrTxEnded is returned by every call of a lent transaction
+// (TxFromContext) once it ended under the handler (its own COMMIT or
+// ROLLBACK, or the server's rollback): nothing more is sent, and the client
+// gets 503 idempotency_store_unavailable.
 var ErrTxEnded = errors.New("idempotency: the route's transaction ended under the handler")
 
 // Error describes the answer, as Do and the RPC adapters return it: what it
-// stands for, and its idempotency_... code (the problem type's, never the
-// HTTP header's sentence: outside HTTP the key is no header).
+// stands for, and its Kind (never the HTTP header's sentence: outside HTTP
+// the key is no header).
 func (e ErrorAnswer) Error() string {
-	code := e.Type[strings.LastIndexAny(e.Type, "/#:")+1:]
 	if e.err == nil {
-		return "idempotency: " + code
+		return "idempotency: " + e.Kind
 	}
-	return e.err.Error() + " (" + code + ")"
+	return e.err.Error() + " (" + e.Kind + ")"
 }
 
 // Unwrap returns the error the answer stands for: one of the errors above,
@@ -42,11 +36,10 @@ func (e ErrorAnswer) Error() string {
 // ErrStoreUnavailable).
 func (e ErrorAnswer) Unwrap() error { return e.err }
 
-// PermanentError is a business rejection (insufficient funds, an unknown
-// account) returned by a function of Do: it completes the call, as a 4xx
-// does over HTTP, and every retry with the key gets the same
-// *PermanentError back, Code and Message (not the function's own error
-// type). On a transactional Operation the function's writes commit with it.
+// PermanentError is a business rejection returned by a function of Do: it
+// completes the call, as a 4xx does over HTTP, and every retry with the key
+// gets the same *PermanentError back (a transactional Operation's writes
+// commit with it).
 type PermanentError struct {
 	Code    string // for programs, e.g. "insufficient_funds"
 	Message string // for people

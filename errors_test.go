@@ -144,7 +144,7 @@ func TestErrorWriter(t *testing.T) {
 	if w.Code != 409 || w.Body.String() != `{"code":"idempotency_response_not_stored"}` {
 		t.Fatalf("not stored: %d %s", w.Code, w.Body)
 	}
-	want := ErrorAnswer{Status: 409, Code: "idempotency_response_not_stored", Type: DefaultProblemTypeBase + "idempotency_response_not_stored",
+	want := ErrorAnswer{Status: 409, Code: "idempotency_response_not_stored", Kind: "idempotency_response_not_stored", Type: DefaultProblemTypeBase + "idempotency_response_not_stored",
 		Title: answers[answerNotStored].title, OriginalStatus: 201}
 	if len(got) != 2 || got[1] != want {
 		t.Fatalf("writer got %+v, want second %+v", got, want)

@@ -71,6 +71,11 @@ func (failingStore) Probe(context.Context) error {
 	return &idempotency.StoreError{Op: "probe", Reason: idempotency.ReasonConnection, Err: fmt.Errorf("connection refused")}
 }
 
+// ReleaseOwner finds nothing to free: no claim reached the database.
+func (failingStore) ReleaseOwner(context.Context, idempotency.ClaimRequest) (bool, error) {
+	return false, nil
+}
+
 // Wrap a billing route fail-open: when the store is down the handler still
 // runs (without deduplication), while a fail-closed order route answers
 // 503 and runs nothing.

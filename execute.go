@@ -25,10 +25,10 @@ type execution struct {
 // settlement is how a run's outcome reaches the store: ordinary (the fenced
 // Store.Complete, Fail or Release after the handler returned: settle.go) or
 // transactional (the record commits with the handler's writes:
-// execute_tx.go).
+// settle_tx.go).
 type settlement interface {
-	// free gives back a won key whose handler never ran.
-	free(x *execution)
+	// giveBack gives back a won key whose handler never ran.
+	giveBack(x *execution)
 	// panicked settles a handler that panicked (or called runtime.Goexit).
 	panicked(x *execution)
 	// conclude settles a handler that returned, and delivers its result or
@@ -52,7 +52,7 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 	if own != nil {
 		x.owned, x.fence, x.own, x.claimed, x.leaseEnd = true, own.Fence(), *own, claimedAt, claimedAt.Add(rq.m.cfg.Lease)
 	}
-	if rq.rt.txStore != nil {
+	if rq.policy.txStore != nil {
 		x.how = transactional{}
 		if tx == nil && !x.begin() {
 			return
@@ -111,7 +111,7 @@ func (x *execution) handlerDone() {
 // the route's response limit on an owned run, nothing on an unclaimed one.
 func (x *execution) recordLimit() int64 {
 	if x.owned {
-		return x.rt.maxResponse
+		return x.policy.maxResponse
 	}
 	return 0
 }
@@ -128,7 +128,7 @@ func (x *execution) tooLate() bool {
 // giveBack releases a won key whose handler never ran and asks the caller
 // to retry.
 func (x *execution) giveBack() {
-	x.how.free(x)
+	x.how.giveBack(x)
 	x.m.log.WarnContext(x.ctx, "idempotency: the store was too slow to leave the handler any time; key given back",
 		"endpoint", x.claim.Endpoint, "key", x.claim.Key)
 	x.answer(answerUnavailable)
@@ -144,7 +144,7 @@ const statusTooManyRequests = 429
 // endedUnderHandler.)
 func (x *execution) classify(status int) outcome {
 	switch {
-	case status == statusTooManyRequests, x.rt.noStore && status < 500:
+	case status == statusTooManyRequests, x.policy.noStore && status < 500:
 		return outcomeRelease
 	case status >= 500:
 		return x.failed()
@@ -156,7 +156,7 @@ func (x *execution) classify(status int) outcome {
 // released on a transactional route with ReleaseOnError, whose rollback
 // proves nothing happened, else failed.
 func (x *execution) failed() outcome {
-	if x.rt.releaseOnError {
+	if x.policy.releaseOnError {
 		return outcomeRelease
 	}
 	return outcomeFail

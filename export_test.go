@@ -1,12 +1,16 @@
 package idempotency
 
-import "time"
+import (
+	"time"
+
+	"github.com/idemkit/idempotency/internal/pgsql"
+)
 
 // The Postgres statements, for the raw-SQL floor benchmarks in the external
 // test package.
 const (
-	ClaimSQLForTest    = pgClaimSQL
-	CompleteSQLForTest = pgCompleteSQL
+	ClaimSQLForTest    = pgsql.ClaimSQL
+	CompleteSQLForTest = pgsql.CompleteSQL
 )
 
 // NewMemoryStoreForTest returns a MemoryStore on the clock now.
@@ -32,10 +36,10 @@ func (s *MemoryStore) CleanupVisitsForTest() int {
 	return s.visits
 }
 
-// ClaimArgsForTest is pgClaimSQL's parameters for req, as Claim sends them.
+// ClaimArgsForTest is pgsql.ClaimSQL's parameters for req, as Claim sends them.
 func ClaimArgsForTest(req ClaimRequest) []any { return claimArgs(req) }
 
-// CompleteArgsForTest is pgCompleteSQL's parameters for f and resp, as
+// CompleteArgsForTest is pgsql.CompleteSQL's parameters for f and resp, as
 // Complete first sends them (fenced puts the fence first).
 func CompleteArgsForTest(f Fence, resp Response) ([]any, error) {
 	jsonBody, rawBody, headers, err := completeArgs(resp)

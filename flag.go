@@ -10,10 +10,9 @@ import (
 // kill-switch.
 const FlagEnv = "FLAG_IDEMPOTENCY_MIDDLEWARE"
 
-// EnabledFromEnv is the default kill-switch: it reports false when
-// FLAG_IDEMPOTENCY_MIDDLEWARE is "0", "false", "off" or "no" (any case,
-// surrounding white space ignored), and true when it is unset or anything
-// else.
+// EnabledFromEnv is the default kill-switch: false when
+// FLAG_IDEMPOTENCY_MIDDLEWARE is "0", "false", "off" or "no" (any case and
+// spacing), else true.
 func EnabledFromEnv(context.Context) bool {
 	return flagEnabled(os.Getenv(FlagEnv))
 }

@@ -87,6 +87,16 @@ func (s *countingStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 	return s.MemoryStore.Claim(ctx, req)
 }
 
+// ReleaseOwner fails as Claim does while fail is set: a failing store
+// answers no call (else the background release after a timed-out claim
+// would log the store as recovered while claims still fail).
+func (s *countingStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
+	if e := s.fail.Load(); e != nil {
+		return false, *e
+	}
+	return s.MemoryStore.ReleaseOwner(ctx, req)
+}
+
 type harness struct {
 	t       *testing.T
 	store   *countingStore

@@ -25,7 +25,7 @@ type httpRequest struct {
 
 func (rt *route) newRequest(w http.ResponseWriter, r *http.Request) *httpRequest {
 	rq := &httpRequest{rt: rt, w: w, r: r}
-	rq.request = request{rt: &rt.policy, m: rt.m, ctx: r.Context(), t: rq, adapter: "http", start: rt.m.startClock()}
+	rq.request = request{policy: &rt.policy, m: rt.m, ctx: r.Context(), t: rq, adapter: "http", start: rt.m.startClock()}
 	return rq
 }
 

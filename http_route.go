@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-
-	"github.com/google/uuid"
 )
 
 // The HTTP adapter's admission: the kill-switch, the Idempotency-Key
@@ -87,30 +85,9 @@ func (rq *httpRequest) admit() bool {
 	return rq.admitScope(key, body)
 }
 
-// admitScope builds the claim of a keyed request whose body was read, or
-// refuses a scope or endpoint the store could not hold, and an empty scope
-// on a route whose keys the scope guards.
+// admitScope builds the claim of a keyed request whose body was read
+// (admitClaim), under the scope Config.Scope gives.
 func (rq *httpRequest) admitScope(key string, body []byte) bool {
 	scope := rq.m.cfg.Scope(rq.hookContext(rq.m.scoped))
-	if !storable(scope) || !storable(rq.endpoint) || scope == "" && rq.rt.needScope {
-		// A value the store cannot hold would fail every claim of this
-		// key alike: refuse it rather than treat it as an outage (which a
-		// fail-open route would run without deduplication, every time).
-		rq.m.log.WarnContext(rq.ctx, "idempotency: scope or endpoint cannot be stored (not UTF-8, a NUL byte, or too long), or the scope that guards the route's keys is empty",
-			"endpoint", rq.label, "scope_bytes", len(scope), "endpoint_bytes", len(rq.endpoint))
-		rq.answer(answerInvalidScope)
-		return false
-	}
-	rq.claim = ClaimRequest{
-		Key:         key,
-		Scope:       scope,
-		Endpoint:    rq.endpoint,
-		RequestHash: requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body),
-		TTL:         rq.rt.ttl,
-		Lease:       rq.m.cfg.Lease,
-		LockWait:    rq.rt.txLockWait,
-		Owner:       uuid.New(), // one per request: the store's retry of this claim knows its own row
-	}
-	rq.rm = rq.m.metricsFor(rq.label)
-	return true
+	return rq.admitClaim(key, scope, requestHash(rq.r.Method, rq.r.URL.EscapedPath(), rq.r.URL.RawQuery, body), rq.rt.needScope)
 }

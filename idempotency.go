@@ -29,7 +29,7 @@ type Middleware struct {
 	ownSwitch bool               // Config.Enabled was set: the host's own kill-switch
 
 	routeMetrics sync.Map      // endpoint label -> *routeMetrics
-	forgetting   chan struct{} // one token per claim of unknown outcome being freed (forget.go)
+	givingBack   chan struct{} // one token per key being given back in the background (give_back.go)
 }
 
 // New returns a Middleware over store. It fails when cfg is invalid or the
@@ -48,7 +48,7 @@ func New(store Store, cfg Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{store: store, cfg: cfg, log: newLogger(&cfg), metrics: met, ops: newStoreOps(met),
-		forgetting: make(chan struct{}, maxForgetting)}
+		givingBack: make(chan struct{}, maxGivingBack)}
 	m.scoped, m.ownSwitch = scoped, ownSwitch
 	m.errorBodies()
 	return m, nil
@@ -68,8 +68,8 @@ func (m *Middleware) Route(rc RouteConfig) (func(http.Handler) http.Handler, err
 	}, nil
 }
 
-// MustRoute is like Route but panics when rc is invalid. It suits routes
-// built once at start-up.
+// MustRoute is Route for routes built at start-up: it panics when rc is
+// invalid.
 func (m *Middleware) MustRoute(rc RouteConfig) func(http.Handler) http.Handler {
 	mw, err := m.Route(rc)
 	if err != nil {

@@ -13,15 +13,12 @@ import (
 type KeyFormat int
 
 const (
-	// KeyUUID accepts a UUID in its 36-character 8-4-4-4-12 hex form, any
-	// case, optionally as a structured-field string ("..."), and stores it
-	// in lower case (the ADR). The default.
+	// KeyUUID (the default) accepts a 36-character hex UUID, any case, bare or
+	// as a structured-field string, and stores it in lower case.
 	KeyUUID KeyFormat = iota
-	// KeyOpaque accepts 1 to MaxKeyLength visible ASCII characters or
-	// spaces, bare or as a structured-field string (\" and \\ escapes),
-	// compared exactly: "AbC" and "abc" are two keys (Stripe's keys fit).
-	// Such keys may be guessable ("all"), so the route needs Config.Scope or
-	// RouteConfig.MinKeyLength.
+	// KeyOpaque accepts 1 to MaxKeyLength visible ASCII characters or spaces,
+	// bare or as a structured-field string, compared exactly ("AbC" is not
+	// "abc"); the route needs Config.Scope or RouteConfig.MinKeyLength.
 	KeyOpaque
 )
 
@@ -36,10 +33,9 @@ const minGuardKeyLength = 16
 // the format.
 var ErrInvalidKey = errors.New("idempotency: invalid idempotency key")
 
-// ParseKey parses one Idempotency-Key header value as a route of format
-// does and returns the key as it is stored: a UUID in lower case, an
-// opaque key's content exactly. White space around the value is ignored.
-// It returns an error wrapping ErrInvalidKey for anything else.
+// ParseKey parses one Idempotency-Key header value (surrounding white space
+// ignored) as a route of format does and returns the key as stored (a UUID
+// in lower case, an opaque key exactly), or an error wrapping ErrInvalidKey.
 func ParseKey(value string, format KeyFormat) (string, error) {
 	var (
 		key string

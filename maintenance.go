@@ -12,10 +12,10 @@ import (
 // when Cleanup is not told otherwise.
 const defaultCleanupBatch = 1000
 
-// Cleanup deletes expired rows in batches of batch rows (1000 when batch <=
-// 0), each under ctx and the store timeout, until a batch comes back short
-// or ctx ends. It returns how many rows it deleted. In-flight rows whose
-// lease still runs are never deleted.
+// Cleanup deletes expired rows, never an in_flight row inside its lease,
+// in batches of batch rows (1000 when batch <= 0), each under ctx and the
+// store timeout, until a batch comes back short or ctx ends, and returns how
+// many it deleted.
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = defaultCleanupBatch
@@ -36,8 +36,8 @@ func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 	}
 }
 
-// RunJanitor calls Cleanup every interval until ctx is done, logging
-// failures; it returns when ctx is done. Run it in its own goroutine.
+// RunJanitor calls Cleanup every interval, logging failures, until ctx is
+// done. Run it in its own goroutine.
 func (m *Middleware) RunJanitor(ctx context.Context, interval time.Duration, batch int) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -54,10 +54,9 @@ func (m *Middleware) RunJanitor(ctx context.Context, interval time.Duration, bat
 	}
 }
 
-// Erase deletes every row of a user scope except in_flight rows still inside
-// their lease, which it returns (the GDPR erasure step). A key retried after
-// erasure is new. It runs under ctx and the store timeout, whichever ends
-// first.
+// Erase deletes every row of a user scope except in_flight rows inside
+// their lease, which it returns (GDPR erasure), under ctx and the store
+// timeout.
 func (m *Middleware) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	return timedCall(m, ctx, "erase", func(c context.Context) (ErasureResult, error) {
 		return m.store.Erase(c, scope)

@@ -16,8 +16,8 @@ type metrics struct {
 	rejections     *prometheus.CounterVec
 	bypasses       *prometheus.CounterVec
 	settleFailures *prometheus.CounterVec
-	// plaintextReplays counts replays, through a sealing store, of rows
-	// recorded before sealing was turned on.
+	// plaintextReplays counts replays, through a sealing store, of rows recorded
+	// before sealing was turned on.
 	plaintextReplays *prometheus.CounterVec
 	storeDuration    *prometheus.HistogramVec
 	storeErrors      *prometheus.CounterVec

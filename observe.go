@@ -11,19 +11,19 @@ type Outcome string
 const (
 	// OutcomePassThrough: no key on an optional route; nothing claimed.
 	OutcomePassThrough Outcome = "pass_through"
-	// OutcomeBypassed: the handler ran without deduplication. Reason:
-	// "disabled" (kill-switch) or "store_unavailable" (fail-open route).
+	// OutcomeBypassed: the handler ran without deduplication. Reason: "disabled"
+	// (kill-switch) or "store_unavailable" (fail-open route).
 	OutcomeBypassed Outcome = "bypassed"
-	// OutcomeExecuted: the request claimed its key and its handler ran.
-	// Reason: "completed", "failed", "released" (what was settled), or
-	// "response_too_large" (a transactional response over its buffer,
-	// answered 500).
+	// OutcomeExecuted: the request claimed its key and its handler ran. Reason:
+	// "completed", "failed", "released" (what was settled), or
+	// "response_too_large" (a transactional response over its buffer, answered
+	// 500).
 	OutcomeExecuted Outcome = "executed"
 	// OutcomeReplayed: the key's stored response was sent.
 	OutcomeReplayed Outcome = "replayed"
-	// OutcomeConflict: a 409 or 422 for a key that is not this request's
-	// to run. Reason as idempotency_conflicts_total: in_flight,
-	// previous_failed, outcome_unknown, body_mismatch, not_stored.
+	// OutcomeConflict: a 409 or 422 for a key that is not this request's to run.
+	// Reason as idempotency_conflicts_total: in_flight, previous_failed,
+	// outcome_unknown, body_mismatch, not_stored.
 	OutcomeConflict Outcome = "conflict"
 	// OutcomeRejected: a 4xx or 503 without a usable result. Reason as
 	// idempotency_rejections_total: missing_key, invalid_key, invalid_scope,
@@ -36,21 +36,20 @@ type Observation struct {
 	Outcome  Outcome // how the request was decided
 	Reason   string  // the outcome's reason; "" for pass_through and replayed
 	Endpoint string  // the metrics label: a route's name or pattern, "unnamed", or do:<name>
-	// Scope is the user scope (its HMAC under Config.IdentifierSecret; ""
-	// under Config.OmitIdentifiers and before the scope is known).
+	// Scope is the user scope (its HMAC under Config.IdentifierSecret; "" under
+	// Config.OmitIdentifiers and before the scope is known).
 	Scope string
-	// Status is the status sent: the contract's, the replayed or the
-	// handler's; 0 when the handler runs after the decision or panicked.
+	// Status is the status sent: the contract's, the replayed or the handler's; 0
+	// when the handler runs after the decision or panicked.
 	Status int
-	// Duration runs from the call's arrival to the decision; for executed
-	// calls, to the end of the response.
+	// Duration runs from arrival to the decision (to the response's end when
+	// executed).
 	Duration time.Duration
 	// StoreDuration is the time spent in store calls within Duration.
 	StoreDuration time.Duration
-	// RecordFailed: the outcome could not be settled in the store
-	// (idempotency_record_failures_total). Hit and Miss: the request
-	// counted in idempotency_hit_total (its claim found a live row,
-	// whatever was answered) or idempotency_miss_total (it won its claim).
+	// RecordFailed: the outcome could not be settled in the store. Hit: the
+	// claim found a live row (idempotency_hit_total); Miss: it won the claim
+	// (idempotency_miss_total).
 	RecordFailed, Hit, Miss bool
 	StoreReason             string // the Reason of the store error that failed the claim of a rejected or bypassed request
 }

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// ReplayEvent describes one replay, for OnReplay. The duplicate's HTTP
-// request, on an HTTP route, is in the hook's context (RequestFromContext).
+// ReplayEvent describes one replay, for OnReplay (an HTTP duplicate's
+// request is RequestFromContext's).
 type ReplayEvent struct {
 	Key            string    // the normalised idempotency key
 	Scope          string    // the user scope
@@ -21,7 +21,7 @@ type ReplayEvent struct {
 // hook has audited it.
 func (rq *request) replay(rec Record) {
 	if err := rq.auditReplay(rec); err != nil {
-		if !rq.rt.failOpen {
+		if !rq.policy.failOpen {
 			rq.m.log.ErrorContext(rq.ctx, "idempotency: replay hook failed; replay refused",
 				"endpoint", rq.claim.Endpoint, "key", rq.claim.Key, "error", err)
 			rq.cause = err

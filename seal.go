@@ -31,12 +31,11 @@ func ParseSealKeys(s string) (SealKeys, error) {
 }
 
 // NewSealingStore returns inner sealing each recorded response (body and
-// headers, AES-256-GCM) bound to its row, and opening it when read (docs/sealing.md,
-// "Sealing stored responses"). A row that does not open answers 503 on
-// every policy (ReasonUnseal), whatever store reads it; a plaintext row
-// replays as it is; a failed seal is a record failure (ReasonSeal). The
-// result has exactly inner's optional interfaces (TxStore, OwnerReleaser,
-// Check). It fails unless keys gives an active key under ctx.
+// headers, AES-256-GCM, bound to its row) and opening it when read
+// (docs/sealing.md). A row that does not open answers 503 (ReasonUnseal); a
+// plaintext row replays as it is; a failed seal is a record failure
+// (ReasonSeal). It is a TxStore exactly when inner is, and fails unless keys
+// gives an active key.
 func NewSealingStore(ctx context.Context, inner Store, keys SealKeys) (Store, error) {
 	if inner == nil || keys == nil {
 		return nil, errors.New("idempotency: NewSealingStore: inner store and keys must not be nil")
@@ -45,5 +44,5 @@ func NewSealingStore(ctx context.Context, inner Store, keys SealKeys) (Store, er
 	if _, _, err := w.sealer.Seal(ctx, seal.Row{}, seal.Plain{}); err != nil {
 		return nil, fmt.Errorf("idempotency: NewSealingStore: %w", err)
 	}
-	return w.withInterfaces(), nil
+	return w.variant(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemkit/idempotency/internal/seal"
 )
@@ -143,10 +144,23 @@ func (w *sealingStore) ExportScope(ctx context.Context, scope string) ([]Record,
 	return recs, nil
 }
 
-// The optional interfaces, each delegated to inner (withInterfaces gives a
-// sealing store only those inner has).
+// ReleaseOwner implements Store, delegated to inner: the row holds no
+// response to seal.
+func (w *sealingStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
+	return w.inner.ReleaseOwner(ctx, req)
+}
 
-func (w *sealingStore) beginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
+// Check implements Store, delegated to inner.
+func (w *sealingStore) Check(ctx context.Context) error { return w.inner.Check(ctx) }
+
+// sealingTxStore is a sealing store over a TxStore: the only other
+// variant, so a transactional route is served through the wrapper exactly
+// when it would be without.
+type sealingTxStore struct{ *sealingStore }
+
+// BeginClaim implements TxStore, opening the claimed row's response and
+// sealing the record the transaction commits (sealingTx).
+func (w sealingTxStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	tx, res, err := w.inner.(TxStore).BeginClaim(ctx, req)
 	if err != nil || tx == nil {
 		return tx, res, err
@@ -155,19 +169,12 @@ func (w *sealingStore) beginClaim(ctx context.Context, req *ClaimRequest) (Route
 		_ = tx.Abort(ctx)
 		return nil, ClaimResult{}, err
 	}
-	return &sealingTx{RouteTx: tx, w: w}, res, nil
+	return &sealingTx{RouteTx: tx, w: w.sealingStore}, res, nil
 }
 
-func (w *sealingStore) releaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
-	return w.inner.(OwnerReleaser).ReleaseOwner(ctx, req)
-}
-
-func (w *sealingStore) check(ctx context.Context) error { return w.inner.(checker).Check(ctx) }
-
-// checker is a store that checks its schema at start-up
-// (PostgresStore.Check).
-type checker interface {
-	Check(ctx context.Context) error
+// TxLockWaitBudget implements TxStore: the inner store's budget.
+func (w sealingTxStore) TxLockWaitBudget(wait time.Duration) time.Duration {
+	return w.inner.(TxStore).TxLockWaitBudget(wait)
 }
 
 // sealingTx is a sealing store's RouteTx: its record is sealed before it

@@ -54,14 +54,14 @@ func (rq *request) claimFailed(err error) {
 		return
 	}
 	f := failureOf(reason)
-	if f.outage && rq.rt.failOpen && rq.probeFailed() {
+	if f.outage && rq.policy.failOpen && rq.probeFailed() {
 		rq.bypass(f, reason, err)
 		return
 	}
 	rq.logClaimFailure(f.level, f.msg+", rejecting", reason, err)
 	rq.cause = err
 	rq.answer(answerUnavailable)
-	rq.forgetClaim(err) // the handler never ran: free the key if the claim landed
+	rq.giveBackLost(err) // the handler never ran: free the key if the claim landed
 }
 
 // opProbe is the outage probe's store-call operation.
@@ -69,9 +69,8 @@ const opProbe = "probe"
 
 // probeFailed runs the store's outage probe (Store.Probe, a store call of
 // its own under the store timeout) and reports whether it found the
-// database unreachable: the only evidence a bypass needs
-// (DESIGN-settled-r4 item 4). A probe that could not decide is no such
-// evidence.
+// database unreachable: the only evidence a bypass needs. A probe that
+// could not decide is no such evidence.
 func (rq *request) probeFailed() bool {
 	_, err := storeCall(rq, opProbe, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, rq.m.store.Probe(ctx)
@@ -117,7 +116,7 @@ func (l *logLimiter) take(now time.Time) (suppressed int, first bool) {
 
 // failure is how a claim that failed with one class of reason is logged,
 // and whether it may be an outage, the only class for which a fail-open
-// route runs the outage probe (DESIGN-settled-r4 item 4).
+// route runs the outage probe.
 type failure struct {
 	outage bool
 	level  slog.Level
@@ -173,7 +172,7 @@ func (rq *request) switchedOff() {
 // transactional route still gets its transaction, so the handler has one
 // shape; the adapter has named such a call.
 func (rq *request) passThrough() {
-	if rq.rt.txStore == nil {
+	if rq.policy.txStore == nil {
 		rq.t.pass("")
 		return
 	}

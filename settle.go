@@ -12,10 +12,10 @@ import (
 // handler returned, before the result is delivered.
 type ordinary struct{}
 
-// free releases the key. Nothing ran, so the release may be retried
+// giveBack releases the key. Nothing ran, so the release may be retried
 // (fenced) for as long as it takes, in the background once the caller had
 // its 503.
-func (ordinary) free(x *execution) { x.releaseUnrun(x.claimed) }
+func (ordinary) giveBack(x *execution) { x.giveBackWon(x.claimed) }
 
 // panicked settles a handler that panicked as failed.
 func (ordinary) panicked(x *execution) {

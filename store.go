@@ -24,28 +24,23 @@ const (
 type BodyKind uint8
 
 const (
-	// BodyNone means no body was recorded: the response exceeded the
-	// route's response limit. A replay of such a key answers 409
-	// idempotency_response_not_stored.
+	// BodyNone: no body recorded (over the route's response limit); a replay
+	// answers 409 idempotency_response_not_stored.
 	BodyNone BodyKind = iota
-	// BodyJSON is a valid JSON document, stored as JSON (JSONB in Postgres)
-	// and replayed as the same JSON value.
+	// BodyJSON is a valid JSON document, stored as JSON (JSONB in Postgres) and
+	// replayed as the same JSON value.
 	BodyJSON
 	// BodyRaw is any other body (empty, text, binary), replayed byte for byte.
 	BodyRaw
 )
 
 // Fence identifies one ownership of a key: the row and the attempt that
-// claimed it. Every state change made by an owner is conditional on both, so
-// an owner whose key was taken over changes nothing. Build it with
-// Record.Fence.
+// claimed it, on which every owner's change is conditional (Record.Fence).
 type Fence struct {
 	ID      int64 // the row's id
 	Attempt int32 // the row's attempt when it was claimed; bumped by takeover
-	// Scope, Key and Endpoint are the row's primary key (scope_user_id,
-	// idem_key, scope_endpoint): every fenced statement finds the row by
-	// them, so on a table distributed by scope_user_id (Citus) it reaches
-	// one shard. A Fence whose Scope, Key or Endpoint is not the row's owns
+	// Scope, Key and Endpoint are the row's primary key: every fenced statement
+	// finds the row by them (one shard on Citus); a Fence not matching owns
 	// nothing.
 	Scope    string
 	Key      string
@@ -60,15 +55,12 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL         time.Duration // how long the row lives: expires_at = now + TTL
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
-	// LockWait bounds how long a claim inside a transaction (TxStore), its
-	// takeover and re-read wait on a row of the key another open
-	// transaction holds (0: DefaultTxLockWait); other claims never wait.
+	// LockWait bounds a transactional claim's wait on the key's row held by
+	// another transaction (0: DefaultTxLockWait).
 	LockWait time.Duration
-	// Owner is the claiming call's random token (one per call), stored in
-	// the row by Claim and Takeover (uuid.Nil stores none), so the call
-	// knows the claim as its own when the claim's reply was lost: a Claim
-	// that finds the key's row in_flight, inside its lease and carrying
-	// this Owner reports it as won, and OwnerReleaser frees such a row.
+	// Owner is the claiming call's random token, stored by Claim and Takeover
+	// (uuid.Nil: none): a Claim that finds the row in_flight, inside its lease
+	// with this Owner reports it won; Store.ReleaseOwner frees such a row.
 	Owner uuid.UUID
 }
 
@@ -85,9 +77,8 @@ type Response struct {
 	plaintext bool // read by a sealing store from a row recorded before sealing
 }
 
-// Record is one stored key as the store read it. Expired and LeaseOver are
-// computed by the store against its own clock (the database's now() for
-// Postgres), never the caller's.
+// Record is one stored key as the store read it, Expired and LeaseOver by
+// the store's own clock.
 type Record struct {
 	ID          int64     // the row's id, never reused
 	Key         string    // the normalised idempotency key
@@ -112,9 +103,8 @@ func (r Record) Fence() Fence {
 
 // ClaimResult is the outcome of a claim or a takeover.
 type ClaimResult struct {
-	// Won reports that the caller now owns the key; Record.Fence() is its
-	// token. When false, Record is the existing row, or the zero Record when
-	// a takeover lost its race (claim again to read the row).
+	// Won reports that the caller owns the key (Record.Fence() is its token);
+	// else Record is the existing row, or zero when a takeover lost its race.
 	Won    bool
 	Record Record // the claimed row, or the existing one
 }
@@ -130,91 +120,68 @@ type ErasureResult struct {
 // Errors other than ErrNotOwner mean the store is unavailable: wrap them in
 // a *StoreError so the middleware can log and label the reason.
 type Store interface {
-	// Claim inserts an in_flight row for req and returns it with Won set, or,
-	// when the key already exists for (Key, Scope, Endpoint), returns that
-	// row unchanged with Won unset. It never takes over or modifies an
-	// existing row. The one exception to Won unset is the caller's own
-	// claim: an existing row that is in_flight, inside its lease and holds
-	// req.Owner (not zero) is returned with Won set, so a request whose
-	// earlier claim committed but whose reply was lost goes on as the
-	// owner.
+	// Claim inserts an in_flight row for req and returns it with Won set or,
+	// when the key exists for (Key, Scope, Endpoint), returns that row
+	// unchanged with Won unset: never a takeover or a change. Won is set too
+	// for the caller's own claim (in_flight, inside its lease, holding
+	// req.Owner, not zero), so a claim whose reply was lost goes on as owner.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
-	// (new hash, TTL and lease; attempt+1; old response
-	// cleared), only if
-	// the row still has attempt f.Attempt, is expired, and is not an
-	// in_flight row whose lease still runs (possible only when instances
-	// disagree on TTL and lease). Losing returns Won unset and the zero
-	// Record.
+	// (new hash, TTL and lease; attempt+1; response cleared), only if the row
+	// still has f.Attempt, is expired, and is not in_flight inside its lease.
+	// Losing returns Won unset and the zero Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
-	// Complete records resp and marks the row completed, only if f still
-	// owns it in_flight; otherwise it returns ErrNotOwner. owner is the
-	// claim's record, which a sealing store binds resp to.
+	// Complete records resp and marks the row completed, only if f still owns
+	// it in_flight, else ErrNotOwner. owner is the claim's record, which a
+	// sealing store binds resp to.
 	Complete(ctx context.Context, f Fence, owner Record, resp Response) error
-	// Fail marks the row failed, only if f still owns it in_flight;
-	// otherwise it returns ErrNotOwner.
+	// Fail marks the row failed, only if f still owns it in_flight, else
+	// ErrNotOwner.
 	Fail(ctx context.Context, f Fence) error
-	// Release deletes the row so the key can be claimed again, only if f
-	// still owns it in_flight; otherwise it returns ErrNotOwner.
+	// Release deletes the row, only if f still owns it in_flight, else
+	// ErrNotOwner.
 	Release(ctx context.Context, f Fence) error
-	// Cleanup deletes one batch: at most limit rows whose expires_at has
-	// passed, never an in_flight row whose lease is still running, and
-	// returns how many it deleted. The package's Cleanup runs batches until
-	// one comes back short.
+	// Cleanup deletes at most limit rows whose expires_at has passed, never an
+	// in_flight row inside its lease, and returns how many it deleted.
 	Cleanup(ctx context.Context, limit int) (int64, error)
-	// Probe runs SELECT 1 on a new connection outside any pool, bounded by
-	// ctx: nil when the database answered, a *StoreError with
-	// ReasonConnection only when it could not be reached (a fail-open
-	// route's one cause to bypass). One probe runs at a time; its verdict
-	// serves the calls made while it ran and for a second after.
+	// Probe runs SELECT 1 on a new connection outside any pool: nil when the
+	// database answered, a *StoreError with ReasonConnection only when it
+	// could not be reached (a fail-open route's one cause to bypass).
 	Probe(ctx context.Context) error
-	// Erase deletes every row of the user scope except in_flight rows
-	// still inside their lease, which it reports (GDPR erasure).
+	// Erase deletes every row of the user scope except in_flight rows inside
+	// their lease, which it reports (GDPR erasure).
 	Erase(ctx context.Context, scope string) (ErasureResult, error)
 	// ExportScope returns every row of the user scope, oldest first, with
 	// recorded responses (GDPR access and portability).
 	ExportScope(ctx context.Context, scope string) ([]Record, error)
-}
-
-// OwnerReleaser is implemented by stores that can free a key by the owner
-// token of the claim that took it (ClaimRequest.Owner). Both stores of this
-// package implement it; a Store of another package need not, so callers
-// check with a type assertion.
-//
-// It is for a claim whose outcome is unknown (its deadline fired, its reply
-// was lost, its retry failed) and whose handler never ran: such a claim may
-// have committed, leaving the key in_flight with nobody to finish it. Since
-// the handler never ran, deleting the row is safe, and the client's retry
-// then runs as new instead of waiting out the lease or TTL.
-type OwnerReleaser interface {
-	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint)
-	// only if it is in_flight and carries the owner token req.Owner, and
-	// reports whether it deleted one. Other fields of req are ignored. A
-	// row finished or taken over since (any other token, or none) is left
-	// alone, and so is every row when req.Owner is zero. Like every store
-	// call it honours ctx's deadline; its errors are *StoreErrors (Op "release").
+	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint) only
+	// while it is in_flight with the owner token req.Owner (never when it is
+	// zero), and reports whether it did: it frees a claim whose outcome is
+	// unknown and whose handler never ran. Its errors are *StoreErrors.
 	ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error)
+	// Check verifies at start-up that the store can serve (its table, columns
+	// and privileges): ErrSchemaOutdated or a *StoreError; nil when a store
+	// has nothing to check.
+	Check(ctx context.Context) error
 }
 
 // TxStore is a Store that can back a transactional route
 // (RouteConfig.Transactional): it claims a key inside the transaction the
-// handler then writes through, so the claim, the handler's writes and the
-// record commit together, and a process that dies mid-handler leaves no
-// claim behind. PostgresStore implements it; a store that wraps one can
-// too, by delegating.
+// handler writes through, so the claim, the writes and the record commit
+// together. PostgresStore and sqlstore.Store implement it.
 type TxStore interface {
 	Store
-	// BeginClaim begins a transaction and, when req is not nil, claims
-	// req's key inside it like Store.Claim. Once the key is owned it marks
-	// a savepoint, so the handler's writes can be undone without freeing
-	// the key. A claim that waits longer than req.LockWait on a row of the
-	// key held by another open transaction (its owner is mid-handler) is
-	// contention, not an error: it rolls back and returns a nil RouteTx,
-	// Won unset and the zero Record. Otherwise, without error, the
-	// transaction stays open whether the claim was won or not (a loser
-	// may take over an expired row with RouteTx.Takeover): the caller
-	// ends it with Commit or Abort.
+	// BeginClaim begins a transaction and, when req is not nil, claims req's
+	// key in it like Store.Claim, marking a savepoint once the key is owned.
+	// A claim that waits longer than req.LockWait on the key's row held by
+	// another transaction is contention: it rolls back and returns a nil
+	// RouteTx, Won unset. Otherwise the transaction stays open, won or not
+	// (a loser may call RouteTx.Takeover); the caller ends it.
 	BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error)
+	// TxLockWaitBudget returns how long one claim with lock wait wait may
+	// wait on locks, every try counted: a route whose budget reaches
+	// Config.StoreTimeout is refused at construction.
+	TxLockWaitBudget(wait time.Duration) time.Duration
 }
 
 // RouteTx is one transactional route's transaction, begun by
@@ -222,45 +189,32 @@ type TxStore interface {
 // than ErrNotOwner, are *StoreError.
 type RouteTx interface {
 	// Tx returns the transaction itself (a pgx.Tx for PostgresStore), for
-	// the store's own tests and idempotencytest.RunTx. Handlers get it
-	// through Lend.
+	// tests; handlers get it through Lend.
 	Tx() any
-	// Lend returns ctx carrying the handler's view of the transaction, which
-	// the store's context getter returns (TxFromContext for PostgresStore):
-	// its Commit and Rollback are refused (ErrTxManaged). The function it
-	// returns ends the loan once the handler returned: it waits for the
-	// view's calls under way, and refuses every later one.
+	// Lend returns ctx carrying the handler's view of the transaction
+	// (TxFromContext for PostgresStore), whose Commit and Rollback are
+	// refused (ErrTxManaged). Its function ends the loan: it waits for the
+	// calls under way and refuses every later one.
 	Lend(ctx context.Context) (context.Context, func())
 	// State reports how the handler left the transaction.
 	State() TxState
-	// Takeover takes over the expired row f inside the transaction, as
-	// Store.Takeover does, waiting at most req.LockWait on the row (a wait
-	// that runs out loses, like a lost race), and marks the savepoint
-	// when it wins.
+	// Takeover is Store.Takeover inside the transaction, waiting at most
+	// req.LockWait on the row (running out loses); a win marks the savepoint.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
-	// Commit writes the settlement's record inside the transaction, fenced
-	// on s.Fence, and commits. With s.Undo it first rolls back to the
-	// savepoint (the handler's writes vanish, the claim stays). Before the
-	// record it checks every deferred constraint (SET CONSTRAINTS ALL
-	// IMMEDIATE; a violation errors.Is ErrDeferredConstraint). An error
-	// before COMMIT leaves the transaction open (State: TxOpen or
-	// TxAborted), so the caller can Commit again with Undo and Failed. With
-	// a nil s it commits the transaction alone. The caller calls Abort
-	// after any other error.
+	// Commit rolls back to the savepoint if s.Undo, checks the deferred
+	// constraints (ErrDeferredConstraint), writes s's record fenced on
+	// s.Fence, and commits; a nil s commits alone. An error before COMMIT
+	// leaves the transaction open, so the caller may Commit again with Undo
+	// and Failed; after any other error the caller calls Abort.
 	Commit(ctx context.Context, s *Settlement) error
-	// Abort rolls the whole transaction back, the claim included. It may be
-	// called after Commit failed, and again after it already ended; such
-	// calls change nothing.
+	// Abort rolls the whole transaction back, the claim included; called
+	// again, or after the end, it changes nothing.
 	Abort(ctx context.Context) error
-	// EndLease is for a transaction that ended under the handler (State
-	// TxEnded), called after Abort: the claim committed with it only if
-	// the handler committed (its own COMMIT, or a statement that commits
-	// implicitly). It sets the lease of f's row to end now
-	// (locked_until = now()), outside the route's transaction, fenced on f
-	// and only while the row is in_flight, and records nothing else, so a
-	// retry answers idempotency_outcome_unknown. When nothing committed it
-	// finds no row and returns ErrNotOwner: the key is free. Its other
-	// errors are *StoreError (Op "end_lease").
+	// EndLease, after Abort of a transaction that ended under the handler
+	// (TxEnded), ends the lease of f's row now, outside the transaction,
+	// fenced and only while in_flight, so a retry answers
+	// idempotency_outcome_unknown; when nothing committed it returns
+	// ErrNotOwner (the key is free).
 	EndLease(ctx context.Context, f Fence) error
 }
 
@@ -284,24 +238,23 @@ type TxState int
 const (
 	// TxOpen: open, as the handler must leave it.
 	TxOpen TxState = iota
-	// TxAborted: a statement failed and the handler carried on; nothing
-	// more can be written in it.
+	// TxAborted: a statement failed and the handler carried on; nothing more can
+	// be written in it.
 	TxAborted
-	// TxEnded: the transaction ended while the handler had it, and the
-	// connection is still there: the handler ran COMMIT or ROLLBACK itself,
-	// or the server rolled the transaction back (InnoDB on a deadlock). What
-	// it wrote, the claim included, may have committed; the lent
-	// transaction refuses every later call (ErrTxEnded).
+	// TxEnded: the transaction ended while the handler had it, and the connection
+	// is still there: the handler ran COMMIT or ROLLBACK itself, or the server
+	// rolled the transaction back (InnoDB on a deadlock). What it wrote, the claim
+	// included, may have committed; the lent transaction refuses every later call
+	// (ErrTxEnded).
 	TxEnded
-	// TxClosed: the connection closed (a statement ran past the handler's
-	// deadline and pgx closed it, or the server ended the session): the
-	// server rolled everything back, the claim included.
+	// TxClosed: the connection closed (a statement ran past the handler's deadline
+	// and pgx closed it, or the server ended the session): the server rolled
+	// everything back, the claim included.
 	TxClosed
 )
 
 // ErrNotOwner is returned by Complete, Fail and Release when the fence no
-// longer matches: the key was taken over, erased or already
-// finished. The caller no longer owns the key and must change nothing.
+// longer matches (taken over, erased or finished): change nothing.
 var ErrNotOwner = errors.New("idempotency: claim no longer owns the key")
 
 // ErrStoreUnavailable matches (with errors.Is) every *StoreError: the store

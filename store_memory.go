@@ -9,17 +9,11 @@ import (
 	"github.com/google/uuid"
 )
 
-// MemoryStore is a Store in the memory of one process, with the Postgres
-// store's semantics (expiry, leases, fencing, cleanup, erasure) and its own
-// clock for the database's now(): for tests and single-process programs.
-// Two processes, or two MemoryStores, never see each other's keys, and a
-// process that exits loses them all. Memory is bounded only by
-// MemoryMaxRows: without it, a client that sends new keys fills the
-// process's memory for the keys' TTL. Cleanup costs in proportion to the
-// rows it deletes, erasure and export to the rows of the scope.
-//
-// A MemoryStore is safe for concurrent use. The zero value is an empty store
-// without a cap, as NewMemoryStore returns one.
+// MemoryStore is a Store in one process's memory, with the Postgres
+// store's semantics and its own clock, for tests and single-process
+// programs: nothing is shared between processes or survives an exit, and
+// only MemoryMaxRows bounds its memory. It is safe for concurrent use; the
+// zero value is an empty store without a cap.
 type MemoryStore struct {
 	now     func() time.Time // the store's clock; nil means time.Now
 	maxRows int              // 0: no cap
@@ -36,9 +30,9 @@ type MemoryStore struct {
 // memoryRow is a stored row with its place in the cleanup order.
 type memoryRow struct {
 	Record // Expired and LeaseOver are never set here
-	// due is when cleanup may delete the row: its expiry, or for an
-	// in_flight row the later of its expiry and its lease end (a running
-	// lease keeps a row). The row may go once due is before now.
+	// due is when cleanup may delete the row: its expiry, or for an in_flight row
+	// the later of its expiry and its lease end (a running lease keeps a row). The
+	// row may go once due is before now.
 	due   time.Time
 	index int       // its index in MemoryStore.expiry
 	owner uuid.UUID // the current owner's token (ClaimRequest.Owner); uuid.Nil for none
@@ -49,10 +43,7 @@ type memoryKey struct {
 	key, scope, endpoint string
 }
 
-var (
-	_ Store         = (*MemoryStore)(nil)
-	_ OwnerReleaser = (*MemoryStore)(nil)
-)
+var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore configured by opts.
 func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
@@ -66,13 +57,11 @@ func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
 // MemoryOption configures a MemoryStore built by NewMemoryStore.
 type MemoryOption func(*MemoryStore)
 
-// MemoryMaxRows caps the rows the store holds at n, expired rows not yet
-// cleaned up included. A claim of a new key in a full store first deletes
-// the row whose time ran out first, if cleanup could; otherwise it fails
-// with ReasonFull, a 503 idempotency_store_unavailable on every policy
-// (never a bypass: any client can fill the store). Stored keys are still
-// answered. A row takes about 600 bytes plus its recorded response. n of 0
-// means no cap, the default; MemoryMaxRows panics when n is negative.
+// MemoryMaxRows caps the rows the store holds at n (0: no cap, the
+// default; negative panics). A new key in a full store first evicts the row
+// whose time ran out first, if cleanup could; otherwise it fails with
+// ReasonFull, 503 on every policy. A row takes about 600 bytes plus its
+// response.
 func MemoryMaxRows(n int) MemoryOption {
 	if n < 0 {
 		panic(fmt.Sprintf("idempotency: MemoryMaxRows must not be negative, got %d", n))
@@ -124,9 +113,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
 }
 
-// Takeover implements Store. Like the Postgres store it is fenced on the
-// row's id, scope, attempt and expiry, and never takes an in_flight row
-// whose lease still runs; the key, scope and endpoint of the row are kept.
+// Takeover implements Store, fenced as the Postgres store's.
 func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	if err := memoryCtxError(ctx, "takeover"); err != nil {
 		return ClaimResult{}, err
@@ -162,8 +149,7 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// Complete implements Store. It stores a copy of resp, so the caller may
-// reuse resp's header and body afterwards.
+// Complete implements Store, storing a copy of resp.
 func (s *MemoryStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
 	resp = memoryCloneResponse(resp)
 	return s.finish(ctx, "complete", f, func(row *memoryRow) {
@@ -202,7 +188,7 @@ func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change fun
 	return nil
 }
 
-// ReleaseOwner implements OwnerReleaser: it deletes the key's row only
+// ReleaseOwner implements Store: it deletes the key's row only
 // while it is in_flight with the owner token req.Owner.
 func (s *MemoryStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
 	if err := memoryCtxError(ctx, "release"); err != nil {
@@ -225,9 +211,8 @@ func (s *MemoryStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool,
 	return true, nil
 }
 
-// Cleanup implements Store. It deletes the rows whose time ran out
-// first; a limit of zero or less deletes nothing. Its cost is proportional
-// to the rows it deletes, whatever the store holds.
+// Cleanup implements Store, deleting the rows whose time ran out first, at
+// a cost proportional to the rows it deletes.
 func (s *MemoryStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if err := memoryCtxError(ctx, "cleanup"); err != nil {
 		return 0, err
@@ -312,3 +297,6 @@ func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, 
 	}
 	return recs, nil
 }
+
+// Check implements Store: a MemoryStore has no schema to check.
+func (s *MemoryStore) Check(context.Context) error { return nil }

@@ -40,7 +40,7 @@ func memoryFenceRow(row *memoryRow, f Fence) bool {
 
 // memoryOwns reports whether row is the live claim of the request whose
 // owner token is owner: in_flight inside its lease with that token, as
-// pgClaimSQL decides. No token owns nothing.
+// pgsql.ClaimSQL decides. No token owns nothing.
 func memoryOwns(row *memoryRow, owner uuid.UUID, now time.Time) bool {
 	return owner != uuid.Nil && row.owner == owner && memoryLeaseRunning(&row.Record, now)
 }

@@ -1,50 +1,57 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemkit/idempotency/internal/operator"
+	"github.com/idemkit/idempotency/internal/pgsql"
+	"github.com/idemkit/idempotency/internal/probe"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemkit/idempotency/internal/probe"
 )
 
-// PostgresStore is a Store on a PostgreSQL table, idempotency_keys (see
-// Migrate), reached through a pgx connection pool. Several processes sharing
-// one database share its keys, so at most one of them runs a handler per key.
-// Every time it stores or compares comes from the database's now(), so the
-// clocks of the application servers never matter. It is safe for concurrent
-// use, and pins its table to the schema Check or its first statement found.
+// The pgx store's face: PostgresStore, its Store methods (claim, settle,
+// release, erase, export, cleanup) and what the operator's tools read.
+
+// PostgresStore is a Store and TxStore on the PostgreSQL table
+// idempotency_keys (see migrations), through a pgx pool. Processes sharing
+// one database share its keys; every time comes from the database's now().
+// It is safe for concurrent use.
 type PostgresStore struct {
-	pool   *pgPool    // qualifies the table in what it sends (store_pg_table.go)
+	pool   *pgPool    // qualifies the table in what it sends (store_pg_pool.go)
 	probes probe.Gate // one outage probe at a time (Probe)
 }
 
 var (
-	_ Store         = (*PostgresStore)(nil)
-	_ OwnerReleaser = (*PostgresStore)(nil)
+	_ Store = (*PostgresStore)(nil)
 )
 
 // NewPostgresStore returns a PostgresStore using pool, which stays the
-// caller's to close. It expects MaxConns sized for the transactional routes
-// (each holds a connection for its whole handler) plus the other claims, and
-// a ConnectTimeout (connect_timeout in the URL) of a few seconds: without
-// one, a black-holed network wedges the pool for minutes after it heals, so
-// the store logs a WARN through slog.Default. A call that finds every
-// connection in use fails as ReasonPoolExhausted.
+// caller's to close. Size MaxConns for the transactional routes (each holds
+// a connection for its whole handler) plus the other claims, and set
+// connect_timeout in the URL (a few seconds; the store warns without one).
 func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
+	// A black-holed network wedges a pool without a connect timeout for
+	// minutes after it heals. A call that finds every connection in use fails
+	// as ReasonPoolExhausted.
 	return newPostgresStore(pool, slog.Default())
 }
 
 // errClaimVanished is the cause of a claim that kept reading no row.
 var errClaimVanished = errors.New("the conflicting row was not visible after repeated attempts")
 
-// Claim implements Store in one statement (pgClaimSQL): the winner's insert
-// and the loser's read of the existing row take one round trip.
+// Claim implements Store in one round trip.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	// One statement (pgsql.ClaimSQL): the winner's insert and the loser's
+	// read of the existing row.
 	var last error
 	lossRetried := false // see retryConnLoss
 	for range pgRetries {
@@ -55,7 +62,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 		c, err := s.conn(ctx)
 		if err == nil {
 			var rows pgx.Rows
-			if rows, err = c.Query(ctx, pgClaimSQL, claimArgs(req)...); err == nil {
+			if rows, err = c.Query(ctx, pgsql.ClaimSQL, claimArgs(req)...); err == nil {
 				err = scanClaimRows(rows, req, &rec, &won)
 			}
 			c.release()
@@ -79,14 +86,14 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 	return ClaimResult{}, &StoreError{Op: "claim", Reason: ReasonConflict, Err: last}
 }
 
-// claimArgs are pgClaimSQL's parameters for req, in order.
+// claimArgs are pgsql.ClaimSQL's parameters for req, in order.
 func claimArgs(req ClaimRequest) []any {
 	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}
 }
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
-	return s.claimExisting(ctx, "takeover", pgTakeoverSQL,
+	return s.claimExisting(ctx, "takeover", pgsql.TakeoverSQL,
 		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint)
 }
 
@@ -109,11 +116,11 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 	}
 }
 
-// Complete implements Store with one fenced UPDATE. Every body is stored
-// and read back byte for byte: a BodyJSON body in response_body, a BodyRaw
-// body, empty included, in response_body_raw (a sealed one too); BodyNone
-// stores no body.
+// Complete implements Store with one fenced UPDATE.
 func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
+	// Every body is stored and read back byte for byte: a BodyJSON body in
+	// response_body, a BodyRaw body, empty included, in response_body_raw (a
+	// sealed one too); BodyNone stores no body.
 	jsonBody, rawBody, headers, err := completeArgs(resp)
 	if err != nil {
 		return err
@@ -124,17 +131,17 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	}
 	defer c.release()
 	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}
-	return pgOwnerError("complete", execFenced(ctx, c, pgCompleteSQL, args))
+	return pgOwnerError("complete", execFenced(ctx, c, pgsql.CompleteSQL, args))
 }
 
 // Fail implements Store with one fenced UPDATE.
 func (s *PostgresStore) Fail(ctx context.Context, f Fence) error {
-	return pgOwnerError("fail", s.fenced(ctx, pgFailSQL, f))
+	return pgOwnerError("fail", s.fenced(ctx, pgsql.FailSQL, f))
 }
 
 // Release implements Store with one fenced DELETE.
 func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
-	return pgOwnerError("release", s.fenced(ctx, pgReleaseSQL, f))
+	return pgOwnerError("release", s.fenced(ctx, pgsql.ReleaseSQL, f))
 }
 
 // fenced runs a statement whose five parameters are f (id, attempt,
@@ -164,17 +171,17 @@ func execFenced(ctx context.Context, c pgConn, sql string, args []any) error {
 	})
 }
 
-// ReleaseOwner implements OwnerReleaser with one DELETE that names the
-// key's scope (one shard on Citus). A lost connection is retried once, like
-// a claim: the DELETE is idempotent.
+// ReleaseOwner implements Store with one idempotent DELETE.
 func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
+	// The DELETE names the key's scope (one shard on Citus); a lost
+	// connection is retried once, like a claim.
 	if req.Owner == uuid.Nil {
 		return false, nil
 	}
 	var n int64
 	err := retryConnLoss(ctx, func() error {
 		return s.withConn(ctx, func(c pgConn) error {
-			tag, err := c.Exec(ctx, pgReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
+			tag, err := c.Exec(ctx, pgsql.ReleaseOwnerSQL, req.Key, req.Scope, req.Endpoint, ownerArg(req.Owner))
 			n = tag.RowsAffected()
 			return err
 		})
@@ -202,8 +209,7 @@ func ownerArg(o uuid.UUID) any {
 	return o.String()
 }
 
-// Erase implements Store in one statement: the rows it deletes and
-// the live in_flight rows it skips are read from one snapshot.
+// Erase implements Store in one statement (one snapshot).
 func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult, error) {
 	var res ErasureResult
 	// REPEATABLE READ: a row that changed after the statement's snapshot
@@ -228,7 +234,7 @@ func (s *PostgresStore) Erase(ctx context.Context, scope string) (ErasureResult,
 
 // eraseScope runs Erase's statement in tx, filling res.
 func eraseScope(ctx context.Context, tx pgx.Tx, scope string, res *ErasureResult) error {
-	rows, err := tx.Query(ctx, pgDeleteScopeSQL, scope)
+	rows, err := tx.Query(ctx, pgsql.DeleteScopeSQL, scope)
 	if err != nil {
 		return err
 	}
@@ -261,7 +267,7 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 			return err
 		}
 		defer c.release()
-		rows, err := c.Query(ctx, pgExportScopeSQL, scope)
+		rows, err := c.Query(ctx, pgsql.ExportScopeSQL, scope)
 		if err != nil {
 			return err
 		}
@@ -279,4 +285,185 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 		return nil, pgStoreError("export", err)
 	}
 	return recs, nil
+}
+
+// releaseKey releases one stuck key for an operator
+// (operator.Store.ReleaseKey) with one fenced DELETE, idempotent, so a lost
+// connection is retried.
+func (s *PostgresStore) releaseKey(ctx context.Context, f Fence) (bool, error) {
+	var n int64
+	err := retryConnLoss(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, pgsql.ReleaseKeySQL, f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return false, pgStoreError("release", err)
+	}
+	return n > 0, nil
+}
+
+// Cleanup implements Store in one pipelined transaction.
+func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
+	// It reads at most limit deletable rows, earliest expiry first, without
+	// locking them (pgsql.ExpiredBatchSQL), then deletes them with one DELETE
+	// per scope (pgsql.DeleteExpiredSQL). Each DELETE checks the predicate
+	// again, so a row taken over since the read stays. Two cleaners running at
+	// once may read the same rows: the second waits for the first's delete and
+	// then deletes none of them, so its batch may count fewer rows than it read
+	// (the next batch or run goes on).
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := retrySerialization(ctx, func() error {
+		return s.withConn(ctx, func(c pgConn) (err error) {
+			n, err = cleanupBatch(ctx, c, limit)
+			return err
+		})
+	})
+	if err != nil {
+		return 0, pgStoreError("cleanup", err)
+	}
+	return n, nil
+}
+
+// pgKeyEndpoint is a row's key within its scope.
+type pgKeyEndpoint struct{ key, endpoint string }
+
+// cleanupBatch runs one batch of Cleanup on c.
+func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
+	rows, err := c.Query(ctx, pgsql.ExpiredBatchSQL, int64(limit))
+	if err != nil {
+		return 0, err
+	}
+	byScope := make(map[string][]pgKeyEndpoint)
+	var scope string
+	var k pgKeyEndpoint
+	_, err = pgx.ForEachRow(rows, []any{&scope, &k.key, &k.endpoint}, func() error {
+		byScope[scope] = append(byScope[scope], k)
+		return nil
+	})
+	if err != nil || len(byScope) == 0 {
+		return 0, err
+	}
+	// One order for every cleaner, so two of them lock rows in the same
+	// order and do not deadlock.
+	scopes := slices.Sorted(maps.Keys(byScope))
+	batch := &pgx.Batch{}
+	for _, sc := range scopes {
+		rows := byScope[sc]
+		slices.SortFunc(rows, func(a, b pgKeyEndpoint) int {
+			return cmp.Or(strings.Compare(a.key, b.key), strings.Compare(a.endpoint, b.endpoint))
+		})
+		keys, endpoints := make([]string, len(rows)), make([]string, len(rows))
+		for i, r := range rows {
+			keys[i], endpoints[i] = r.key, r.endpoint
+		}
+		batch.Queue(pgsql.DeleteExpiredSQL, sc, keys, endpoints)
+	}
+	results := c.SendBatch(ctx, batch)
+	var n int64
+	for range scopes {
+		tag, err := results.Exec()
+		if err != nil {
+			results.Close()
+			return 0, err
+		}
+		n += tag.RowsAffected()
+	}
+	return n, results.Close()
+}
+
+// What an operator reads from the table (the CLI's inspect, stats and
+// cleanup --dry-run) and the release of one stuck key: read-only
+// statements, against the database's clock, and one fenced DELETE. The CLI
+// reaches them through internal/operator, where the store registers them.
+
+func init() {
+	operator.Register(func(store any) (any, bool) {
+		s, ok := store.(*PostgresStore)
+		if !ok {
+			return nil, false
+		}
+		return operator.Store[Record, Fence]{Lookup: s.lookup, ReleaseKey: s.releaseKey, Stats: s.stats, CountCleanup: s.countCleanup}, true
+	})
+}
+
+// lookup reads the rows of key in scope, on every endpoint, or on endpoint
+// alone when it is not "" (operator.Store.Lookup), and the database's time.
+func (s *PostgresStore) lookup(ctx context.Context, key, scope, endpoint string) ([]Record, time.Time, error) {
+	var out struct {
+		Records []Record
+		Now     time.Time
+	}
+	var ep *string
+	if endpoint != "" {
+		ep = &endpoint
+	}
+	err := retryConnLoss(ctx, func() error {
+		out.Records, out.Now = nil, time.Time{}
+		rows, err := s.pool.Query(ctx, pgsql.LookupSQL, key, scope, ep)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var rec Record
+			if err := scanRecord(rows, &rec, &out.Now); err != nil {
+				return err
+			}
+			out.Records = append(out.Records, rec)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(out.Records) == 0 {
+			return s.pool.QueryRow(ctx, pgsql.NowSQL).Scan(&out.Now)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, pgStoreError("lookup", err)
+	}
+	return out.Records, out.Now, nil
+}
+
+// stats counts the table's rows in one scan (pgsql.StatsSQL).
+func (s *PostgresStore) stats(ctx context.Context) (operator.Stats, error) {
+	var st operator.Stats
+	err := retryConnLoss(ctx, func() error {
+		var inFlightAge, expiredAge *float64
+		if err := s.pool.QueryRow(ctx, pgsql.StatsSQL).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
+			&inFlightAge, &st.InFlightPastLease, &st.AwaitingCleanup, &expiredAge); err != nil {
+			return err
+		}
+		st.OldestInFlightAge, st.OldestExpiredAge = seconds(inFlightAge), seconds(expiredAge)
+		return nil
+	})
+	if err != nil {
+		return operator.Stats{}, pgStoreError("stats", err)
+	}
+	return st, nil
+}
+
+// countCleanup counts the rows Cleanup would delete now (pgsql.CountCleanupSQL),
+// reading only the expired end of the expiry index; it deletes nothing.
+func (s *PostgresStore) countCleanup(ctx context.Context) (int64, error) {
+	var n int64
+	err := retryConnLoss(ctx, func() error {
+		return s.pool.QueryRow(ctx, pgsql.CountCleanupSQL).Scan(&n)
+	})
+	if err != nil {
+		return 0, pgStoreError("count cleanup", err)
+	}
+	return n, nil
+}
+
+// seconds converts a nullable count of seconds; NULL is 0.
+func seconds(s *float64) time.Duration {
+	if s == nil {
+		return 0
+	}
+	return time.Duration(*s * float64(time.Second))
 }

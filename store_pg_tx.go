@@ -6,18 +6,22 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// The route transaction's claim (BeginClaim): BEGIN, the session's
+// state, the lock wait and the claim, pipelined in one round trip.
+
 var _ TxStore = (*PostgresStore)(nil)
 
-// BeginClaim implements TxStore: one pipelined batch of BEGIN (pgx's
-// Batch.BeginTx), the session's state read with the claim's bounds, the
-// claim and the savepoint; a loser then reads the existing row
-// (pgTxReadSQL). A serialization failure or a lock wait that ran out rolls
-// back and begins again, a bounded number of times.
+// BeginClaim implements TxStore in one pipelined round trip.
 func (s *PostgresStore) BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error) {
+	// One batch of BEGIN (pgx's Batch.BeginTx), the session's state read with
+	// the claim's bounds, the claim and the savepoint; a loser then reads the
+	// existing row (pgsql.TxReadSQL). A serialization failure or a lock wait
+	// that ran out rolls back and begins again, a bounded number of times.
 	if req == nil {
 		t, _, err := s.begin(ctx, nil, "", "")
 		if err != nil {
@@ -76,7 +80,7 @@ func beginFailed(err error) error {
 }
 
 // begin takes a connection and sends BEGIN and the session's state read
-// (pgTxSessionSQL, or pgTxBoundsSQL with the claim's bounds), pipelined
+// (pgsql.TxSessionSQL, or pgsql.TxBoundsSQL with the claim's bounds), pipelined
 // with req's claim (nil: no claim). Each of the store's statements in the
 // transaction names the table qualified (pgPool.resolved, on this
 // connection when no statement has resolved it yet), so a search_path
@@ -97,9 +101,9 @@ func (s *PostgresStore) begin(ctx context.Context, req *ClaimRequest, wait, leas
 	// The session's lock_timeout, as last read on this connection, goes
 	// back after the claim; checked against what this batch reads.
 	restored, _ := c.Conn().PgConn().CustomData()[lockTimeoutKey].(string)
-	steps := []pgStep{{sql: pgTxSessionSQL}}
+	steps := []pgStep{{sql: pgsql.TxSessionSQL}}
 	if req != nil {
-		steps[0] = pgStep{sql: pgTxBoundsSQL, args: []any{lease}}
+		steps[0] = pgStep{sql: pgsql.TxBoundsSQL, args: []any{lease}}
 		steps = append(steps, claimSteps(*req, wait, restored)...)
 	}
 	p := sendPipe(ctx, c.Conn(), q, true, steps...)
@@ -155,6 +159,12 @@ func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(pgMillis(d), 1), 10) + "ms"
 }
 
+// TxLockWaitBudget implements TxStore: each try's wait in whole
+// milliseconds, rounded up, times the tries.
+func (s *PostgresStore) TxLockWaitBudget(wait time.Duration) time.Duration {
+	return time.Duration(pgMillis(wait)) * time.Millisecond * pgRetries
+}
+
 // pgMillis is d in whole milliseconds, rounded up: the bound PostgreSQL
 // applies for d.
 func pgMillis(d time.Duration) int64 {
@@ -167,8 +177,8 @@ func pgMillis(d time.Duration) int64 {
 func claimSteps(req ClaimRequest, wait, restored string) []pgStep {
 	return []pgStep{
 		{sql: pgSetLocal("lock_timeout", wait), alone: true},
-		{sql: pgTxClaimSQL, args: claimArgs(req)},
-		{sql: pgSavepointSQL},
+		{sql: pgsql.TxClaimSQL, args: claimArgs(req)},
+		{sql: pgsql.SavepointSQL},
 		{sql: pgSetLocal("lock_timeout", restored), alone: true},
 	}
 }
@@ -228,7 +238,7 @@ func readClaim(p *pgPipe, req ClaimRequest) (ClaimResult, error) {
 	return ClaimResult{Won: won, Record: rec}, nil
 }
 
-// claimLost reads the existing row of a claim that lost (pgTxReadSQL; a
+// claimLost reads the existing row of a claim that lost (pgsql.TxReadSQL; a
 // plain read never waits on a lock). When that read finds no row (cleanup
 // or a release removed it meanwhile) it claims again in the same
 // transaction; it returns pgx.ErrNoRows when that kept happening.
@@ -238,7 +248,7 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait string
 			rec Record
 			won bool
 		)
-		rows, err := t.tx.Query(ctx, pgTxReadSQL, req.Key, req.Scope, req.Endpoint)
+		rows, err := t.tx.Query(ctx, pgsql.TxReadSQL, req.Key, req.Scope, req.Endpoint)
 		if err == nil {
 			err = scanClaimRows(rows, req, &rec, &won)
 		}
@@ -255,4 +265,142 @@ func (t *pgRouteTx) claimLost(ctx context.Context, req ClaimRequest, wait string
 		}
 	}
 	return ClaimResult{}, pgx.ErrNoRows
+}
+
+// pgStep is one statement of a transactional route's pipelined batch.
+type pgStep struct {
+	sql  string
+	args []any
+	// alone marks a SET LOCAL: under pgx's simple protocol, which sends a
+	// batch as one multi-statement string (and Citus forwards such a
+	// string whole), it is a query of its own.
+	alone bool
+}
+
+// pgPipe sends steps as one pipelined batch or, on a connection in pgx's
+// simple protocol, as a few: each alone step a batch of its own, the
+// others grouped between them. Each next batch is sent once the previous
+// one is read, and only if it succeeded, so an error skips what follows it
+// as one pipeline's error would. It reads like one pgx.BatchResults. The
+// table's name goes out qualified (pgQualified), whatever search_path the
+// handler left.
+type pgPipe struct {
+	ctx  context.Context
+	conn *pgx.Conn
+	segs []*pgx.Batch
+	br   pgx.BatchResults
+	tx   pgx.Tx
+	left int   // results left to read in br
+	err  error // the first error of a batch, returned from then on
+}
+
+// sendPipe sends steps on conn, qualified by q, the first batch beginning
+// a transaction when begin is set.
+func sendPipe(ctx context.Context, conn *pgx.Conn, q *pgQualified, begin bool, steps ...pgStep) *pgPipe {
+	simple := queryMode(conn) == pgx.QueryExecModeSimpleProtocol
+	p := &pgPipe{ctx: ctx, conn: conn}
+	b := &pgx.Batch{}
+	if begin {
+		b.BeginTx(pgx.TxOptions{})
+	}
+	for i, s := range steps {
+		if simple && (s.alone || i > 0 && steps[i-1].alone) && b.Len() > 0 {
+			p.segs = append(p.segs, b)
+			b = &pgx.Batch{}
+		}
+		b.Queue(q.of(s.sql), s.args...)
+	}
+	p.segs = append(p.segs, b)
+	p.send()
+	if begin {
+		p.tx = p.br.Tx()
+	}
+	return p
+}
+
+// send sends the next batch.
+func (p *pgPipe) send() {
+	b := p.segs[0]
+	p.segs = p.segs[1:]
+	p.br, p.left = p.conn.SendBatch(p.ctx, b), b.Len()
+}
+
+// next makes br the batch holding the next result: false once a batch
+// failed.
+func (p *pgPipe) next() bool {
+	if p.err != nil {
+		return false
+	}
+	if p.left == 0 && len(p.segs) > 0 {
+		if p.err = p.br.Close(); p.err != nil {
+			return false
+		}
+		p.send()
+	}
+	p.left--
+	return true
+}
+
+// Tx is the transaction the first batch began.
+func (p *pgPipe) Tx() pgx.Tx { return p.tx }
+
+// Exec reads the next statement's result.
+func (p *pgPipe) Exec() (pgconn.CommandTag, error) {
+	if !p.next() {
+		return pgconn.CommandTag{}, p.err
+	}
+	tag, err := p.br.Exec()
+	p.fail(err)
+	return tag, err
+}
+
+// Query reads the next statement's rows.
+func (p *pgPipe) Query() (pgx.Rows, error) {
+	if !p.next() {
+		return pgx.FailedBatchResults(&pgx.Batch{}, p.err).Query()
+	}
+	rows, err := p.br.Query()
+	p.fail(err)
+	return rows, err
+}
+
+// QueryRow reads the next statement's row.
+func (p *pgPipe) QueryRow() pgx.Row {
+	if !p.next() {
+		return pgx.FailedBatchResults(&pgx.Batch{}, p.err).QueryRow()
+	}
+	return p.br.QueryRow()
+}
+
+// fail keeps the first error of the current batch: the batches after it
+// are never sent.
+func (p *pgPipe) fail(err error) {
+	if err != nil && p.err == nil {
+		p.err = err
+	}
+}
+
+// Close closes the current batch and returns the first error, the batches
+// never sent dropped.
+func (p *pgPipe) Close() error {
+	err := p.br.Close()
+	if p.err != nil {
+		return p.err
+	}
+	return err
+}
+
+// modeKey is where a connection's CustomData keeps its query mode: pgx's
+// Conn.Config copies the whole configuration.
+const modeKey = "idempotency.query_mode"
+
+// queryMode is conn's default query mode.
+func queryMode(conn *pgx.Conn) pgx.QueryExecMode {
+	data := conn.PgConn().CustomData()
+	if m, ok := data[modeKey].(pgx.QueryExecMode); ok {
+		return m
+	}
+	m := conn.Config().DefaultQueryExecMode
+	data[modeKey] = m
+	return m
 }

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"testing"
 
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -35,23 +36,23 @@ func TestIsRowLockWait(t *testing.T) {
 // txStatements are the statements a transactional route's transaction
 // runs, by name.
 var txStatements = map[string]string{
-	"pgTxSessionSQL":           pgTxSessionSQL,
-	"pgTxBoundsSQL":            pgTxBoundsSQL,
-	"pgTxClaimSQL":             pgTxClaimSQL,
-	"pgTxReadSQL":              pgTxReadSQL,
-	"pgTxTakeoverSQL":          pgTxTakeoverSQL,
-	"pgSavepointSQL":           pgSavepointSQL,
-	"pgRollbackToSavepointSQL": pgRollbackToSavepointSQL,
-	"pgTxRestoreSQL":           pgTxRestoreSQL,
-	"pgImmediateSQL":           pgImmediateSQL,
-	"pgTxCompleteSQL":          pgTxCompleteSQL,
-	"pgTxFailSQL":              pgTxFailSQL,
-	"pgCommitSQL":              pgCommitSQL,
-	"pgSessionRestoreSQL":      pgSessionRestoreSQL,
-	"the lock wait":            pgSetLocal("lock_timeout", "10ms"),
-	"the lock wait's end":      pgSetLocal("lock_timeout", "0"),
-	"the role put back":        pgSetRole("SET LOCAL ", "app"),
-	"synchronous_commit back":  pgSetLocal("synchronous_commit", "on"),
+	"pgsql.TxSessionSQL":           pgsql.TxSessionSQL,
+	"pgsql.TxBoundsSQL":            pgsql.TxBoundsSQL,
+	"pgsql.TxClaimSQL":             pgsql.TxClaimSQL,
+	"pgsql.TxReadSQL":              pgsql.TxReadSQL,
+	"pgsql.TxTakeoverSQL":          pgsql.TxTakeoverSQL,
+	"pgsql.SavepointSQL":           pgsql.SavepointSQL,
+	"pgsql.RollbackToSavepointSQL": pgsql.RollbackToSavepointSQL,
+	"pgsql.TxRestoreSQL":           pgsql.TxRestoreSQL,
+	"pgsql.ImmediateSQL":           pgsql.ImmediateSQL,
+	"pgsql.TxCompleteSQL":          pgsql.TxCompleteSQL,
+	"pgsql.TxFailSQL":              pgsql.TxFailSQL,
+	"pgsql.CommitSQL":              pgsql.CommitSQL,
+	"pgsql.SessionRestoreSQL":      pgsql.SessionRestoreSQL,
+	"the lock wait":                pgSetLocal("lock_timeout", "10ms"),
+	"the lock wait's end":          pgSetLocal("lock_timeout", "0"),
+	"the role put back":            pgSetRole("SET LOCAL ", "app"),
+	"synchronous_commit back":      pgSetLocal("synchronous_commit", "on"),
 }
 
 var (

@@ -22,9 +22,9 @@ REPS=${REPS:-3} T=${T:-8} CLIENTS=${CLIENTS:-16}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-mkdir -p "$OUT/before/migrations" "$OUT/gen"
-for f in store_pg_sql.go store_pg_tx_sql.go migrations/000001_create_idempotency_keys.up.sql; do
-  git show "$BEFORE:$f" >"$OUT/before/$f"
+mkdir -p "$OUT/before/migrations" "$OUT/before/internal/pgsql" "$OUT/gen"
+for f in store_pg_sql.go store_pg_tx_sql.go internal/pgsql/pgsql.go migrations/000001_create_idempotency_keys.up.sql; do
+  git show "$BEFORE:$f" >"$OUT/before/$f" 2>/dev/null || rm -f "$OUT/before/$f"
 done
 (cd bench && go run ./cmd/ablation -before "$OUT/before" -after .. -out "$OUT/gen")
 mapfile -t cands <"$OUT/gen/candidates"

@@ -167,7 +167,7 @@ while IFS= read -r v; do pgb_noop_vars+=(-D "$v"); done < <("$BIN/noopserver" -p
 if ((have_pgbench)); then
   reset_schema idem_bench_pgbench
   rm -rf "$pgb" && mkdir -p "$pgb"
-  "$BIN/pgbenchsql" -src store_pg_sql.go -example examples/server/postgres.go -out "$pgb"
+  "$BIN/pgbenchsql" -src . -example examples/server/postgres.go -out "$pgb"
   for f in migrations/*.up.sql "$pgb/example_schema.sql"; do
     PGOPTIONS='-c search_path=idem_bench_pgbench' psql "$BASE_DSN" -X -q -v ON_ERROR_STOP=1 -f "$f"
   done

@@ -357,14 +357,3 @@ func unowned(req idempotency.ClaimRequest) idempotency.ClaimRequest {
 	req.Owner = uuid.Nil
 	return req
 }
-
-// mustOwnerReleaser returns s as an OwnerReleaser, which every store of
-// this module implements.
-func mustOwnerReleaser(t testing.TB, s idempotency.Store) idempotency.OwnerReleaser {
-	t.Helper()
-	r, ok := s.(idempotency.OwnerReleaser)
-	if !ok {
-		t.Fatalf("%T does not implement idempotency.OwnerReleaser", s)
-	}
-	return r
-}

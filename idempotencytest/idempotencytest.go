@@ -54,7 +54,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
-// (ClaimRequest.Owner, OwnerReleaser), Takeover, and
+// (ClaimRequest.Owner, Store.ReleaseOwner), Takeover, and
 // maintenance (Cleanup, Erase, ExportScope), the outage probe (Probe), and an operator's release of
 // one key (the CLI's; run for this module's stores only). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that

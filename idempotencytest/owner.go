@@ -10,7 +10,7 @@ import (
 )
 
 // runOwner checks owner tokens (ClaimRequest.Owner and
-// idempotency.OwnerReleaser).
+// idempotency.Store.ReleaseOwner).
 func runOwner(t *testing.T, setup setupFunc) {
 	t.Run("Owner", func(t *testing.T) {
 		t.Parallel()
@@ -95,7 +95,7 @@ func ownerNotFinishedRow(t *testing.T, setup setupFunc, fin ownerFinish) {
 	if err != nil || res.Won || res.Record.Status != fin.status {
 		t.Fatalf("Claim of its own %s row: won %v status %q, %v; want lost, %q", fin.name, res.Won, res.Record.Status, err, fin.status)
 	}
-	released, err := mustOwnerReleaser(t, s).ReleaseOwner(ctx, req)
+	released, err := s.ReleaseOwner(ctx, req)
 	if err != nil || released {
 		t.Fatalf("ReleaseOwner of a %s row: %v, %v; want false", fin.name, released, err)
 	}
@@ -119,7 +119,7 @@ func ownerNotWonAfterLeaseOver(t *testing.T, setup setupFunc) {
 	if res.Record.Fence() != stale.Fence() {
 		t.Errorf("row changed: fence %+v, want %+v", res.Record.Fence(), stale.Fence())
 	}
-	released, err := mustOwnerReleaser(t, s).ReleaseOwner(ctx, req)
+	released, err := s.ReleaseOwner(ctx, req)
 	if err != nil || !released {
 		t.Fatalf("ReleaseOwner of its stale in_flight row: %v, %v; want true", released, err)
 	}
@@ -129,7 +129,7 @@ func ownerNotWonAfterLeaseOver(t *testing.T, setup setupFunc) {
 // ownerReleaseOwnerDeletesOnlyItsInFlightRow is the subtest Owner/ReleaseOwnerDeletesOnlyItsInFlightRow.
 func ownerReleaseOwnerDeletesOnlyItsInFlightRow(t *testing.T, setup setupFunc) {
 	s, ctx := setup(t)
-	r := mustOwnerReleaser(t, s)
+	r := s
 	req := ownedRequest("user-1", longTTL, longLease)
 	rec := MustClaim(t, s, req)
 	neighbour := req // the same key of another endpoint, same token
@@ -177,7 +177,7 @@ func ownerReleaseOwnerDeletesOnlyItsInFlightRow(t *testing.T, setup setupFunc) {
 // ownerTakeoverCarriesItsOwner is the subtest Owner/TakeoverCarriesItsOwner.
 func ownerTakeoverCarriesItsOwner(t *testing.T, setup setupFunc) {
 	s, ctx := setup(t)
-	r := mustOwnerReleaser(t, s)
+	r := s
 	first := ownedRequest("user-1", tiny, tiny)
 	rec := MustClaim(t, s, first)
 	if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
@@ -218,7 +218,7 @@ func ownerTakeoverWithoutTokenClearsIt(t *testing.T, setup setupFunc) {
 	if res, err := s.Takeover(ctx, expired.Fence(), second); err != nil || !res.Won {
 		t.Fatalf("Takeover: %+v, %v", res, err)
 	}
-	if released, err := mustOwnerReleaser(t, s).ReleaseOwner(ctx, first); err != nil || released {
+	if released, err := s.ReleaseOwner(ctx, first); err != nil || released {
 		t.Errorf("ReleaseOwner by the first owner after a takeover without a token: %v, %v; want false", released, err)
 	}
 }

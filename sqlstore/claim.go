@@ -9,11 +9,7 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-var (
-	_ idempotency.Store         = (*Store)(nil)
-	_ idempotency.TxStore       = (*Store)(nil)
-	_ idempotency.OwnerReleaser = (*Store)(nil)
-)
+var _ idempotency.TxStore = (*Store)(nil)
 
 // retries bounds how many times a claim runs again when the key's row
 // vanished between the INSERT's conflict and the read (cleanup, a
@@ -230,7 +226,7 @@ func (s *Store) fenced(ctx context.Context, op, stmt string, args ...any) error 
 	return s.storeError(op, err)
 }
 
-// ReleaseOwner implements idempotency.OwnerReleaser.
+// ReleaseOwner implements idempotency.Store.
 func (s *Store) ReleaseOwner(ctx context.Context, req idempotency.ClaimRequest) (bool, error) {
 	if req.Owner == ([16]byte{}) {
 		return false, nil

@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/idempotency/internal/sqlstate"
 )
 
-// The class table of store errors (DESIGN-settled-r3 item 2), for
+// The class table of store errors, for
 // database/sql: the server's error code decides where there is one; a
 // connection that failed or a sent statement that got no reply in time is
 // an outage (the only class a fail-open route bypasses on); a wait for a

@@ -240,7 +240,7 @@ func (s *Store) begin(ctx context.Context, req *idempotency.ClaimRequest) (*rout
 // wait_timeout's 8 hours, and turns autocommit off: when InnoDB rolls the
 // transaction back under the handler (a deadlock), a statement the lent
 // Tx did not refuse begins a transaction nobody commits instead of
-// committing on its own (DESIGN-settled-r4 item 3). Turning it off does
+// committing on its own. Turning it off does
 // not commit the open transaction. The connection is closed after the
 // route, so nothing needs putting back.
 func (s *Store) mysqlBound(ctx context.Context, c execer, lease time.Duration) error {
@@ -420,7 +420,7 @@ func lockWaitBound(seconds bool, wait time.Duration) time.Duration {
 
 // tableLockError is a claim's wait on the table's metadata lock (DDL, a
 // migration, LOCK TABLES) that ran out: not contention on a row, so not
-// 409 in flight (DESIGN-settled-r3 item 30), but the store error of its
+// 409 in flight, but the store error of its
 // code (1205, lock_timeout), 503.
 type tableLockError struct{ err error }
 

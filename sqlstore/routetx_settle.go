@@ -30,8 +30,8 @@ func (t *routeTx) Lend(ctx context.Context) (context.Context, func()) {
 // endsTx reports how a handler's error left the transaction: TxEnded
 // when the server ended it with the connection still there (MySQL: a
 // deadlock, 1213, which InnoDB answers by rolling the whole transaction
-// back, and a lock wait, 1205, whatever innodb_rollback_on_timeout says:
-// DESIGN-settled-r4 item 3; PostgreSQL: class 40, a deadlock or a
+// back, and a lock wait, 1205, whatever innodb_rollback_on_timeout says;
+// PostgreSQL: class 40, a deadlock or a
 // serialization failure, whose transaction can only be rolled back: its
 // handler's work is lost, so its answer must not be recorded); TxClosed when the connection is gone or the
 // server ended the session (MySQL's lost-connection codes; PostgreSQL's

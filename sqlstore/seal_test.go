@@ -379,45 +379,34 @@ func TestSealedSQLTampering(t *testing.T) {
 	})
 }
 
-// sqlChecker is the start-up schema check the middleware looks for.
-type sqlChecker interface{ Check(context.Context) error }
-
-// optionalParts reports which optional interfaces s has: TxStore,
-// OwnerReleaser, Check, the CLI's operator access (internal/operator),
-// and the transactional lock-wait budget the middleware asks a store for.
-func optionalParts(s idempotency.Store) [5]bool {
+// optionalParts reports whether s is a TxStore, and whether the CLI's
+// operator access (internal/operator) resolves it.
+func optionalParts(s idempotency.Store) [2]bool {
 	_, tx := s.(idempotency.TxStore)
-	_, owner := s.(idempotency.OwnerReleaser)
-	_, check := s.(sqlChecker)
 	_, ops := operator.For[idempotency.Record, idempotency.Fence](s)
-	_, budget := s.(interface {
-		TxLockWaitBudget(time.Duration) time.Duration
-	})
-	return [5]bool{tx, owner, check, ops, budget}
+	return [2]bool{tx, ops}
 }
 
 // TestSealedSQLInterfaces: the sealing store over the database/sql store
-// has exactly its optional interfaces on each dialect, and each reaches
+// is a TxStore with operator access, as the store is, on each dialect, and each reaches
 // the inner store (a schema check passes, an operator lookup finds the
 // row and opens it, the lock-wait budget is the inner store's).
 func TestSealedSQLInterfaces(t *testing.T) {
 	t.Parallel()
 	sealDialects(t, func(t *testing.T, d sealDialect) {
 		s := sealingOf(t, d.inner, testSealKeys(t, "k1"))
-		want := [5]bool{true, true, true, true, true}
+		want := [2]bool{true, true}
 		if got := optionalParts(d.inner); got != want {
 			t.Fatalf("the database/sql store has %v, want %v", got, want)
 		}
 		if got := optionalParts(s); got != want {
-			t.Fatalf("the sealing store over it has %v, want %v (TxStore, OwnerReleaser, Check, operator, TxLockWaitBudget)", got, want)
+			t.Fatalf("the sealing store over it has %v, want %v (TxStore, operator)", got, want)
 		}
 		ctx := t.Context()
-		if err := s.(sqlChecker).Check(ctx); err != nil {
+		if err := s.Check(ctx); err != nil {
 			t.Fatalf("Check through the sealing store: %v", err)
 		}
-		budget := s.(interface {
-			TxLockWaitBudget(time.Duration) time.Duration
-		})
+		budget := s.(idempotency.TxStore)
 		if got, want := budget.TxLockWaitBudget(10*time.Millisecond), d.inner.TxLockWaitBudget(10*time.Millisecond); got != want {
 			t.Fatalf("TxLockWaitBudget through the sealing store: %v, the inner store's %v", got, want)
 		}

@@ -42,9 +42,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Store is an idempotency.TxStore on a *sql.DB. It implements
-// idempotency.Store, idempotency.TxStore and idempotency.OwnerReleaser, and
-// Check; it is safe for concurrent use. The *sql.DB stays the caller's.
+// Store is an idempotency.TxStore on a *sql.DB; it is safe for
+// concurrent use. The *sql.DB stays the caller's.
 type Store struct {
 	db      *sql.DB
 	d       dialect
@@ -122,7 +121,7 @@ func (s *Store) Dialect() Dialect { return s.d.name }
 func (s *Store) DB() *sql.DB { return s.db }
 
 // conn takes a connection from the pool under ctx. A wait that ran out is
-// pool_exhausted whatever the pool's state (DESIGN-settled-r4 item 4):
+// pool_exhausted whatever the pool's state:
 // every connection in use is saturation, and a connect still under way is
 // no evidence of an outage either (the outage probe decides that).
 func (s *Store) conn(ctx context.Context) (*sql.Conn, error) {

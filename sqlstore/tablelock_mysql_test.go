@@ -117,7 +117,7 @@ func testTableLock(t *testing.T, params string) {
 	}
 	// An ordinary claim's INSERT the server ran after its client gave up
 	// (it had not noticed the closed connection) commits a row the
-	// engine frees in the background (forgetClaim, by its owner token):
+	// engine frees in the background (giveBackLost, by its owner token):
 	// wait for that, bounded.
 	var left int
 	for {

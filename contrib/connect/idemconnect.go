@@ -26,6 +26,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idemrpc"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -125,7 +126,7 @@ func (m *method) serve(ctx context.Context, req connect.AnyRequest, next connect
 	if !ok {
 		return nil, connect.NewError(connect.CodeInternal, errors.New("idemconnect: the request is not a protobuf message"))
 	}
-	body, err := requestBytes(msg)
+	body, err := idemrpc.RequestBytes(msg)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("idemconnect: the request does not encode: %w", err))
 	}

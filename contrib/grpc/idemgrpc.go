@@ -26,6 +26,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idemrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -113,7 +114,7 @@ func (m *method) serve(ctx context.Context, req any, fullMethod string, handler 
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: the request is not a protobuf message", fullMethod)
 	}
-	body, err := requestBytes(msg)
+	body, err := idemrpc.RequestBytes(msg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: the request does not encode: %v", fullMethod, err)
 	}

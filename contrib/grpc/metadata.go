@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/idemkit/idempotency/idemrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
@@ -63,7 +64,7 @@ func (c *captureStream) keep(h http.Header, allow []string) {
 			h[k] = append([]string(nil), vs...)
 		}
 		if vs := c.trail[k]; len(vs) > 0 {
-			h[trailerPrefix+k] = append([]string(nil), vs...)
+			h[idemrpc.TrailerPrefix+k] = append([]string(nil), vs...)
 		}
 	}
 }

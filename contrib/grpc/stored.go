@@ -1,166 +1,59 @@
 package idemgrpc
 
-// How a call's request is hashed and its answer stored and replayed. The
-// engine's columns are HTTP-shaped: response_code holds the code's HTTP
-// status by gRPC's mapping, the body the response message's bytes, and the
-// reserved header ":rpc" the code, the message's full name, the status
-// message and each detail (a google.protobuf.Any, base64).
+// How a call's answer is stored and replayed, in idemrpc's format, shared
+// with contrib/connect.
 
 import (
 	"context"
-	"encoding/base64"
 	"net/http"
-	"strconv"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/idemrpc"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// Reserved header names of the stored response.
-const (
-	rpcHeader     = ":rpc"      // code, full name, message, details...
-	outcomeHeader = ":outcome"  // the engine's: complete, fail or release
-	trailerPrefix = ":trailer:" // an allow-listed trailer metadata key
-)
-
-// requestBytes is what the request hash covers besides the full method:
-// the deterministic encoding of msg with unknown fields discarded at every
-// level (a replica that does not know a field yet must hash alike), after
-// a NUL byte, which no JSON text starts with, so the engine hashes it as
-// raw bytes.
-func requestBytes(msg proto.Message) ([]byte, error) {
-	if hasUnknown(msg.ProtoReflect()) {
-		msg = proto.Clone(msg)
-		discardUnknown(msg.ProtoReflect())
-	}
-	return proto.MarshalOptions{Deterministic: true}.MarshalAppend([]byte{0}, msg)
-}
-
-// eachMessage calls f with every message set in m's fields, at one level.
-func eachMessage(m protoreflect.Message, f func(protoreflect.Message) bool) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsList() && fd.Message() != nil:
-			for l, i := v.List(), 0; i < l.Len(); i++ {
-				if !f(l.Get(i).Message()) {
-					return false
-				}
-			}
-		case fd.IsMap() && fd.MapValue().Message() != nil:
-			ok := true
-			v.Map().Range(func(_ protoreflect.MapKey, v protoreflect.Value) bool { ok = f(v.Message()); return ok })
-			return ok
-		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
-			return f(v.Message())
-		}
-		return true
-	})
-}
-
-// hasUnknown reports whether m or a message inside it has unknown fields.
-func hasUnknown(m protoreflect.Message) bool {
-	found := len(m.GetUnknown()) > 0
-	if !found {
-		eachMessage(m, func(m protoreflect.Message) bool { found = hasUnknown(m); return !found })
-	}
-	return found
-}
-
-// discardUnknown drops the unknown fields of m and every message inside it.
-func discardUnknown(m protoreflect.Message) {
-	if m.GetUnknown() != nil {
-		m.SetUnknown(nil)
-	}
-	eachMessage(m, func(m protoreflect.Message) bool { discardUnknown(m); return true })
-}
-
-// record is the handler's answer as the engine stores it.
+// record is the handler's answer as the engine stores it (idemrpc.Record).
 func record(resp any, herr error, c *captureStream, allow []string) idempotency.Response {
 	st := status.Convert(herr)
-	code := st.Code()
-	var name string
-	body := []byte{}
-	if code == codes.OK {
-		msg, ok := resp.(proto.Message)
-		var err error
-		if ok {
-			body, err = proto.Marshal(msg)
-		}
-		if !ok || err != nil {
-			// Not storable: fail the key rather than replay something else.
-			return idempotency.Response{Status: 500, Header: http.Header{outcomeHeader: {"fail"}}}
-		}
-		name = string(msg.ProtoReflect().Descriptor().FullName())
-	}
-	rpc := []string{strconv.Itoa(int(code)), name, st.Message()}
-	for _, d := range st.Proto().GetDetails() {
-		b, err := proto.Marshal(d)
-		if err == nil {
-			rpc = append(rpc, base64.StdEncoding.EncodeToString(b))
-		}
-	}
-	h := http.Header{rpcHeader: rpc, outcomeHeader: {outcomeOf(code)}}
+	msg, _ := resp.(proto.Message)
+	h := http.Header{}
 	c.keep(h, allow)
-	return idempotency.Response{Status: httpStatus(code), Header: h, Body: body, BodyKind: idempotency.BodyRaw}
+	return idemrpc.Record(uint32(st.Code()), msg, st.Message(), st.Proto().GetDetails(), h)
 }
 
 // replay answers a stored response: its metadata, the replay marker, and
 // the message (of its type from the registry) or the status.
 func replay(ctx context.Context, resp idempotency.Response) (any, error) {
-	rpc := resp.Header[rpcHeader]
-	if len(rpc) < 3 {
-		return nil, status.Error(codes.Internal, "idemgrpc: the stored response has no gRPC status")
+	s, err := idemrpc.ReadStored(resp)
+	if err != nil {
+		return nil, status.Error(codes.Internal, "idemgrpc: "+err.Error())
 	}
 	header, trailer := metadata.Pairs(ReplayedKey, "true"), metadata.MD{}
-	for k, vs := range resp.Header {
-		switch {
-		case len(k) > len(trailerPrefix) && k[:len(trailerPrefix)] == trailerPrefix:
-			trailer.Append(k[len(trailerPrefix):], vs...)
-		case k != "" && k[0] != ':':
-			header.Append(k, vs...)
-		}
+	for k, vs := range s.Header {
+		header.Append(k, vs...)
+	}
+	for k, vs := range s.Trailer {
+		trailer.Append(k, vs...)
 	}
 	_ = grpc.SetHeader(ctx, header)
 	if len(trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, trailer)
 	}
-	code, err := strconv.Atoi(rpc[0])
+	if codes.Code(s.Code) != codes.OK {
+		st := status.New(codes.Code(s.Code), s.Message).Proto()
+		st.Details = s.Details
+		return nil, status.ErrorProto(st)
+	}
+	msg, err := s.Response()
 	if err != nil {
-		return nil, status.Error(codes.Internal, "idemgrpc: the stored gRPC code does not parse")
-	}
-	if codes.Code(code) != codes.OK {
-		return nil, storedStatus(codes.Code(code), rpc[2], rpc[3:])
-	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(rpc[1]))
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemgrpc: the stored response's type %s is unknown to this server", rpc[1])
-	}
-	msg := mt.New().Interface()
-	if err := proto.Unmarshal(resp.Body, msg); err != nil {
-		return nil, status.Errorf(codes.Internal, "idemgrpc: the stored %s does not decode: %v", rpc[1], err)
+		return nil, status.Error(codes.Internal, "idemgrpc: "+err.Error())
 	}
 	return msg, nil
-}
-
-// storedStatus rebuilds a recorded status with its details.
-func storedStatus(code codes.Code, msg string, details []string) error {
-	st := status.New(code, msg).Proto()
-	for _, d := range details {
-		b, err := base64.StdEncoding.DecodeString(d)
-		a := new(anypb.Any)
-		if err == nil && proto.Unmarshal(b, a) == nil {
-			st.Details = append(st.Details, a)
-		}
-	}
-	return status.ErrorProto(st)
 }
 
 // errInfo is the ErrorInfo of one of the contract's answers.

@@ -29,7 +29,7 @@ import (
 // middleware's bounded background freeing of a claim whose outcome is
 // unknown (an outage test may leave one running).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testdb.Main(m), goleak.IgnoreAnyFunction("github.com/idemkit/idempotency.(*Middleware).forget"))
+	goleak.VerifyTestMain(testdb.Main(m), goleak.IgnoreAnyFunction("github.com/idemkit/idempotency.(*Middleware).giveBackRetrying"))
 }
 
 // waitLimit is the generous upper bound for anything a test waits for.

@@ -71,7 +71,7 @@ type candidate struct {
 }
 
 func main() {
-	before := flag.String("before", "", "directory holding the before revision's store_pg_sql.go, store_pg_tx_sql.go and 000001 up migration")
+	before := flag.String("before", "", "directory holding the before revision's statements (internal/pgsql/pgsql.go, or store_pg_sql.go and store_pg_tx_sql.go) and 000001 up migration")
 	after := flag.String("after", "..", "the working tree's root")
 	out := flag.String("out", ".", "directory to write into")
 	flag.Parse()
@@ -106,7 +106,7 @@ type src struct {
 }
 
 func load(dir string) (src, error) {
-	consts, err := gosrc.StringConsts(filepath.Join(dir, "store_pg_sql.go"), filepath.Join(dir, "store_pg_tx_sql.go"))
+	consts, err := gosrc.PostgresStatements(dir)
 	if err != nil {
 		return src{}, err
 	}

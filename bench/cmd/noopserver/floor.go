@@ -32,7 +32,7 @@ import (
 )
 
 // floorSQL are the store's own statements the floor runs, read out of the
-// root package's store_pg_sql.go (they are unexported) when it starts, so
+// root module's internal/pgsql/pgsql.go (an internal package) when it starts, so
 // the floor always runs what the middleware runs: pgClaimSQL and
 // pgCompleteSQL.
 type floorSQL struct{ claim, complete string }
@@ -51,7 +51,7 @@ func loadFloorSQL(src string) (floorSQL, error) {
 }
 
 // qualified returns q naming the table schema-qualified, as the store
-// sends its statements (store_pg_table.go): where the pool's search_path
+// sends its statements (store_pg_pool.go): where the pool's search_path
 // finds it.
 func (q floorSQL) qualified(ctx context.Context, pool *pgxpool.Pool) (floorSQL, error) {
 	var table string

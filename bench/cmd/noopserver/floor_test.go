@@ -20,7 +20,7 @@ import (
 )
 
 // TestFloorSQLIsTheStore's: the floor runs the statements it reads out of
-// store_pg_sql.go, and refuses a file without them.
+// internal/pgsql, and refuses a file without them.
 func TestFloorSQLIsTheStore(t *testing.T) {
 	consts, err := gosrc.StringConsts(storeSQL)
 	if err != nil {
@@ -31,7 +31,7 @@ func TestFloorSQLIsTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	if q.claim != consts["pgClaimSQL"] || q.complete != consts["pgCompleteSQL"] || q.claim == "" || q.complete == "" {
-		t.Fatalf("the floor's statements are not store_pg_sql.go's: %+v", q)
+		t.Fatalf("the floor's statements are not internal/pgsql's: %+v", q)
 	}
 	if _, err := loadFloorSQL("floor.go"); err == nil {
 		t.Fatal("a file without the statements was accepted")
@@ -39,7 +39,7 @@ func TestFloorSQLIsTheStore(t *testing.T) {
 }
 
 // storeSQL is the root package's file of statements, from this directory.
-const storeSQL = "../../../store_pg_sql.go"
+const storeSQL = "../../../internal/pgsql/pgsql.go"
 
 // exchange is one request's answer and the statements it ran.
 type exchange struct {
@@ -112,10 +112,10 @@ func TestFloorRunsNsStatements(t *testing.T) {
 }
 
 // qualifiedName is the table's name as the store sends it
-// (store_pg_table.go).
+// (store_pg_pool.go).
 var qualifiedName = regexp.MustCompile(`[\w"]+\.idempotency_keys\b`)
 
-// unqualified is sql naming the table as store_pg_sql.go writes it.
+// unqualified is sql naming the table as internal/pgsql writes it.
 func unqualified(sql string) string { return qualifiedName.ReplaceAllString(sql, "idempotency_keys") }
 
 // sameStatements fails unless got runs want's statements, with arguments

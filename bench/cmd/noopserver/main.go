@@ -79,7 +79,7 @@ func main() {
 	dsn := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL)")
 	pprofAddr := flag.String("pprof", "", "loopback address to serve net/http/pprof on (empty: none)")
 	floorMode := flag.Bool("floor", false, "serve the route without the middleware: the same SQL by hand through pgx (subject N0)")
-	sqlSrc := flag.String("sql-src", "store_pg_sql.go", "with -floor: the root package's store_pg_sql.go, whose statements the floor runs")
+	sqlSrc := flag.String("sql-src", "internal/pgsql/pgsql.go", "with -floor: the root module's internal/pgsql/pgsql.go, whose statements the floor runs")
 	vars := flag.Bool("pgbench-vars", false, "print the pgbench -D variables of this route's rows, one a line, and exit")
 	flag.Parse()
 	if *vars {

@@ -67,13 +67,13 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	consts, err := gosrc.StringConsts("../../../store_pg_sql.go")
+	consts, err := gosrc.PostgresStatements("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	claimSQL, completeSQL := consts["pgClaimSQL"], consts["pgCompleteSQL"]
 	if claimSQL == "" || completeSQL == "" {
-		t.Fatal("pgClaimSQL or pgCompleteSQL not found in store_pg_sql.go")
+		t.Fatal("pgClaimSQL or pgCompleteSQL not found in internal/pgsql")
 	}
 	vars := map[string]string{}
 	for _, v := range pgbenchVars {

@@ -1,6 +1,6 @@
 // Command pgbenchsql writes pgbench scripts that run the library's own claim
 // and complete statements, read from the pgClaimSQL and pgCompleteSQL
-// constants of store_pg_sql.go (so the scripts follow the library's SQL), with
+// constants of internal/pgsql (so the scripts follow the library's SQL), with
 // their $n parameters turned into pgbench variables. Run the scripts with
 // pgbench -M prepared, which sends the variables as parameters, and these
 // -D variables: scope, endpoint, hash, ttl, lease, owner (a UUID), code
@@ -32,8 +32,8 @@
 //	                    state read after it) in the pipelines: what the
 //	                    middleware sends
 //
-// The transactional statements come from store_pg_tx_sql.go, next to
-// store_pg_sql.go; the SET LOCAL statements are built as the store's
+// The transactional statements are in internal/pgsql too;
+// the SET LOCAL statements are built as the store's
 // pgSetLocal builds them, for a session with the default settings.
 //
 // In the pipelined scripts the complete finds the claim's row by its key
@@ -104,7 +104,7 @@ func summarizeLogs(dir, mode string, clients int, tps float64, failed int64) err
 }
 
 func main() {
-	src := flag.String("src", "store_pg_sql.go", "the library's store_pg_sql.go")
+	src := flag.String("src", ".", "the library's repository (its internal/pgsql holds the statements)")
 	example := flag.String("example", "examples/server/postgres.go", "the example server's postgres.go")
 	out := flag.String("out", ".", "directory to write the scripts into")
 	summarize := flag.Bool("summarize", false, "summarize pgbench -l logs instead of writing scripts")
@@ -128,9 +128,7 @@ func main() {
 }
 
 func run(src, example, out string) error {
-	// The transactional statements are in store_pg_tx_sql.go beside it.
-	txSrc := filepath.Join(filepath.Dir(src), "store_pg_tx_sql.go")
-	consts, err := gosrc.StringConsts(src, txSrc)
+	consts, err := gosrc.PostgresStatements(src)
 	if err != nil {
 		return err
 	}
@@ -149,7 +147,7 @@ func run(src, example, out string) error {
 	var tx [7]string
 	for i, name := range []string{"pgTxBoundsSQL", "pgTxClaimSQL", "pgSavepointSQL", "pgTxRestoreSQL", "pgImmediateSQL", "pgTxCompleteSQL", "pgTxSessionSQL"} {
 		if tx[i] = consts[name]; tx[i] == "" {
-			return fmt.Errorf("%s: the transactional statement %s not found", txSrc, name)
+			return fmt.Errorf("%s: the transactional statement %s not found", src, name)
 		}
 	}
 	bounds, txClaim, savepoint, restore, immediate, txComplete, session := tx[0], tx[1], tx[2], tx[3], tx[4], tx[5], tx[6]

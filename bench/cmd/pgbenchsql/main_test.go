@@ -9,11 +9,11 @@ import (
 )
 
 // TestScriptsFollowTheSource generates the scripts from the repository's
-// own store_pg_sql.go and example server, and checks that each holds the
+// own statements (internal/pgsql) and example server, and checks that each holds the
 // statements it promises, every $n bound to a pgbench variable or value.
 func TestScriptsFollowTheSource(t *testing.T) {
 	out := t.TempDir()
-	if err := run("../../../store_pg_sql.go", "../../../examples/server/postgres.go", out); err != nil {
+	if err := run("../../..", "../../../examples/server/postgres.go", out); err != nil {
 		t.Fatal(err)
 	}
 	read := func(name string) string {
@@ -76,7 +76,7 @@ func TestRunNamesAMissingStatement(t *testing.T) {
 	if err := os.WriteFile(example, []byte("package main\n\nconst schemaSQL = `CREATE TABLE t (x int)`\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := run("../../../store_pg_sql.go", example, dir)
+	err := run("../../..", example, dir)
 	if err == nil || !strings.Contains(err.Error(), "insertOrderSQL") {
 		t.Fatalf("run with no insertOrderSQL: err = %v, want one naming it", err)
 	}

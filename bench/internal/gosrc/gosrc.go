@@ -1,5 +1,6 @@
 // Package gosrc reads values out of Go source files without building them:
-// the bench tools take the library's SQL from store_pg_sql.go this way, so
+// the bench tools take the library's SQL from internal/pgsql/pgsql.go this
+// way (store_pg_sql.go and store_pg_tx_sql.go in revisions before it), so
 // they follow it.
 package gosrc
 
@@ -9,6 +10,8 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
+	"path/filepath"
 	"strconv"
 )
 
@@ -77,5 +80,25 @@ func StringConsts(paths ...string) (map[string]string, error) {
 			out[name] = s
 		}
 	}
+	// internal/pgsql names a statement ClaimSQL where the root package
+	// named it pgClaimSQL: both names read it, in every revision.
+	for name, s := range out {
+		if ast.IsExported(name) {
+			if _, ok := out["pg"+name]; !ok {
+				out["pg"+name] = s
+			}
+		}
+	}
 	return out, nil
+}
+
+// PostgresStatements evaluates the string constants of the pgx store's
+// statements in the repository (or revision) at dir: internal/pgsql/pgsql.go,
+// or store_pg_sql.go and store_pg_tx_sql.go in revisions before it.
+func PostgresStatements(dir string) (map[string]string, error) {
+	shared := filepath.Join(dir, "internal", "pgsql", "pgsql.go")
+	if _, err := os.Stat(shared); err == nil {
+		return StringConsts(shared)
+	}
+	return StringConsts(filepath.Join(dir, "store_pg_sql.go"), filepath.Join(dir, "store_pg_tx_sql.go"))
 }

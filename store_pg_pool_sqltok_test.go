@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// A small SQL tokenizer for the Citus rules (store_pg_sql_test.go). It is
+// A small SQL tokenizer for the Citus rules (store_pg_pool_statements_test.go). It is
 // not a parser: it knows words, parameters, literals, quoted identifiers,
 // comments and parentheses, which is what the rules need to tell a
 // RETURNING list from the outer SELECT of a CTE, a subquery from the

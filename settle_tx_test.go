@@ -898,3 +898,8 @@ type beginFails struct{ *idempotency.MemoryStore }
 func (beginFails) BeginClaim(context.Context, *idempotency.ClaimRequest) (idempotency.RouteTx, idempotency.ClaimResult, error) {
 	return nil, idempotency.ClaimResult{}, &idempotency.StoreError{Op: "begin", Reason: idempotency.ReasonConnection, Err: errors.New("connection refused")}
 }
+
+// TxLockWaitBudget is PostgreSQL's budget, as a PostgresStore's.
+func (beginFails) TxLockWaitBudget(wait time.Duration) time.Duration {
+	return (*idempotency.PostgresStore)(nil).TxLockWaitBudget(wait)
+}

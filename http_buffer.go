@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -267,4 +268,29 @@ func isJSONType(ct string) bool {
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+// The connection controls of http.ResponseController that change no bytes
+// of the response are passed to the real writer, buffering or not. Flush
+// and Hijack are the buffer's own (above), and Unwrap exposes the
+// real writer only once the response streams, so a controller can never
+// reach past the buffer for those.
+
+// SetReadDeadline sets the connection's read deadline
+// (http.ResponseController.SetReadDeadline).
+func (b *responseBuffer) SetReadDeadline(t time.Time) error {
+	return http.NewResponseController(b.w).SetReadDeadline(t)
+}
+
+// SetWriteDeadline sets the connection's write deadline
+// (http.ResponseController.SetWriteDeadline); a buffered response is
+// written under it when the handler has returned.
+func (b *responseBuffer) SetWriteDeadline(t time.Time) error {
+	return http.NewResponseController(b.w).SetWriteDeadline(t)
+}
+
+// EnableFullDuplex lets the handler read the request body after writing
+// (http.ResponseController.EnableFullDuplex).
+func (b *responseBuffer) EnableFullDuplex() error {
+	return http.NewResponseController(b.w).EnableFullDuplex()
 }

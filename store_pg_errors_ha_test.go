@@ -89,7 +89,7 @@ func TestPostgresRetriesConnectionLossOnce(t *testing.T) {
 // flight until its lease or TTL ended).
 func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
+	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgsql.ClaimSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
@@ -130,7 +130,7 @@ func TestPostgresClaimRetryWinsItsOwnRow(t *testing.T) {
 // next request claims the key as new.
 func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
+	rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgsql.ClaimSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()
@@ -164,7 +164,7 @@ func TestPostgresReleaseOwnerFreesAnUnknownClaim(t *testing.T) {
 // takeover made, so the request still runs once, as the owner.
 func TestPostgresTakeoverLostReplyThenOwnClaimWins(t *testing.T) {
 	t.Parallel()
-	rc := &replyCutter{marker: []byte("WITH taken AS (")} // pgTakeoverSQL
+	rc := &replyCutter{marker: []byte("WITH taken AS (")} // pgsql.TakeoverSQL
 	pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 	s := idempotency.NewPostgresStore(pool)
 	ctx := t.Context()

@@ -23,7 +23,7 @@ func TestLostClaimReplyDoesNotStrandTheKey(t *testing.T) {
 
 	t.Run("OneReplyLost", func(t *testing.T) {
 		t.Parallel()
-		rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
+		rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgsql.ClaimSQL
 		pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 		var calls atomic.Int64
 		h := orderRoute(t, idempotency.NewPostgresStore(pool), quiet, &calls)
@@ -42,7 +42,7 @@ func TestLostClaimReplyDoesNotStrandTheKey(t *testing.T) {
 
 	t.Run("EveryReplyLost", func(t *testing.T) {
 		t.Parallel()
-		rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgClaimSQL
+		rc := &replyCutter{marker: []byte("WITH ins AS (")} // pgsql.ClaimSQL
 		pool := testdb.New(t, testdb.MaxConns(2), rc.option())
 		freed := &signalHandler{want: "freed the key of a claim whose reply was lost", seen: make(chan struct{})}
 		var calls atomic.Int64

@@ -3,51 +3,39 @@ package idempotency
 import (
 	"cmp"
 	"go/ast"
-	"go/parser"
-	"go/token"
 	"maps"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idempotency/internal/pgsql"
 )
 
-// TestPostgresStatementsListed: every constant named pg...SQL in the
-// package's source is in pgStatements, so a new statement cannot escape
-// the Citus rules below.
+// TestPostgresStatementsListed: every constant named ...SQL in
+// internal/pgsql (and any named pg...SQL left in the package's source) is
+// in pgStatements, so a new statement cannot escape the Citus rules below.
 func TestPostgresStatementsListed(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fset := token.NewFileSet()
-	name := regexp.MustCompile(`^pg\w*SQL$`)
 	var found []string
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		file, err := parser.ParseFile(fset, f, src, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ast.Inspect(file, func(n ast.Node) bool {
-			if spec, ok := n.(*ast.ValueSpec); ok {
-				for _, id := range spec.Names {
-					if name.MatchString(id.Name) {
-						found = append(found, id.Name)
+	for _, dir := range []struct{ path, prefix, pattern string }{
+		{".", "", `^pg\w*SQL$`},
+		{filepath.Join("internal", "pgsql"), "pgsql.", `^\w*SQL$`},
+	} {
+		name := regexp.MustCompile(dir.pattern)
+		for _, file := range parseDir(t, dir.path) {
+			ast.Inspect(file, func(n ast.Node) bool {
+				if spec, ok := n.(*ast.ValueSpec); ok {
+					for _, id := range spec.Names {
+						if name.MatchString(id.Name) {
+							found = append(found, dir.prefix+id.Name)
+						}
 					}
 				}
-			}
-			return true
-		})
+				return true
+			})
+		}
 	}
 	for _, n := range found {
 		if _, ok := pgStatements[n]; !ok {
@@ -265,15 +253,15 @@ func sessionLockTimeout(toks []sqlTok, i int) bool {
 	return at(toks, i+1, "lock_timeout")
 }
 
-// TestClaimArgsFitTheSQL: claimArgs gives pgClaimSQL exactly the parameters
+// TestClaimArgsFitTheSQL: claimArgs gives pgsql.ClaimSQL exactly the parameters
 // it numbers, as the raw-SQL benchmarks rely on (they send claimArgs too).
 func TestClaimArgsFitTheSQL(t *testing.T) {
 	top := 0
-	for _, m := range regexp.MustCompile(`\$(\d+)`).FindAllStringSubmatch(pgClaimSQL, -1) {
+	for _, m := range regexp.MustCompile(`\$(\d+)`).FindAllStringSubmatch(pgsql.ClaimSQL, -1) {
 		n, _ := strconv.Atoi(m[1])
 		top = max(top, n)
 	}
 	if got := len(claimArgs(ClaimRequest{})); got != top {
-		t.Errorf("claimArgs gives %d parameters, pgClaimSQL numbers %d", got, top)
+		t.Errorf("claimArgs gives %d parameters, pgsql.ClaimSQL numbers %d", got, top)
 	}
 }

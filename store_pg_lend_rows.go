@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The results a handler's transaction hands out (handler_tx.go), behind
+// The results a handler's transaction hands out (store_pg_lend.go), behind
 // its gate: once the handler returned they refuse every call, and the
 // gate closes those the handler left open. Reading them sends nothing, so
 // they still read after the transaction ended (the rows of its COMMIT).

@@ -217,7 +217,7 @@ func TestStatementsAreConstants(t *testing.T) {
 // TestStatementsQualify: every statement names the table as an
 // identifier, or as a literal of its own (pg_get_serial_sequence's
 // argument), never as part of another literal or a quoted name, so
-// qualifying it (store_pg_table.go) rewrites each of those names and
+// qualifying it (store_pg_pool.go) rewrites each of those names and
 // nothing else; a literal doubles the quotes of the name it holds.
 func TestStatementsQualify(t *testing.T) {
 	const table = `"a b".idempotency_keys`

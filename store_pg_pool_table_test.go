@@ -117,7 +117,7 @@ func TestPostgresTxQualifiedTable(t *testing.T) {
 		t.Errorf("the key reads %s at attempt %d, want failed at 2", rec.Status, rec.Attempt)
 	}
 	if n := sent.count(regexp.MustCompile(`^INSERT INTO ` + regexp.QuoteMeta(schemaOf(pool)) + `\.idempotency_keys\b`)); n != 2 {
-		t.Errorf("%d transactional claims (pgTxClaimSQL, sent in a batch) seen qualified, want 2", n)
+		t.Errorf("%d transactional claims (pgsql.TxClaimSQL, sent in a batch) seen qualified, want 2", n)
 	}
 	sent.mustQualify(t, schemaOf(pool))
 }

@@ -15,8 +15,8 @@ import (
 // transaction while the handler may still use it.
 type transactional struct{}
 
-// free rolls the claim back with the transaction.
-func (transactional) free(x *execution) { x.abort() }
+// giveBack rolls the claim back with the transaction.
+func (transactional) giveBack(x *execution) { x.abort() }
 
 // panicked settles a handler that panicked: failed, back to the savepoint
 // (or released under the release option).
@@ -51,7 +51,7 @@ func (x *execution) begin() bool {
 func storeCallTx(x *execution, op string, req *ClaimRequest) (RouteTx, ClaimResult, error) {
 	var tx RouteTx
 	res, err := storeCall(x.request, op, func(ctx context.Context) (ClaimResult, error) {
-		t, r, err := x.rt.txStore.BeginClaim(ctx, req)
+		t, r, err := x.policy.txStore.BeginClaim(ctx, req)
 		tx = t
 		return r, err
 	})
@@ -270,6 +270,6 @@ func (x *execution) endLease() {
 // whose writes were rolled back.
 func (x *execution) answerTooLarge() {
 	x.m.log.ErrorContext(x.ctx, "idempotency: response over the transactional route's buffer cap; writes rolled back",
-		"endpoint", x.label, "cap_bytes", bufferCap(x.rt.maxResponse))
+		"endpoint", x.label, "cap_bytes", bufferCap(x.policy.maxResponse))
 	x.answer(answerResponseTooLarge)
 }

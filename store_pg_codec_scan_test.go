@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -78,7 +79,7 @@ func claimRowShapes(t *testing.T, pool *pgxpool.Pool, decodes bool) {
 		// The new key's claim: its row from the INSERT.
 		var first Record
 		var firstWon bool
-		rows, err := pool.Query(ctx, pgClaimSQL, claimArgs(req)...)
+		rows, err := pool.Query(ctx, pgsql.ClaimSQL, claimArgs(req)...)
 		if err == nil {
 			err = scanClaimRows(rows, req, &first, &firstWon)
 		}
@@ -91,8 +92,8 @@ func claimRowShapes(t *testing.T, pool *pgxpool.Pool, decodes bool) {
 		// The existing row, read both ways.
 		var want, got Record
 		var wantWon, gotWon bool
-		wantErr := scanClaim(pool.QueryRow(ctx, pgClaimSQL, claimArgs(req)...), req, &want, &wantWon)
-		rows, err = pool.Query(ctx, pgClaimSQL, claimArgs(req)...)
+		wantErr := scanClaim(pool.QueryRow(ctx, pgsql.ClaimSQL, claimArgs(req)...), req, &want, &wantWon)
+		rows, err = pool.Query(ctx, pgsql.ClaimSQL, claimArgs(req)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +107,7 @@ func claimRowShapes(t *testing.T, pool *pgxpool.Pool, decodes bool) {
 			t.Errorf("%s: decodeClaimRow decoded %v, want %v", shape.name, decoded, decodes)
 		}
 		rows.Close()
-		rows, err = pool.Query(ctx, pgClaimSQL, claimArgs(req)...)
+		rows, err = pool.Query(ctx, pgsql.ClaimSQL, claimArgs(req)...)
 		if err == nil {
 			err = scanClaimRows(rows, req, &got, &gotWon)
 		}

@@ -88,12 +88,12 @@ func (s *lateRowStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool
 	return freed, err
 }
 
-// TestForgetClaimRowShowsUpLate: the background release of a claim whose
+// TestGiveBackLostRowShowsUpLate: the background release of a claim whose
 // reply was lost keeps trying when the row shows up after its first look
 // (an answer of "no row" counts only once the lost claim must have ended
 // on the server), so the client's retry executes instead of meeting a key
 // in flight whose handler never ran.
-func TestForgetClaimRowShowsUpLate(t *testing.T) {
+func TestGiveBackLostRowShowsUpLate(t *testing.T) {
 	t.Parallel()
 	s := &lateRowStore{MemoryStore: NewMemoryStore(), freed: make(chan struct{})}
 	mw := newHooked(t, s, Config{Lease: 10 * time.Second, StoreTimeout: 100 * time.Millisecond})
