@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -141,17 +140,12 @@ type sealRig struct {
 func newSealRig(t *testing.T, d sealDialect, store idempotency.Store) *sealRig {
 	t.Helper()
 	rg := &sealRig{}
-	mw, err := idempotency.New(store, idempotency.Config{
-		Enabled: func(context.Context) bool { return true },
-		Logger:  slog.New(slog.DiscardHandler), // every tampered row logs an ERROR
+	mw := newMiddleware(t, store, idempotency.Config{ // quiet: every tampered row logs an ERROR
 		Scope: func(ctx context.Context) string {
 			r, _ := idempotency.RequestFromContext(ctx)
 			return r.Header.Get("X-User")
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := rg.calls.Add(1)
 		secret := r.Header.Get("X-Secret")
