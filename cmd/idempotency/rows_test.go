@@ -56,7 +56,8 @@ func TestLookupResponse(t *testing.T) {
 		db.complete(t, key, "u", "POST /x", time.Hour, jsonResp(201, `{"a":1}`))
 		recs, _, err := d.lookup(ctx, nil, key, "u", "")
 		if err != nil || len(recs) != 1 || recs[0].Status != idempotency.StatusCompleted ||
-			recs[0].Response.Status != 201 || recs[0].Response.BodyKind != idempotency.BodyJSON {
+			recs[0].Response.Status != 201 || recs[0].Response.BodyKind != idempotency.BodyJSON ||
+			string(recs[0].Response.Body) != `{"a":1}` {
 			t.Fatalf("lookup of a completed row: %+v, %v", recs, err)
 		}
 	})
