@@ -75,10 +75,8 @@ const (
 	// plus the answer's extra members (retry_after_ms, original_status). The
 	// default.
 	ErrorJSON ErrorFormat = iota
-	// ErrorProblem answers RFC 9457 problem details with Content-Type
-	// application/problem+json: type (Config.ProblemTypeBase then the answer's
-	// idempotency_... code), title, status, and as extension members the same
-	// "error" code and extra members as ErrorJSON.
+	// ErrorProblem answers RFC 9457 application/problem+json: type, title,
+	// status, and as extensions ErrorJSON's members.
 	ErrorProblem
 )
 

@@ -6,7 +6,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 )
@@ -14,11 +13,7 @@ import (
 // benchOp is the Do counterpart of benchMiddleware's route: an Operation
 // over pool whose function does nothing but return a small value.
 func benchOp(b *testing.B, pool *pgxpool.Pool) *idempotency.Operation {
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
-	if err != nil {
-		b.Fatal(err)
-	}
+	mw := newMiddleware(b, idempotency.NewPostgresStore(pool), idempotency.Config{})
 	op, err := mw.Operation("orders", idempotency.RouteConfig{MinKeyLength: 16}) // UUID keys
 	if err != nil {
 		b.Fatal(err)

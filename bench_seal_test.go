@@ -1,14 +1,12 @@
 package idempotency_test
 
 import (
-	"context"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 )
@@ -85,11 +83,7 @@ func benchSealing(b *testing.B, backend string, replay bool) {
 // benchRouteOn is the order route over store, answering the benchmark's
 // order.
 func benchRouteOn(b *testing.B, store idempotency.Store) http.Handler {
-	mw, err := idempotency.New(store, idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
-	if err != nil {
-		b.Fatal(err)
-	}
+	mw := newMiddleware(b, store, idempotency.Config{})
 	return mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // discardWriter is a ResponseWriter that keeps only the status and the
@@ -42,11 +40,7 @@ func (d *discardWriter) check(b *testing.B, replayed bool) {
 }
 
 func benchRoute(b *testing.B) http.Handler {
-	mw, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{Enabled: func(context.Context) bool { return true },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
+	mw := newMiddleware(b, idempotency.NewMemoryStore(), idempotency.Config{})
 	return mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -168,11 +162,7 @@ func warm(b *testing.B, pool *pgxpool.Pool) {
 }
 
 func benchMiddleware(b *testing.B, pool *pgxpool.Pool) http.Handler {
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet, Enabled: func(context.Context) bool { return true }})
-	if err != nil {
-		b.Fatal(err)
-	}
+	mw := newMiddleware(b, idempotency.NewPostgresStore(pool), idempotency.Config{})
 	return mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)

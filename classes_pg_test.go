@@ -37,17 +37,13 @@ func newClassRoutes(t *testing.T, pool *pgxpool.Pool, storeTimeout time.Duration
 	c := &classRoutes{reg: prometheus.NewRegistry(), started: make(chan struct{}, 16), release: make(chan struct{})}
 	logger, buf := newLogBuffer()
 	c.logs = buf
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
+	mw := newMiddleware(t, idempotency.NewPostgresStore(pool), idempotency.Config{
 		StoreTimeout: storeTimeout, Lease: 10 * storeTimeout, Registerer: c.reg, Logger: logger,
-		Enabled: func(context.Context) bool { return true },
 		Scope: func(ctx context.Context) string {
 			r, _ := idempotency.RequestFromContext(ctx)
 			return r.Header.Get("X-User")
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	c.billing = mw.MustRoute(idempotency.RouteConfig{Name: "billing", FailOpen: true})(http.HandlerFunc(
 		func(w http.ResponseWriter, r *http.Request) {
 			c.billed.Add(1)

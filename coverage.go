@@ -52,17 +52,12 @@ func answerProbe(w http.ResponseWriter, r *http.Request) bool {
 // unsupportedBody is RefuseUnlisted's answer body.
 const unsupportedBody = `{"error":"idempotency_key_unsupported"}` + "\n"
 
-// RefuseUnlisted returns a middleware for the whole router that answers
-// 400 {"error":"idempotency_key_unsupported"}, before any handler runs, to
-// a request with an Idempotency-Key (or a coverage probe) whose method is
-// not safe (GET, HEAD, OPTIONS, TRACE, QUERY) and whose route is not in
-// wrapped: a key sent to a route nobody wrapped fails loudly rather than
-// get a 201 that looks retry-safe. wrapped lists routes as "METHOD
-// /pattern" ("/pattern" for every method). lookup returns the pattern r
-// will be routed to, with or without its method, "" for none (r passes
-// through): for a ServeMux, func(r *http.Request) string { _, p :=
-// mux.Handler(r); return p }; for chi, idemchi.Lookup. It panics when
-// lookup is nil.
+// RefuseUnlisted returns a router-wide middleware that answers 400
+// idempotency_key_unsupported, before any handler, to a keyed request (or a
+// coverage probe) with an unsafe method (not GET, HEAD, OPTIONS, TRACE,
+// QUERY) whose route is not in wrapped ("METHOD /pattern", or "/pattern" for
+// every method). lookup returns r's route pattern, "" for none (r passes);
+// for chi, idemchi.Lookup. It panics when lookup is nil.
 func RefuseUnlisted(wrapped []string, lookup func(*http.Request) string) func(http.Handler) http.Handler {
 	if lookup == nil {
 		panic("idempotency: RefuseUnlisted needs a lookup of the request's route")

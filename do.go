@@ -57,12 +57,11 @@ type Codec interface {
 // doScheme is the scheme of Do's endpoints: do:<name>.
 const doScheme = "do"
 
-// Operation returns the entry point name under policy rc, for Do, storing
-// its keys under the endpoint do:<name> (a scheme:/path name, as adapters
-// give, as it is). Keys follow the opaque-key rules; rc's HTTP-only fields
-// must be unset, and rc must be Scoped or have a MinKeyLength of at least
-// 16. The kill-switch applies to grpc: and connect: names always, to others
-// only with rc.FollowKillSwitch.
+// Operation returns the entry point name under policy rc, for Do, keyed
+// under the endpoint do:<name> (a scheme:/path name as it is). Keys are
+// opaque; rc's HTTP-only fields must be unset, and rc Scoped or with a
+// MinKeyLength of at least 16. The kill-switch applies to grpc: and
+// connect: names always, to others only with rc.FollowKillSwitch.
 func (m *Middleware) Operation(name string, rc RouteConfig) (*Operation, error) {
 	endpoint, adapter := doScheme+":"+name, doScheme
 	if scheme, _, ok := strings.Cut(name, ":/"); ok && isScheme(scheme) {
@@ -109,11 +108,10 @@ func reservedName(name string) bool {
 	return strings.HasPrefix(name, doScheme+":") || ok && isScheme(scheme)
 }
 
-// Exec is Do for the adapters of other transports (contrib/grpc): fn's
-// Response is recorded as it is, its Status deciding the outcome as over
-// HTTP, unless its Header's ":outcome" ("complete", "fail" or "release",
-// not stored) decides; headers named ':...' are the adapter's. A replay
-// returns the stored Response.
+// Exec is Do for other transports' adapters (contrib/grpc): fn's Response
+// is recorded as it is, its Status deciding the outcome as over HTTP unless
+// its Header's ":outcome" ("complete", "fail" or "release") does; headers
+// named ':...' are not stored. A replay returns the stored Response.
 func (op *Operation) Exec(ctx context.Context, c Call, fn func(context.Context) Response) (Response, CallInfo, error) {
 	oc := &opCall{op: op, fn: fn}
 	oc.request = request{policy: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),

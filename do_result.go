@@ -14,12 +14,11 @@ import (
 
 // Do runs fn at most once per (c.Key, scope, op), detached from ctx's
 // cancellation with the lease less the store timeout, and records its
-// outcome; every other call gets it back (info.Replayed). nil completes
-// (the value returned decoded from its stored encoding, on the first run
-// too); a *PermanentError completes; a Retryable error releases the key;
-// any other error, or a panic (re-raised), fails it. A call that does not
-// run fn gets an *ErrorAnswer. On a Transactional op, fn writes through
-// TxFromContext(ctx).
+// outcome for every other call (info.Replayed). nil completes (the value
+// decoded from its stored encoding, first run too); so does a
+// *PermanentError; a Retryable error releases the key; any other error or
+// a panic (re-raised) fails it. A call that does not run fn gets an
+// *ErrorAnswer. On a Transactional op, fn writes through TxFromContext(ctx).
 func Do[T any](ctx context.Context, op *Operation, c Call, fn func(context.Context) (T, error)) (T, CallInfo, error) {
 	var (
 		ran   bool  // fn ran in this call

@@ -22,15 +22,8 @@ import (
 func newOp(t *testing.T, store idempotency.Store, cfg idempotency.Config, rc idempotency.RouteConfig) *idempotency.Operation {
 	t.Helper()
 	rc.Scoped = rc.Scoped || rc.MinKeyLength < 16
-	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), quiet
-	if cfg.Enabled == nil {
-		cfg.Enabled = func(context.Context) bool { return true }
-	}
-	mw, err := idempotency.New(store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	op, err := mw.Operation("settle-payment", rc)
+	cfg.Registerer, cfg.Logger = nil, nil // newMiddleware's own
+	op, err := newMiddleware(t, store, cfg).Operation("settle-payment", rc)
 	if err != nil {
 		t.Fatal(err)
 	}

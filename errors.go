@@ -37,9 +37,8 @@ func (e ErrorAnswer) Error() string {
 func (e ErrorAnswer) Unwrap() error { return e.err }
 
 // PermanentError is a business rejection returned by a function of Do: it
-// completes the call, as a 4xx does over HTTP, and every retry with the key
-// gets the same *PermanentError back (a transactional Operation's writes
-// commit with it).
+// completes the call, as a 4xx does over HTTP (a transactional Operation's
+// writes commit), and every retry gets the same *PermanentError back.
 type PermanentError struct {
 	Code    string // for programs, e.g. "insufficient_funds"
 	Message string // for people

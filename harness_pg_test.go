@@ -33,21 +33,38 @@ import (
 // quiet is a logger that drops everything.
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// pgRoute builds a middleware over pool and wraps a counting handler.
-func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempotency.RouteConfig, calls *atomic.Int64) (http.Handler, *prometheus.Registry) {
+// newMiddleware is this package's one middleware builder: New over store
+// with cfg, its metrics in a registry of its own, quiet and with the
+// kill-switch on unless cfg says otherwise. It fails the test when New
+// fails.
+func newMiddleware(t testing.TB, store idempotency.Store, cfg idempotency.Config) *idempotency.Middleware {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	cfg.Registerer, cfg.Logger = reg, quiet
-	cfg.Enabled = func(context.Context) bool { return true }
-	store := idempotency.NewPostgresStore(pool)
-	if err := store.Check(t.Context()); err != nil { // as a service does at start-up
-		t.Fatal(err)
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	if cfg.Enabled == nil {
+		cfg.Enabled = func(context.Context) bool { return true }
 	}
 	mw, err := idempotency.New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return mw
+}
+
+// pgRoute builds a middleware over pool and wraps a counting handler.
+func pgRoute(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Config, rc idempotency.RouteConfig, calls *atomic.Int64) (http.Handler, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer, cfg.Logger = reg, quiet
+	store := idempotency.NewPostgresStore(pool)
+	if err := store.Check(t.Context()); err != nil { // as a service does at start-up
+		t.Fatal(err)
+	}
+	return newMiddleware(t, store, cfg).MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -363,14 +380,7 @@ func readyForQuery(b []byte) bool {
 // fidelityRoute wraps hf in a route named name over store.
 func fidelityRoute(t *testing.T, store idempotency.Store, name string, hf http.HandlerFunc) http.Handler {
 	t.Helper()
-	mw, err := idempotency.New(store, idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: quiet,
-		Enabled: func(context.Context) bool { return true },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw.MustRoute(idempotency.RouteConfig{Name: name})(hf)
+	return newMiddleware(t, store, idempotency.Config{}).MustRoute(idempotency.RouteConfig{Name: name})(hf)
 }
 
 type fidelityResp struct {
@@ -422,14 +432,7 @@ func (h *signalHandler) Enabled(context.Context, slog.Level) bool { return true 
 // orderRoute wraps a counting 201 handler over pool, logging to log.
 func orderRoute(t *testing.T, s idempotency.Store, log *slog.Logger, calls *atomic.Int64) http.Handler {
 	t.Helper()
-	mw, err := idempotency.New(s, idempotency.Config{
-		Registerer: prometheus.NewRegistry(), Logger: log,
-		Enabled: func(context.Context) bool { return true },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return newMiddleware(t, s, idempotency.Config{Logger: log}).MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusCreated)
 	}))

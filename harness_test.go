@@ -136,14 +136,7 @@ func newHarness(t *testing.T, cfg Config) *harness {
 		h.replays = append(h.replays, ev)
 		return h.hookErr
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	mw, err := New(h.store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.mw = mw
+	h.mw = newHooked(t, h.store, cfg)
 	return h
 }
 
@@ -261,8 +254,9 @@ func hook(h func(context.Context, int) error, ctx context.Context, n *atomic.Int
 	return h(ctx, try)
 }
 
-// newHooked returns a middleware over s with cfg (quiet, its own registry)
-// unless cfg says otherwise.
+// newHooked is this package's one middleware builder: New over s with cfg,
+// quiet, its metrics in a registry of its own and the kill-switch on,
+// unless cfg says otherwise. It fails the test when New fails.
 func newHooked(t *testing.T, s Store, cfg Config) *Middleware {
 	t.Helper()
 	if cfg.Registerer == nil {
@@ -271,7 +265,9 @@ func newHooked(t *testing.T, s Store, cfg Config) *Middleware {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	cfg.Enabled = func(context.Context) bool { return true }
+	if cfg.Enabled == nil {
+		cfg.Enabled = func(context.Context) bool { return true }
+	}
 	mw, err := New(s, cfg)
 	if err != nil {
 		t.Fatal(err)

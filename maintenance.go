@@ -12,10 +12,9 @@ import (
 // when Cleanup is not told otherwise.
 const defaultCleanupBatch = 1000
 
-// Cleanup deletes expired rows, never an in_flight row inside its lease,
-// in batches of batch rows (1000 when batch <= 0), each under ctx and the
-// store timeout, until a batch comes back short or ctx ends, and returns how
-// many it deleted.
+// Cleanup deletes expired rows, never an in_flight row inside its lease, in
+// batches of batch rows (1000 when batch <= 0) under the store timeout, until
+// a batch comes back short or ctx ends, and returns how many it deleted.
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = defaultCleanupBatch

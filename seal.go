@@ -9,9 +9,8 @@ import (
 )
 
 // SealKeys gives NewSealingStore its 32-byte keys by id (1-32 of
-// [A-Za-z0-9_-]): the active one seals, every one opens. A KMS or Vault
-// implements it, caching its data keys; it must be safe for concurrent use
-// and keep key material out of its errors.
+// [A-Za-z0-9_-]): the active one seals, every one opens. It must be safe for
+// concurrent use and keep key material out of its errors (a KMS caches).
 type SealKeys interface {
 	// ActiveSealKey returns the key that seals new responses, and its id.
 	ActiveSealKey(ctx context.Context) (id string, key []byte, err error)
@@ -31,11 +30,10 @@ func ParseSealKeys(s string) (SealKeys, error) {
 }
 
 // NewSealingStore returns inner sealing each recorded response (body and
-// headers, AES-256-GCM, bound to its row) and opening it when read
-// (docs/sealing.md). A row that does not open answers 503 (ReasonUnseal); a
-// plaintext row replays as it is; a failed seal is a record failure
-// (ReasonSeal). It is a TxStore exactly when inner is, and fails unless keys
-// gives an active key.
+// headers, AES-256-GCM, bound to its row) and opening it when read. A row
+// that does not open answers 503 (ReasonUnseal); plaintext replays as it
+// is; a failed seal is a record failure (ReasonSeal). It is a TxStore
+// exactly when inner is, and fails unless keys gives an active key.
 func NewSealingStore(ctx context.Context, inner Store, keys SealKeys) (Store, error) {
 	if inner == nil || keys == nil {
 		return nil, errors.New("idempotency: NewSealingStore: inner store and keys must not be nil")

@@ -105,10 +105,7 @@ func newSealRig(t *testing.T, store idempotency.Store, pool *pgxpool.Pool, cfg i
 		r, _ := idempotency.RequestFromContext(ctx)
 		return r.Header.Get("X-User")
 	}
-	mw, err := idempotency.New(store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw := newMiddleware(t, store, cfg)
 	rg.closed = mw.MustRoute(idempotency.RouteConfig{Name: "orders"})(http.HandlerFunc(rg.handle))
 	rg.open = mw.MustRoute(idempotency.RouteConfig{Name: "orders", FailOpen: true})(http.HandlerFunc(rg.handle))
 	if _, ok := store.(idempotency.TxStore); ok && pool != nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/operator"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
@@ -36,18 +35,15 @@ func (txPartStore) BeginClaim(context.Context, *idempotency.ClaimRequest) (idemp
 
 func (s txPartStore) TxLockWaitBudget(time.Duration) time.Duration { return s.budget }
 
-// has reports whether s is a TxStore, and whether the CLI's operator
-// access (internal/operator) resolves it.
-func has(s idempotency.Store) [2]bool {
+// has reports whether s is a TxStore.
+func has(s idempotency.Store) bool {
 	_, tx := s.(idempotency.TxStore)
-	_, ops := operator.For[idempotency.Record, idempotency.Fence](s)
-	return [2]bool{tx, ops}
+	return tx
 }
 
 // TestSealingStoreInterfaces: a sealing store is a TxStore exactly when
 // its inner store is, and each call it delegates (ReleaseOwner, Check,
-// BeginClaim) reaches the inner store's method; the operator access
-// resolves through it exactly when it resolves its inner store.
+// BeginClaim) reaches the inner store's method.
 func TestSealingStoreInterfaces(t *testing.T) {
 	t.Parallel()
 	plain := partStore{idempotency.NewMemoryStore()}
@@ -74,10 +70,10 @@ func TestSealingStoreInterfaces(t *testing.T) {
 	// The stores of this package.
 	for name, c := range map[string]struct {
 		inner idempotency.Store
-		want  [2]bool
+		want  bool
 	}{
-		"memory":   {idempotency.NewMemoryStore(), [2]bool{false, false}},
-		"postgres": {idempotency.NewPostgresStore(testdb.New(t)), [2]bool{true, true}},
+		"memory":   {idempotency.NewMemoryStore(), false},
+		"postgres": {idempotency.NewPostgresStore(testdb.New(t)), true},
 	} {
 		if got := has(c.inner); got != c.want {
 			t.Fatalf("%s store: %v, want %v", name, got, c.want)

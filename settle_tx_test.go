@@ -56,10 +56,7 @@ func (f *txFixture) route(t *testing.T, pool *pgxpool.Pool, cfg idempotency.Conf
 		r, _ := idempotency.RequestFromContext(ctx)
 		return r.Header.Get("X-Disabled") == ""
 	}
-	mw, err := idempotency.New(idempotency.NewPostgresStore(pool), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw := newMiddleware(t, idempotency.NewPostgresStore(pool), cfg)
 	rc.Transactional = true
 	rc.Name = "orders"
 	return mw.MustRoute(rc)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -121,10 +121,9 @@ type ErasureResult struct {
 // a *StoreError so the middleware can log and label the reason.
 type Store interface {
 	// Claim inserts an in_flight row for req and returns it with Won set or,
-	// when the key exists for (Key, Scope, Endpoint), returns that row
-	// unchanged with Won unset: never a takeover or a change. Won is set too
-	// for the caller's own claim (in_flight, inside its lease, holding
-	// req.Owner, not zero), so a claim whose reply was lost goes on as owner.
+	// when (Key, Scope, Endpoint) exists, returns that row unchanged with Won
+	// unset. Won is set too for the caller's own claim (in_flight inside its
+	// lease, holding non-zero req.Owner): a claim whose reply was lost goes on.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
 	// (new hash, TTL and lease; attempt+1; response cleared), only if the row
@@ -154,10 +153,9 @@ type Store interface {
 	// ExportScope returns every row of the user scope, oldest first, with
 	// recorded responses (GDPR access and portability).
 	ExportScope(ctx context.Context, scope string) ([]Record, error)
-	// ReleaseOwner deletes the row of (req.Key, req.Scope, req.Endpoint) only
-	// while it is in_flight with the owner token req.Owner (never when it is
-	// zero), and reports whether it did: it frees a claim whose outcome is
-	// unknown and whose handler never ran. Its errors are *StoreErrors.
+	// ReleaseOwner deletes req's row only while it is in_flight with the
+	// non-zero owner token req.Owner, and reports whether it did: it frees a
+	// claim whose handler never ran.
 	ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error)
 	// Check verifies at start-up that the store can serve (its table, columns
 	// and privileges): ErrSchemaOutdated or a *StoreError; nil when a store
@@ -165,18 +163,16 @@ type Store interface {
 	Check(ctx context.Context) error
 }
 
-// TxStore is a Store that can back a transactional route
-// (RouteConfig.Transactional): it claims a key inside the transaction the
-// handler writes through, so the claim, the writes and the record commit
-// together. PostgresStore and sqlstore.Store implement it.
+// TxStore is a Store that can back a transactional route: it claims a key
+// inside the transaction the handler writes through, so the claim, the
+// writes and the record commit together (PostgresStore, sqlstore.Store).
 type TxStore interface {
 	Store
 	// BeginClaim begins a transaction and, when req is not nil, claims req's
 	// key in it like Store.Claim, marking a savepoint once the key is owned.
-	// A claim that waits longer than req.LockWait on the key's row held by
-	// another transaction is contention: it rolls back and returns a nil
-	// RouteTx, Won unset. Otherwise the transaction stays open, won or not
-	// (a loser may call RouteTx.Takeover); the caller ends it.
+	// A wait longer than req.LockWait on another transaction's row rolls
+	// back and returns a nil RouteTx, Won unset. Otherwise the transaction
+	// stays open, won or not (a loser may Takeover); the caller ends it.
 	BeginClaim(ctx context.Context, req *ClaimRequest) (RouteTx, ClaimResult, error)
 	// TxLockWaitBudget returns how long one claim with lock wait wait may
 	// wait on locks, every try counted: a route whose budget reaches
@@ -203,18 +199,15 @@ type RouteTx interface {
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Commit rolls back to the savepoint if s.Undo, checks the deferred
 	// constraints (ErrDeferredConstraint), writes s's record fenced on
-	// s.Fence, and commits; a nil s commits alone. An error before COMMIT
-	// leaves the transaction open, so the caller may Commit again with Undo
-	// and Failed; after any other error the caller calls Abort.
+	// s.Fence, and commits; a nil s commits alone. After an error before
+	// COMMIT the caller may Commit again with Undo and Failed; else Abort.
 	Commit(ctx context.Context, s *Settlement) error
 	// Abort rolls the whole transaction back, the claim included; called
 	// again, or after the end, it changes nothing.
 	Abort(ctx context.Context) error
-	// EndLease, after Abort of a transaction that ended under the handler
-	// (TxEnded), ends the lease of f's row now, outside the transaction,
-	// fenced and only while in_flight, so a retry answers
-	// idempotency_outcome_unknown; when nothing committed it returns
-	// ErrNotOwner (the key is free).
+	// EndLease, after Abort of a TxEnded transaction, ends the lease of f's
+	// row now, fenced and only while in_flight, so a retry answers
+	// idempotency_outcome_unknown; ErrNotOwner when nothing committed.
 	EndLease(ctx context.Context, f Fence) error
 }
 
@@ -241,11 +234,9 @@ const (
 	// TxAborted: a statement failed and the handler carried on; nothing more can
 	// be written in it.
 	TxAborted
-	// TxEnded: the transaction ended while the handler had it, and the connection
-	// is still there: the handler ran COMMIT or ROLLBACK itself, or the server
-	// rolled the transaction back (InnoDB on a deadlock). What it wrote, the claim
-	// included, may have committed; the lent transaction refuses every later call
-	// (ErrTxEnded).
+	// TxEnded: the transaction ended under the handler, its connection alive
+	// (the handler's COMMIT or ROLLBACK, or the server's rollback): the claim
+	// may have committed; every later call gets ErrTxEnded.
 	TxEnded
 	// TxClosed: the connection closed (a statement ran past the handler's deadline
 	// and pgx closed it, or the server ended the session): the server rolled
@@ -282,10 +273,9 @@ const (
 	ReasonOther              = "other"                // anything else
 )
 
-// StoreError is a store failure translated at the store boundary. It keeps
-// the operation and a short reason for logs and metrics; callers never see
-// driver types. errors.Is(err, ErrStoreUnavailable) holds for every
-// *StoreError.
+// StoreError is a store failure translated at the store boundary: the
+// operation and a short reason for logs and metrics, never a driver type.
+// errors.Is(err, ErrStoreUnavailable) holds for every *StoreError.
 type StoreError struct {
 	Op     string // claim, takeover, begin, commit, complete, fail, release, cleanup, erase, export
 	Reason string // one of the Reason constants

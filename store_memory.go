@@ -9,11 +9,10 @@ import (
 	"github.com/google/uuid"
 )
 
-// MemoryStore is a Store in one process's memory, with the Postgres
-// store's semantics and its own clock, for tests and single-process
-// programs: nothing is shared between processes or survives an exit, and
-// only MemoryMaxRows bounds its memory. It is safe for concurrent use; the
-// zero value is an empty store without a cap.
+// MemoryStore is a Store in one process's memory with the Postgres store's
+// semantics, for tests and single-process programs: nothing survives an
+// exit, and only MemoryMaxRows bounds it. It is safe for concurrent use;
+// the zero value is an empty store without a cap.
 type MemoryStore struct {
 	now     func() time.Time // the store's clock; nil means time.Now
 	maxRows int              // 0: no cap
@@ -57,11 +56,9 @@ func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
 // MemoryOption configures a MemoryStore built by NewMemoryStore.
 type MemoryOption func(*MemoryStore)
 
-// MemoryMaxRows caps the rows the store holds at n (0: no cap, the
-// default; negative panics). A new key in a full store first evicts the row
-// whose time ran out first, if cleanup could; otherwise it fails with
-// ReasonFull, 503 on every policy. A row takes about 600 bytes plus its
-// response.
+// MemoryMaxRows caps the rows at n (0: no cap, the default; negative
+// panics). A new key in a full store evicts the first-expired row Cleanup
+// could delete; without one it fails with ReasonFull (503 on every policy).
 func MemoryMaxRows(n int) MemoryOption {
 	if n < 0 {
 		panic(fmt.Sprintf("idempotency: MemoryMaxRows must not be negative, got %d", n))

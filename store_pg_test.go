@@ -18,7 +18,6 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
-	"github.com/idemkit/idempotency/internal/operator"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
@@ -516,78 +515,6 @@ func TestPostgresEraseRacingTakeover(t *testing.T) {
 	if left != 1 || o.res.Deleted != 0 || o.res.Skipped[0].ID != rec.ID || o.res.Skipped[0].Attempt != rec.Attempt+1 {
 		t.Fatalf("erase reported Deleted=%d Skipped=%+v with %d row(s) left; want the taken-over row skipped",
 			o.res.Deleted, o.res.Skipped, left)
-	}
-}
-
-// TestPostgresLookupAndStats: what the CLI's inspect, stats and cleanup
-// --dry-run read goes through the store's operator methods
-// (internal/operator): one key's rows by endpoint with the database's
-// clock, the table's counts, and the rows cleanup would delete.
-func TestPostgresLookupAndStats(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	s := idempotency.NewPostgresStore(testdb.New(t))
-	ops, ok := operator.For[idempotency.Record, idempotency.Fence](s)
-	if !ok {
-		t.Fatal("the Postgres store registered no operator methods")
-	}
-	type keyRows struct {
-		Records []idempotency.Record
-		Now     time.Time
-	}
-	lookup := func(key, scope, endpoint string) (keyRows, error) {
-		recs, now, err := ops.Lookup(ctx, key, scope, endpoint)
-		return keyRows{recs, now}, err
-	}
-
-	st, err := ops.Stats(ctx)
-	if err != nil || st != (operator.Stats{}) {
-		t.Fatalf("Stats of an empty table = %+v, %v", st, err)
-	}
-	if n, err := ops.CountCleanup(ctx); err != nil || n != 0 {
-		t.Errorf("CountCleanup of an empty table = %d, %v", n, err)
-	}
-	unknown, err := lookup(idempotencytest.NewKey(), "u", "")
-	if err != nil || len(unknown.Records) != 0 || unknown.Now.IsZero() {
-		t.Fatalf("Lookup of an unknown key = %+v, %v; want no record and the clock", unknown, err)
-	}
-
-	done := idempotencytest.Request("u", time.Hour, time.Hour)
-	rec := idempotencytest.MustClaim(t, s, done)
-	if err := s.Complete(ctx, rec.Fence(), rec, idempotency.Response{Status: 201, Body: []byte(`{"a":1}`), BodyKind: idempotency.BodyJSON}); err != nil {
-		t.Fatal(err)
-	}
-	other := done
-	other.Endpoint = "POST /other"
-	idempotencytest.MustClaim(t, s, other)
-	stale := idempotencytest.Request("u", time.Millisecond, time.Millisecond)
-	idempotencytest.MustClaim(t, s, stale)
-	idempotencytest.WaitFor(t, s, stale, "expired", func(r idempotency.Record) bool { return r.Expired && r.LeaseOver })
-
-	both, err := lookup(done.Key, "u", "")
-	if err != nil || len(both.Records) != 2 || both.Records[0].Endpoint != "POST /api/trading/orders" ||
-		both.Records[1].Endpoint != "POST /other" || both.Now.IsZero() {
-		t.Fatalf("Lookup of a key on two endpoints = %+v, %v", both, err)
-	}
-	if r := both.Records[0]; r.Status != idempotency.StatusCompleted || r.Response.Status != 201 ||
-		r.Response.BodyKind != idempotency.BodyJSON || string(r.Response.Body) != `{"a":1}` {
-		t.Errorf("Lookup's completed row = %+v", r)
-	}
-	one, err := lookup(done.Key, "u", "POST /other")
-	if err != nil || len(one.Records) != 1 || one.Records[0].Status != idempotency.StatusInFlight {
-		t.Errorf("Lookup on one endpoint = %+v, %v", one, err)
-	}
-	if none, err := lookup(done.Key, "v", ""); err != nil || len(none.Records) != 0 {
-		t.Errorf("Lookup in another scope = %+v, %v", none, err)
-	}
-
-	st, err = ops.Stats(ctx)
-	if err != nil || st.Total != 3 || st.InFlight != 2 || st.Completed != 1 || st.Failed != 0 ||
-		st.InFlightPastLease != 1 || st.AwaitingCleanup != 1 || st.OldestInFlightAge <= 0 || st.OldestExpiredAge <= 0 {
-		t.Errorf("Stats = %+v, %v", st, err)
-	}
-	if n, err := ops.CountCleanup(ctx); err != nil || n != 1 {
-		t.Errorf("CountCleanup = %d, %v; want 1", n, err)
 	}
 }
 

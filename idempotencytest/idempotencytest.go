@@ -55,8 +55,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
 // (ClaimRequest.Owner, Store.ReleaseOwner), Takeover, and
-// maintenance (Cleanup, Erase, ExportScope), the outage probe (Probe), and an operator's release of
-// one key (the CLI's; run for this module's stores only). Every subtest runs in parallel
+// maintenance (Cleanup, Erase, ExportScope) and the outage probe (Probe). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
 // schema or database), and release it with t.Cleanup.
@@ -71,6 +70,5 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	runOwner(t, setup)
 	runTakeover(t, setup)
 	runMaintenance(t, setup)
-	runRelease(t, setup)
 	runProbe(t, setup)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idempotencytest"
@@ -30,10 +28,7 @@ var benchBody = `{"symbol":"AAPL","side":"buy","qty":10}`
 // benchRoute is the ordinary order route over s, answering 201 with a JSON
 // order.
 func benchRoute(b *testing.B, s idempotency.Store) http.Handler {
-	mw, err := idempotency.New(s, idempotency.Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	mw := newMiddleware(b, s, idempotency.Config{})
 	route, err := mw.Route(idempotency.RouteConfig{})
 	if err != nil {
 		b.Fatal(err)
@@ -206,11 +201,7 @@ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`
 // benchOrderRoute is a transactional order route over s writing one row;
 // enabled false is the kill-switch off.
 func benchOrderRoute(b *testing.B, s idempotency.Store, enabled bool) http.Handler {
-	mw, err := idempotency.New(s, idempotency.Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler),
-		Enabled: func(context.Context) bool { return enabled }})
-	if err != nil {
-		b.Fatal(err)
-	}
+	mw := newMiddleware(b, s, idempotency.Config{Enabled: func(context.Context) bool { return enabled }})
 	route, err := mw.Route(idempotency.RouteConfig{Transactional: true})
 	if err != nil {
 		b.Fatal(err)

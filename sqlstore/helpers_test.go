@@ -3,17 +3,41 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/internal/testdb/mysqldb"
 	"github.com/idemkit/idempotency/sqlstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
+
+// newMiddleware is this package's one middleware builder: New over s with
+// cfg, quiet, its metrics in a registry of its own and the kill-switch on,
+// unless cfg says otherwise. It fails the test when New fails.
+func newMiddleware(t testing.TB, s idempotency.Store, cfg idempotency.Config) *idempotency.Middleware {
+	t.Helper()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Enabled == nil {
+		cfg.Enabled = func(context.Context) bool { return true }
+	}
+	mw, err := idempotency.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
 
 // mysqlDB is one test's MariaDB database: migrated, dropped when the
 // test ends.

@@ -6,20 +6,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/operator"
 )
-
-func init() {
-	operator.Register(func(store any) (any, bool) {
-		s, ok := store.(*Store)
-		if !ok {
-			return nil, false
-		}
-		return operator.Store[idempotency.Record, idempotency.Fence]{
-			Lookup: s.lookup, ReleaseKey: s.releaseKey, Stats: s.stats, CountCleanup: s.countCleanup,
-		}, true
-	})
-}
 
 // Cleanup implements idempotency.Store: one batch of at most limit
 // expired rows, never an in_flight row whose lease runs.
@@ -99,86 +86,6 @@ func (s *Store) records(ctx context.Context, x execer, stmt string, args ...any)
 		recs = append(recs, rec)
 	}
 	return recs, rows.Err()
-}
-
-// lookup is the operator's read of one key's rows (internal/operator).
-func (s *Store) lookup(ctx context.Context, key, scope, endpoint string) ([]idempotency.Record, time.Time, error) {
-	var (
-		recs []idempotency.Record
-		now  time.Time
-	)
-	err := s.withConn(ctx, func(c *sql.Conn) error {
-		rows, err := c.QueryContext(ctx, s.st.lookup, key, scope, endpoint, endpoint)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var rec idempotency.Record
-			if err := scanRecord(rows, &rec, nil, dbTime{&now}); err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-		}
-		if err := rows.Err(); err != nil || !now.IsZero() {
-			return err
-		}
-		return c.QueryRowContext(ctx, s.st.now).Scan(dbTime{&now})
-	})
-	if err != nil {
-		return nil, time.Time{}, s.storeError("lookup", err)
-	}
-	return recs, now, nil
-}
-
-// releaseKey is the operator's release of one stuck key.
-func (s *Store) releaseKey(ctx context.Context, f idempotency.Fence) (bool, error) {
-	var n int64
-	err := s.withConn(ctx, func(c *sql.Conn) error {
-		r, err := c.ExecContext(ctx, s.st.releaseKey, s.fenceArgs(f)...)
-		if err == nil {
-			n, err = r.RowsAffected()
-		}
-		return err
-	})
-	if err != nil {
-		return false, s.storeError("release", err)
-	}
-	return n == 1, nil
-}
-
-// stats counts the table in one read.
-func (s *Store) stats(ctx context.Context) (operator.Stats, error) {
-	var st operator.Stats
-	var oldestInFlight, oldestExpired float64
-	err := s.withConn(ctx, func(c *sql.Conn) error {
-		return c.QueryRowContext(ctx, s.st.stats).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
-			&oldestInFlight, &st.InFlightPastLease, &st.AwaitingCleanup, &oldestExpired)
-	})
-	if err != nil {
-		return operator.Stats{}, s.storeError("stats", err)
-	}
-	st.OldestInFlightAge, st.OldestExpiredAge = s.statsAge(oldestInFlight), s.statsAge(oldestExpired)
-	return st, nil
-}
-
-// statsAge is an age the stats statement computed: microseconds on MySQL,
-// seconds on PostgreSQL.
-func (s *Store) statsAge(v float64) time.Duration {
-	if s.d.name == PostgreSQL {
-		return time.Duration(v * float64(time.Second))
-	}
-	return time.Duration(v) * time.Microsecond
-}
-
-// countCleanup counts the rows Cleanup would delete now.
-func (s *Store) countCleanup(ctx context.Context) (int64, error) {
-	var n int64
-	err := s.withConn(ctx, func(c *sql.Conn) error { return c.QueryRowContext(ctx, s.st.countCleanup).Scan(&n) })
-	if err != nil {
-		return 0, s.storeError("cleanup", err)
-	}
-	return n, nil
 }
 
 // cleanupOn deletes one batch on c.

@@ -70,26 +70,12 @@ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		// One batch, earliest expiry first. ? limit.
 		cleanup: q(`DELETE FROM T_ WHERE expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)
 ORDER BY expires_at LIMIT ?`),
-		countCleanup: q(`SELECT COUNT(*) FROM T_ WHERE expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)`),
-		now:          q(`SELECT NOW_`),
+		now: q(`SELECT NOW_`),
 		// ? scope, now.
 		eraseDelete: q(`DELETE FROM T_ WHERE scope_user_id = ? AND NOT (status = 'in_flight' AND locked_until >= ?)`),
 		eraseKept: q(`SELECT COLS_, FALSE FROM T_ WHERE scope_user_id = ? AND status = 'in_flight' AND locked_until >= ?
 ORDER BY created_at, id`),
-		export: q(`SELECT COLS_, FALSE FROM T_ WHERE scope_user_id = ? ORDER BY created_at, id`),
-		// ? key, scope, endpoint ("" for all), endpoint.
-		lookup: q(`SELECT COLS_, FALSE, NOW_ FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND (? = '' OR scope_endpoint = ?)
-ORDER BY scope_endpoint`),
-		// ? id, scope, attempt.
-		releaseKey: q(`DELETE FROM T_ WHERE id = ? AND scope_user_id = ? AND attempt = ?
-	AND (status = 'failed' OR status = 'in_flight' AND locked_until < NOW_)`),
-		stats: q(`SELECT COUNT(*),
-	COALESCE(SUM(status = 'in_flight'), 0), COALESCE(SUM(status = 'completed'), 0), COALESCE(SUM(status = 'failed'), 0),
-	COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'in_flight' THEN locked_at END), NOW_), 0),
-	COALESCE(SUM(status = 'in_flight' AND locked_until < NOW_), 0),
-	COALESCE(SUM(expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)), 0),
-	COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_) THEN expires_at END), NOW_), 0)
-FROM T_`),
+		export:            q(`SELECT COLS_, FALSE FROM T_ WHERE scope_user_id = ? ORDER BY created_at, id`),
 		savepoint:         `SAVEPOINT idempotency_claim`,
 		rollbackSavepoint: `ROLLBACK TO SAVEPOINT idempotency_claim`,
 	}

@@ -3,7 +3,6 @@ package sqlstore_test
 import (
 	"database/sql"
 	"io"
-	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -27,10 +26,7 @@ type outageRoutes struct {
 
 func newOutageRoutes(t *testing.T, s idempotency.Store) *outageRoutes {
 	t.Helper()
-	mw, err := idempotency.New(s, idempotency.Config{StoreTimeout: 300 * time.Millisecond, Lease: 3 * time.Second, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw := newMiddleware(t, s, idempotency.Config{StoreTimeout: 300 * time.Millisecond, Lease: 3 * time.Second})
 	o := &outageRoutes{}
 	orders, err := mw.Route(idempotency.RouteConfig{Transactional: true})
 	if err != nil {

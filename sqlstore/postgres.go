@@ -86,24 +86,11 @@ WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 A
 DELETE FROM T_ t USING batch b
 WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
 	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`),
-		countCleanup: q(`SELECT count(*) FROM T_ WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`),
-		now:          `SELECT now()`,
-		eraseDelete:  q(`DELETE FROM T_ WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= $2)`),
+		now:         `SELECT now()`,
+		eraseDelete: q(`DELETE FROM T_ WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= $2)`),
 		eraseKept: q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 AND status = 'in_flight' AND locked_until >= $2
 ORDER BY created_at, id`),
-		export: q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 ORDER BY created_at, id`),
-		// $1 key, $2 scope, $3 endpoint ("" for all), $4 endpoint.
-		lookup: q(`SELECT STORED_, FLAGS_, false, now() FROM T_ WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text = '' OR scope_endpoint = $4)
-ORDER BY scope_endpoint`),
-		releaseKey: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND attempt = $3
-	AND (status = 'failed' OR status = 'in_flight' AND locked_until < now())`),
-		stats: q(`SELECT count(*),
-	count(*) FILTER (WHERE status = 'in_flight'), count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'failed'),
-	COALESCE(extract(epoch FROM now() - min(locked_at) FILTER (WHERE status = 'in_flight'))::float8, 0),
-	count(*) FILTER (WHERE status = 'in_flight' AND locked_until < now()),
-	count(*) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())),
-	COALESCE(extract(epoch FROM now() - min(expires_at) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())))::float8, 0)
-FROM T_`),
+		export:            q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 ORDER BY created_at, id`),
 		savepoint:         `SAVEPOINT idempotency_claim`,
 		rollbackSavepoint: `ROLLBACK TO SAVEPOINT idempotency_claim`,
 	}

@@ -19,11 +19,7 @@ import (
 // orderRoute wraps h in a transactional, fail-closed route over s.
 func orderRoute(t testing.TB, s idempotency.Store, h http.HandlerFunc) http.Handler {
 	t.Helper()
-	mw, err := idempotency.New(s, idempotency.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	route, err := mw.Route(idempotency.RouteConfig{Transactional: true})
+	route, err := newMiddleware(t, s, idempotency.Config{}).Route(idempotency.RouteConfig{Transactional: true})
 	if err != nil {
 		t.Fatal(err)
 	}

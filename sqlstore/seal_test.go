@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -22,7 +21,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/operator"
 	"github.com/idemkit/idempotency/sqlstore"
 )
 
@@ -141,17 +139,12 @@ type sealRig struct {
 func newSealRig(t *testing.T, d sealDialect, store idempotency.Store) *sealRig {
 	t.Helper()
 	rg := &sealRig{}
-	mw, err := idempotency.New(store, idempotency.Config{
-		Enabled: func(context.Context) bool { return true },
-		Logger:  slog.New(slog.DiscardHandler), // every tampered row logs an ERROR
+	mw := newMiddleware(t, store, idempotency.Config{ // quiet: every tampered row logs an ERROR
 		Scope: func(ctx context.Context) string {
 			r, _ := idempotency.RequestFromContext(ctx)
 			return r.Header.Get("X-User")
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := rg.calls.Add(1)
 		secret := r.Header.Get("X-Secret")
@@ -379,28 +372,16 @@ func TestSealedSQLTampering(t *testing.T) {
 	})
 }
 
-// optionalParts reports whether s is a TxStore, and whether the CLI's
-// operator access (internal/operator) resolves it.
-func optionalParts(s idempotency.Store) [2]bool {
-	_, tx := s.(idempotency.TxStore)
-	_, ops := operator.For[idempotency.Record, idempotency.Fence](s)
-	return [2]bool{tx, ops}
-}
-
 // TestSealedSQLInterfaces: the sealing store over the database/sql store
-// is a TxStore with operator access, as the store is, on each dialect, and each reaches
-// the inner store (a schema check passes, an operator lookup finds the
-// row and opens it, the lock-wait budget is the inner store's).
+// is a TxStore, as the store is, on each dialect, and each reaches the
+// inner store (a schema check passes, an export finds the row and opens
+// it, the lock-wait budget is the inner store's).
 func TestSealedSQLInterfaces(t *testing.T) {
 	t.Parallel()
 	sealDialects(t, func(t *testing.T, d sealDialect) {
 		s := sealingOf(t, d.inner, testSealKeys(t, "k1"))
-		want := [2]bool{true, true}
-		if got := optionalParts(d.inner); got != want {
-			t.Fatalf("the database/sql store has %v, want %v", got, want)
-		}
-		if got := optionalParts(s); got != want {
-			t.Fatalf("the sealing store over it has %v, want %v (TxStore, operator)", got, want)
+		if _, ok := s.(idempotency.TxStore); !ok {
+			t.Fatal("the sealing store over the database/sql store is no TxStore")
 		}
 		ctx := t.Context()
 		if err := s.Check(ctx); err != nil {
@@ -415,10 +396,9 @@ func TestSealedSQLInterfaces(t *testing.T) {
 		if w := sealSend(rg.closed, "", key, secret); w.Code != http.StatusCreated {
 			t.Fatalf("order: %d %s", w.Code, w.Body)
 		}
-		ops, _ := operator.For[idempotency.Record, idempotency.Fence](s)
-		recs, _, err := ops.Lookup(ctx, key, "", "orders")
-		if err != nil || len(recs) != 1 || recs[0].Response.SealKeyID != "" || !strings.Contains(string(recs[0].Response.Body), secret) {
-			t.Fatalf("operator lookup through the sealing store: %+v, %v; want the row, opened", recs, err)
+		recs, err := s.ExportScope(ctx, "")
+		if err != nil || len(recs) != 1 || recs[0].Key != key || recs[0].Response.SealKeyID != "" || !strings.Contains(string(recs[0].Response.Body), secret) {
+			t.Fatalf("export through the sealing store: %+v, %v; want the row, opened", recs, err)
 		}
 	})
 }

@@ -63,8 +63,8 @@ var (
 // statements are a dialect's statements for one qualified table.
 type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
-	cleanup, countCleanup, now, eraseDelete, eraseKept, export, lookup       string
-	releaseKey, stats, savepoint, rollbackSavepoint, endLease                string
+	cleanup, now, eraseDelete, eraseKept, export                             string
+	savepoint, rollbackSavepoint, endLease                                   string
 }
 
 // dialect is what differs between the databases beyond the statements.

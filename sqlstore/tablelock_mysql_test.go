@@ -3,7 +3,6 @@ package sqlstore_test
 import (
 	"database/sql"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -51,10 +50,7 @@ func testTableLock(t *testing.T, params string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idempotency.New(s, idempotency.Config{StoreTimeout: 3 * time.Second, Lease: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw := newMiddleware(t, s, idempotency.Config{StoreTimeout: 3 * time.Second, Lease: 10 * time.Second})
 	var ran atomic.Int32
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ran.Add(1)

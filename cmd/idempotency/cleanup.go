@@ -59,7 +59,7 @@ func runCleanup(ctx context.Context, c *cli, args []string) error {
 	if *dryRun {
 		sctx, cancel := c.statementContext(ctx)
 		defer cancel()
-		n, err := db.ops().CountCleanup(sctx)
+		n, err := db.countCleanup(sctx)
 		if err != nil {
 			return c.dbError(ctx, "count expired keys", err)
 		}

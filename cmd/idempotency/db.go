@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/operator"
 )
 
 // connectTimeout bounds connecting to each address of the server, unless
@@ -19,25 +18,8 @@ import (
 const connectTimeout = 5 * time.Second
 
 // table names the table in messages; every command reads it through the
-// library (PostgresStore, its operator methods, migrations).
+// library (PostgresStore, migrations) or plain SQL (rows.go, list.go).
 const table = "idempotency_keys"
-
-// operatorOf returns the operator methods of the Postgres store on pool
-// (internal/operator: the CLI's own access to the table beyond the Store
-// interface).
-func operatorOf(pool *pgxpool.Pool) operator.Store[idempotency.Record, idempotency.Fence] {
-	return operatorFor(idempotency.NewPostgresStore(pool))
-}
-
-// operatorFor returns the operator methods of store: the Postgres store,
-// or a sealing store around it (readStore), whose lookup opens what it can.
-func operatorFor(store idempotency.Store) operator.Store[idempotency.Record, idempotency.Fence] {
-	ops, ok := operator.For[idempotency.Record, idempotency.Fence](store)
-	if !ok {
-		panic(fmt.Sprintf("idempotency: %T registered no operator methods", store))
-	}
-	return ops
-}
 
 // open resolves a PostgreSQL database URL, connects and checks that the server
 // answers. A missing or malformed URL is a usage error. The caller closes

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/operator"
 	"github.com/idemkit/idempotency/sqlstore"
 )
 
@@ -32,11 +31,6 @@ func (d *database) Close() {
 	if d.sqlDB != nil {
 		_ = d.sqlDB.Close()
 	}
-}
-
-// ops returns the store's operator methods.
-func (d *database) ops() operator.Store[idempotency.Record, idempotency.Fence] {
-	return operatorFor(d.store)
 }
 
 // sealStats reads sealStatsSQL, which both dialects run as it is.

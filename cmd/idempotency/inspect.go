@@ -114,7 +114,7 @@ func runInspect(ctx context.Context, c *cli, args []string) error {
 func (c *cli) showKey(ctx context.Context, d *database, keys []string, scope string, endpoint optString, showBody bool) error {
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	store, err := c.readStore(sctx, d.store)
+	ring, err := c.sealKeys()
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func (c *cli) showKey(ctx context.Context, d *database, keys []string, scope str
 		now time.Time
 	)
 	for _, k := range keys { // a UUID's two stored forms
-		found, at, err := operatorFor(store).Lookup(sctx, k, scope, endpoint.v)
+		found, at, err := d.lookup(sctx, ring, k, scope, endpoint.v)
 		if err != nil {
 			return c.dbError(ctx, "read the key", err)
 		}

@@ -93,7 +93,7 @@ func runRelease(ctx context.Context, c *cli, args []string) error {
 	}
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	released, err := d.ops().ReleaseKey(sctx, rec.Fence())
+	released, err := d.releaseKey(sctx, rec.Fence())
 	if err != nil {
 		return c.dbError(ctx, "release the key", err)
 	}
@@ -121,7 +121,7 @@ func (c *cli) releaseRow(ctx context.Context, d *database, keys []string, scope 
 	var recs []idempotency.Record
 	for _, k := range keys {
 		sctx, cancel := c.statementContext(ctx)
-		found, _, err := d.ops().Lookup(sctx, k, scope, endpoint.v)
+		found, _, err := d.lookup(sctx, nil, k, scope, endpoint.v)
 		cancel()
 		if err != nil {
 			return idempotency.Record{}, c.dbError(ctx, "read the key", err)

@@ -100,8 +100,8 @@ func TestReleaseFenced(t *testing.T) {
 	key := newKey()
 	rec := db.claim(t, key, "7", "POST /x", time.Hour, time.Millisecond)
 	db.waitRows(t, 1, "status = 'in_flight' AND locked_until < now()")
-	ops := operatorOf(db.pool)
-	recs, _, err := ops.Lookup(ctx, key, "7", "")
+	d := &database{pool: db.pool}
+	recs, _, err := d.lookup(ctx, nil, key, "7", "")
 	if err != nil || len(recs) != 1 || !releasable(recs[0]) {
 		t.Fatalf("Lookup: %+v, %v", recs, err)
 	}
@@ -109,7 +109,7 @@ func TestReleaseFenced(t *testing.T) {
 	if err := db.store.Complete(ctx, rec.Fence(), rec, rawResp()); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := ops.ReleaseKey(ctx, recs[0].Fence()); err != nil || ok {
+	if ok, err := d.releaseKey(ctx, recs[0].Fence()); err != nil || ok {
 		t.Fatalf("ReleaseKey of a row completed since it was read: %v, %v; want false", ok, err)
 	}
 	if db.count(t, "idem_key = $1 AND status = 'completed'", key) != 1 {

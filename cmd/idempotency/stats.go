@@ -9,8 +9,6 @@ import (
 	"slices"
 	"text/tabwriter"
 	"time"
-
-	"github.com/idemkit/idempotency/internal/operator"
 )
 
 func statsHelp(w io.Writer) {
@@ -65,7 +63,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 
 	sctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	st, err := db.ops().Stats(sctx)
+	st, err := db.stats(sctx)
 	if err != nil {
 		return c.dbError(ctx, "count keys", err)
 	}
@@ -102,7 +100,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 
 // newStatsJSON converts the store's counts; an age is null when nothing is
 // counted for it.
-func newStatsJSON(st operator.Stats) statsJSON {
+func newStatsJSON(st tableStats) statsJSON {
 	var s statsJSON
 	s.Total = st.Total
 	s.ByStatus.InFlight, s.ByStatus.Completed, s.ByStatus.Failed = st.InFlight, st.Completed, st.Failed
