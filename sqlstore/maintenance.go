@@ -93,12 +93,21 @@ func (s *Store) records(ctx context.Context, x execer, stmt string, args ...any)
 	var recs []idempotency.Record
 	for rows.Next() {
 		var rec idempotency.Record
-		if err := scanRecord(rows, &rec, nil); err != nil {
+		if err := s.scanListed(rows, &rec); err != nil {
 			return nil, err
 		}
 		recs = append(recs, rec)
 	}
 	return recs, rows.Err()
+}
+
+// scanListed reads a row of export, eraseKept or lookup, and extra, into
+// rec: pgsql.Columns on PostgreSQL, COLS_ and won on MySQL.
+func (s *Store) scanListed(row interface{ Scan(...any) error }, rec *idempotency.Record, extra ...any) error {
+	if s.d.name == PostgreSQL {
+		return scanColumns(row, rec, extra...)
+	}
+	return scanRecord(row, rec, nil, extra...)
 }
 
 // lookup is the operator's read of one key's rows (internal/operator).
@@ -108,14 +117,18 @@ func (s *Store) lookup(ctx context.Context, key, scope, endpoint string) ([]idem
 		now  time.Time
 	)
 	err := s.withConn(ctx, func(c *sql.Conn) error {
-		rows, err := c.QueryContext(ctx, s.st.lookup, key, scope, endpoint, endpoint)
+		args := []any{key, scope, endpoint, endpoint}
+		if s.d.name == PostgreSQL { // pgsql.LookupSQL: NULL for every endpoint
+			args = []any{key, scope, sql.NullString{String: endpoint, Valid: endpoint != ""}}
+		}
+		rows, err := c.QueryContext(ctx, s.st.lookup, args...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var rec idempotency.Record
-			if err := scanRecord(rows, &rec, nil, dbTime{&now}); err != nil {
+			if err := s.scanListed(rows, &rec, dbTime{&now}); err != nil {
 				return err
 			}
 			recs = append(recs, rec)
@@ -150,7 +163,7 @@ func (s *Store) releaseKey(ctx context.Context, f idempotency.Fence) (bool, erro
 // stats counts the table in one read.
 func (s *Store) stats(ctx context.Context) (operator.Stats, error) {
 	var st operator.Stats
-	var oldestInFlight, oldestExpired float64
+	var oldestInFlight, oldestExpired sql.NullFloat64 // NULL: none
 	err := s.withConn(ctx, func(c *sql.Conn) error {
 		return c.QueryRowContext(ctx, s.st.stats).Scan(&st.Total, &st.InFlight, &st.Completed, &st.Failed,
 			&oldestInFlight, &st.InFlightPastLease, &st.AwaitingCleanup, &oldestExpired)
@@ -158,7 +171,7 @@ func (s *Store) stats(ctx context.Context) (operator.Stats, error) {
 	if err != nil {
 		return operator.Stats{}, s.storeError("stats", err)
 	}
-	st.OldestInFlightAge, st.OldestExpiredAge = s.statsAge(oldestInFlight), s.statsAge(oldestExpired)
+	st.OldestInFlightAge, st.OldestExpiredAge = s.statsAge(oldestInFlight.Float64), s.statsAge(oldestExpired.Float64)
 	return st, nil
 }
 
@@ -183,9 +196,6 @@ func (s *Store) countCleanup(ctx context.Context) (int64, error) {
 
 // cleanupOn deletes one batch on c.
 func (s *Store) cleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64, error) {
-	if s.d.name == PostgreSQL {
-		return s.pgCleanupOn(ctx, c, limit)
-	}
 	r, err := c.ExecContext(ctx, s.st.cleanup, limit)
 	if err != nil {
 		return 0, err

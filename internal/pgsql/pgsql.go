@@ -1,8 +1,31 @@
 // Package pgsql holds the PostgreSQL statements of the pgx store
 // (PostgresStore in the root package), written once: the store sends them,
-// the bench reads them. Every statement names the table idempotency_keys;
-// the store schema-qualifies it before sending.
+// sqlstore's PostgreSQL dialect sends them through database/sql, the bench
+// reads them. Every statement names the table idempotency_keys; a store
+// schema-qualifies it before sending (Qualify).
 package pgsql
+
+import (
+	"regexp"
+	"strings"
+)
+
+// Table is the table's name as the statements are written.
+const Table = "idempotency_keys"
+
+// tableName matches Table where a statement names it: as an identifier,
+// or as a literal (pg_get_serial_sequence's argument).
+var tableName = regexp.MustCompile(`'` + Table + `'|\b` + Table + `\b`)
+
+// Qualify returns sql naming table wherever it names Table.
+func Qualify(sql, table string) string {
+	return tableName.ReplaceAllStringFunc(sql, func(m string) string {
+		if m[0] == '\'' {
+			return "'" + strings.ReplaceAll(table, "'", "''") + "'"
+		}
+		return table
+	})
+}
 
 // StoredColumns are a row's columns as stored, in the order scanRecord
 // reads them.
@@ -167,6 +190,33 @@ const DeleteExpiredSQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $1
 	AND (idem_key, scope_endpoint) IN (SELECT * FROM unnest($2::text[], $3::text[]))
 	AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
+
+// CleanupSQL is ExpiredBatchSQL and its delete in one statement, for a
+// store outside Citus (sqlstore's PostgreSQL dialect): the delete repeats
+// the predicate, as DeleteExpiredSQL does.
+//
+// $1 batch size.
+const CleanupSQL = `WITH batch AS (
+` + ExpiredBatchSQL + `
+)
+DELETE FROM idempotency_keys t USING batch b
+WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
+	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`
+
+// EraseDeleteSQL and EraseKeptSQL are DeleteScopeSQL in two statements,
+// both at one instant read before them ($2), for a store whose driver
+// cannot scan DeleteScopeSQL's NULL record (sqlstore, in one transaction).
+//
+// $1 scope, $2 the instant.
+const EraseDeleteSQL = `DELETE FROM idempotency_keys
+WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= $2)`
+
+// EraseKeptSQL reads the rows EraseDeleteSQL kept, oldest first.
+//
+// $1 scope, $2 the instant.
+const EraseKeptSQL = `SELECT ` + Columns + ` FROM idempotency_keys
+WHERE scope_user_id = $1 AND status = 'in_flight' AND locked_until >= $2
+ORDER BY created_at, id`
 
 // DeleteScopeSQL erases a user scope and reports the rows it left, in one
 // statement: the DELETE and the SELECT share one snapshot and one now(), so
