@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/idemkit/idempotency"
 )
@@ -27,17 +26,10 @@ type execer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// dur is d as the statements bind an interval.
-func (s *Store) dur(d time.Duration) any {
-	if s.d.name == PostgreSQL {
-		return pgInterval(d)
-	}
-	return mysqlMicros(d)
-}
-
-// insertArgs are the insert statement's arguments for req.
+// insertArgs are the MySQL insert statement's arguments for req
+// (PostgreSQL's: pgClaimArgs).
 func (s *Store) insertArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req)}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req)}
 }
 
 // Claim implements idempotency.Store: a plain INSERT of the in_flight row;
@@ -156,7 +148,7 @@ func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, r
 		}
 		return idempotency.ClaimResult{Won: err == nil, Record: rec}, err
 	}
-	args := append([]any{s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req)}, s.fenceArgs(f)...)
+	args := append([]any{s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req)}, s.fenceArgs(f)...)
 	r, err := x.ExecContext(ctx, bounded+s.st.takeover, args...)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
