@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"regexp"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -107,21 +105,10 @@ func (s *PostgresStore) probe(ctx context.Context) error {
 // of that name, a second copy of every key.
 
 // pgTable is the table's name as the statements are written.
-const pgTable = "idempotency_keys"
-
-// pgTableName matches the table's name where a statement names it: as an
-// identifier, or as a literal (pg_get_serial_sequence's argument).
-var pgTableName = regexp.MustCompile(`'` + pgTable + `'|\b` + pgTable + `\b`)
+const pgTable = pgsql.Table
 
 // qualify returns sql naming table wherever it names pgTable.
-func qualify(sql, table string) string {
-	return pgTableName.ReplaceAllStringFunc(sql, func(m string) string {
-		if m[0] == '\'' {
-			return "'" + strings.ReplaceAll(table, "'", "''") + "'"
-		}
-		return table
-	})
-}
+func qualify(sql, table string) string { return pgsql.Qualify(sql, table) }
 
 // pgStatements is every SQL statement the Postgres store sends, by the
 // name of its constant, but for Check's privilege probe (pgProbe): the
@@ -154,12 +141,8 @@ var pgStatements = map[string]string{
 	"pgsql.TableSQL":               pgsql.TableSQL,
 	"pgsql.TxClaimSQL":             pgsql.TxClaimSQL,
 	"pgsql.TxReadSQL":              pgsql.TxReadSQL,
-	"pgsql.LookupSQL":              pgsql.LookupSQL,
 	"pgsql.NowSQL":                 pgsql.NowSQL,
 	"pgsql.ProbeSQL":               pgsql.ProbeSQL,
-	"pgsql.StatsSQL":               pgsql.StatsSQL,
-	"pgsql.CountCleanupSQL":        pgsql.CountCleanupSQL,
-	"pgsql.ReleaseKeySQL":          pgsql.ReleaseKeySQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.

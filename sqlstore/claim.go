@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/idemkit/idempotency"
 )
@@ -27,17 +26,10 @@ type execer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// dur is d as the statements bind an interval.
-func (s *Store) dur(d time.Duration) any {
-	if s.d.name == PostgreSQL {
-		return pgInterval(d)
-	}
-	return mysqlMicros(d)
-}
-
-// insertArgs are the insert statement's arguments for req.
+// insertArgs are the MySQL insert statement's arguments for req
+// (PostgreSQL's: pgClaimArgs).
 func (s *Store) insertArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req)}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req)}
 }
 
 // Claim implements idempotency.Store: a plain INSERT of the in_flight row;
@@ -112,7 +104,11 @@ func (s *Store) insertOn(ctx context.Context, x execer, req idempotency.ClaimReq
 
 // readKeyOn reads req's row; found is false when there is none.
 func (s *Store) readKeyOn(ctx context.Context, x execer, req idempotency.ClaimRequest, locking string) (rec idempotency.Record, won, found bool, err error) {
-	err = scanRecord(x.QueryRowContext(ctx, s.st.readKey+locking, s.ownerArg(req), req.Key, req.Scope, req.Endpoint), &rec, &won)
+	if s.d.name == PostgreSQL { // pgsql.TxReadSQL: never won (ClaimSQL wins its own claim)
+		err = scanClaim(x.QueryRowContext(ctx, s.st.readKey+locking, req.Key, req.Scope, req.Endpoint), req, &rec, &won)
+	} else {
+		err = scanRecord(x.QueryRowContext(ctx, s.st.readKey+locking, s.ownerArg(req), req.Key, req.Scope, req.Endpoint), &rec, &won)
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.Record{}, false, false, nil
 	}
@@ -143,15 +139,16 @@ func (s *Store) Takeover(ctx context.Context, f idempotency.Fence, req idempoten
 // takeoverOn runs the fenced takeover of f on x (bounded, a prefix for
 // the statement) and reads the row back.
 func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, req idempotency.ClaimRequest, bounded string) (idempotency.ClaimResult, error) {
-	args := append([]any{s.hashArg(req.RequestHash), s.dur(req.Lease), s.dur(req.TTL), s.ownerArg(req)}, s.fenceArgs(f)...)
 	var rec idempotency.Record
 	if s.d.name == PostgreSQL { // UPDATE ... RETURNING: id is not indexed there
-		err := scanRecord(x.QueryRowContext(ctx, s.st.takeover, args...), &rec, nil)
+		args := []any{f.ID, f.Attempt, f.Scope, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), f.Key, f.Endpoint}
+		err := scanColumns(x.QueryRowContext(ctx, s.st.takeover, args...), &rec)
 		if errors.Is(err, sql.ErrNoRows) {
 			return idempotency.ClaimResult{}, nil
 		}
 		return idempotency.ClaimResult{Won: err == nil, Record: rec}, err
 	}
+	args := append([]any{s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req)}, s.fenceArgs(f)...)
 	r, err := x.ExecContext(ctx, bounded+s.st.takeover, args...)
 	if err != nil {
 		return idempotency.ClaimResult{}, err
@@ -165,14 +162,24 @@ func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, r
 	return idempotency.ClaimResult{Won: true, Record: rec}, nil
 }
 
-// fenceArgs are a fenced statement's last arguments: the row's id, scope
-// and attempt, and on PostgreSQL its key and endpoint (the primary key
-// there; id is not indexed).
+// fenceArgs are a fenced statement's arguments: on MySQL the row's id,
+// scope and attempt (its last arguments); on PostgreSQL pgsql's id,
+// attempt, scope, key and endpoint (the primary key there; id is not
+// indexed).
 func (s *Store) fenceArgs(f idempotency.Fence) []any {
 	if s.d.name == PostgreSQL {
-		return []any{f.ID, f.Scope, f.Attempt, f.Key, f.Endpoint}
+		return []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint}
 	}
 	return []any{f.ID, f.Scope, f.Attempt}
+}
+
+// recordArgs are the complete statement's arguments: the response's
+// columns and the fence, in the dialect's order.
+func (s *Store) recordArgs(f idempotency.Fence, status int, body, raw, headers, seal any) []any {
+	if s.d.name == PostgreSQL { // pgsql.CompleteSQL
+		return []any{f.ID, f.Attempt, f.Scope, status, pgBytes(body), raw, pgBytes(headers), seal, f.Key, f.Endpoint}
+	}
+	return append([]any{status, body, raw, headers, seal}, s.fenceArgs(f)...)
 }
 
 // hashArg is a request hash as bound: its hex (PostgreSQL decodes it to
@@ -185,10 +192,7 @@ func (s *Store) Complete(ctx context.Context, f idempotency.Fence, _ idempotency
 	if err != nil {
 		return err
 	}
-	if s.d.name == PostgreSQL {
-		body, headers = pgBytes(body), pgBytes(headers)
-	}
-	return s.fenced(ctx, "complete", s.st.complete, append([]any{resp.Status, body, raw, headers, seal}, s.fenceArgs(f)...)...)
+	return s.fenced(ctx, "complete", s.st.complete, s.recordArgs(f, resp.Status, body, raw, headers, seal)...)
 }
 
 // Fail implements idempotency.Store.

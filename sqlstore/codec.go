@@ -49,30 +49,49 @@ type rowValues struct {
 	body, raw, headers   []byte
 	sealKeyID            sql.NullString
 	expired, leaseOver   bool
-	won                  bool
 	created, locked      time.Time
 	lockedUntil, expires time.Time
 }
 
-// scanRecord reads the statements' COLS_ and won, and extra, into rec.
+// scanRecord reads the MySQL statements' COLS_ and won, and extra, into
+// rec.
 func scanRecord(row interface{ Scan(...any) error }, rec *idempotency.Record, won *bool, extra ...any) error {
+	w := new(bool)
+	if won != nil {
+		w = won
+	}
+	return scanRow(row, rec, []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint}, append([]any{w}, extra...)...)
+}
+
+// scanColumns reads pgsql.Columns, and extra, into rec.
+func scanColumns(row interface{ Scan(...any) error }, rec *idempotency.Record, extra ...any) error {
+	return scanRow(row, rec, []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint}, extra...)
+}
+
+// scanClaim reads pgsql.ClaimColumns and the won flag into rec; the key,
+// scope and endpoint, which the claim knows, are req's.
+func scanClaim(row interface{ Scan(...any) error }, req idempotency.ClaimRequest, rec *idempotency.Record, won *bool) error {
+	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
+	return scanRow(row, rec, []any{&rec.ID}, won)
+}
+
+// scanRow reads head (the columns before request_hash), the stored
+// columns from request_hash on, the two flags and tail into rec.
+func scanRow(row interface{ Scan(...any) error }, rec *idempotency.Record, head []any, tail ...any) error {
 	var v rowValues
 	var status string
 	var hash []byte
-	dest := []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &hash, &status, &rec.Attempt,
+	dest := append(head, &hash, &status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		dbTime{&v.created}, dbTime{&v.locked}, dbTime{&v.lockedUntil}, dbTime{&v.expires},
-		&v.expired, &v.leaseOver, &v.won}
-	if err := row.Scan(append(dest, extra...)...); err != nil {
+		&v.expired, &v.leaseOver)
+	if err := row.Scan(append(dest, tail...)...); err != nil {
 		return err
 	}
 	rec.RequestHash = hashText(hash)
 	rec.Status = idempotency.Status(status)
 	rec.CreatedAt, rec.LockedAt, rec.LockedUntil, rec.ExpiresAt = v.created, v.locked, v.lockedUntil, v.expires
 	rec.Expired, rec.LeaseOver = v.expired, v.leaseOver
-	if won != nil {
-		*won = v.won
-	}
 	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers, v.sealKeyID)
 	rec.Response = resp
 	return err

@@ -80,7 +80,7 @@ func (s *Store) records(ctx context.Context, x execer, stmt string, args ...any)
 	var recs []idempotency.Record
 	for rows.Next() {
 		var rec idempotency.Record
-		if err := scanRecord(rows, &rec, nil); err != nil {
+		if err := s.scanListed(rows, &rec); err != nil {
 			return nil, err
 		}
 		recs = append(recs, rec)
@@ -88,11 +88,17 @@ func (s *Store) records(ctx context.Context, x execer, stmt string, args ...any)
 	return recs, rows.Err()
 }
 
+// scanListed reads a row of export or eraseKept, and extra, into
+// rec: pgsql.Columns on PostgreSQL, COLS_ and won on MySQL.
+func (s *Store) scanListed(row interface{ Scan(...any) error }, rec *idempotency.Record, extra ...any) error {
+	if s.d.name == PostgreSQL {
+		return scanColumns(row, rec, extra...)
+	}
+	return scanRecord(row, rec, nil, extra...)
+}
+
 // cleanupOn deletes one batch on c.
 func (s *Store) cleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64, error) {
-	if s.d.name == PostgreSQL {
-		return s.pgCleanupOn(ctx, c, limit)
-	}
 	r, err := c.ExecContext(ctx, s.st.cleanup, limit)
 	if err != nil {
 		return 0, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/pgsql"
 )
 
 // The PostgreSQL dialect: the pgx store's table and statements, through a
@@ -18,105 +19,36 @@ import (
 // qualified by the schema New resolved, so a handler's SET search_path
 // cannot send a claim to another table.
 
-// pgStored are a row's stored columns (the pgx store's order).
-const pgStored = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	response_code, response_body, response_body_raw, response_headers, seal_key_id,
-	created_at, locked_at, locked_until, expires_at`
-
-// pgFlags are the flags against the database's clock.
-const pgFlags = `expires_at < now() AS expired, locked_until < now() AS lease_over`
-
-// pgStatements are the PostgreSQL dialect's statements for one table.
+// pgStatements are the PostgreSQL dialect's statements for one table:
+// the pgx store's (internal/pgsql), qualified by the table. Their
+// arguments and columns are pgsql's: pgClaimArgs, fenceArgs, scanClaim,
+// scanColumns.
 func pgStatements(table string) statements {
-	r := strings.NewReplacer("T_", table, "STORED_", pgStored, "FLAGS_", pgFlags)
-	q := func(s string) string { return r.Replace(s) }
+	q := func(sql string) string { return pgsql.Qualify(sql, table) }
 	return statements{
-		// The pgx store's claim: the INSERT, or the existing row in the
-		// same statement; no row when the conflicting row committed after
-		// the statement's snapshot (run it again).
-		// $1 key, $2 scope, $3 endpoint, $4 hash, $5 lease, $6 TTL, $7 owner.
-		insert: q(`WITH ins AS (
-	INSERT INTO T_ (idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		created_at, locked_at, locked_until, expires_at, owner_token)
-	VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
-	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-	RETURNING STORED_
-)
-SELECT STORED_, false, false, true AS won FROM ins
-UNION ALL
-SELECT STORED_, FLAGS_,
-	(status = 'in_flight' AND locked_until >= now() AND owner_token = $7::uuid) IS TRUE AS won
-FROM T_ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3 AND NOT EXISTS (SELECT 1 FROM ins)`),
-		// $1 owner, $2 key, $3 scope, $4 endpoint.
-		readKey: q(`SELECT STORED_, FLAGS_,
-	(status = 'in_flight' AND locked_until >= now() AND owner_token = $1::uuid) IS TRUE AS won
-FROM T_ WHERE idem_key = $2 AND scope_user_id = $3 AND scope_endpoint = $4`),
-		// readID is MySQL's: PostgreSQL's claim and takeover return their row.
-		// $1 hash, $2 lease, $3 TTL, $4 owner, $5 id, $6 scope, $7 attempt, $8 key, $9 endpoint.
-		takeover: q(`UPDATE T_ SET attempt = attempt + 1, request_hash = decode($1, 'hex'), status = 'in_flight',
-	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL,
-	created_at = now(), locked_at = now(), locked_until = now() + $2::interval, expires_at = now() + $3::interval,
-	owner_token = $4::uuid
-WHERE scope_user_id = $6 AND idem_key = $8 AND scope_endpoint = $9 AND id = $5 AND attempt = $7 AND expires_at < now()
-	AND NOT (status = 'in_flight' AND locked_until >= now())
-RETURNING STORED_, false, false, true`),
-		// The fenced statements find the row by its primary key (scope,
-		// key, endpoint) and check its id and attempt.
-		// $1 code, $2 JSON body, $3 raw body, $4 headers (JSON), $5 seal key id, $6 id, $7 scope, $8 attempt, $9 key, $10 endpoint.
-		complete: q(`UPDATE T_ SET status = 'completed',
-	response_code = $1, response_body = $2, response_body_raw = $3, response_headers = $4, seal_key_id = $5
-WHERE scope_user_id = $7 AND idem_key = $9 AND scope_endpoint = $10 AND id = $6 AND status = 'in_flight' AND attempt = $8`),
-		// $1 id, $2 scope, $3 attempt, $4 key, $5 endpoint.
-		fail: q(`UPDATE T_ SET status = 'failed'
-WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
-		// endLease ends an in_flight row's lease now; fail's arguments.
-		endLease: q(`UPDATE T_ SET locked_until = now()
-WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
-		release: q(`DELETE FROM T_
-WHERE scope_user_id = $2 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND status = 'in_flight' AND attempt = $3`),
-		// $1 key, $2 scope, $3 endpoint, $4 owner.
-		releaseOwner: q(`DELETE FROM T_ WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
-	AND status = 'in_flight' AND owner_token = $4::uuid`),
-		// $1 limit.
-		cleanup: q(`WITH batch AS (
-	SELECT scope_user_id, idem_key, scope_endpoint FROM T_
-	WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
-	ORDER BY expires_at LIMIT $1
-)
-DELETE FROM T_ t USING batch b
-WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
-	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`),
-		now:         `SELECT now()`,
-		eraseDelete: q(`DELETE FROM T_ WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= $2)`),
-		eraseKept: q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 AND status = 'in_flight' AND locked_until >= $2
-ORDER BY created_at, id`),
-		export:            q(`SELECT STORED_, FLAGS_, false FROM T_ WHERE scope_user_id = $1 ORDER BY created_at, id`),
-		savepoint:         `SAVEPOINT idempotency_claim`,
-		rollbackSavepoint: `ROLLBACK TO SAVEPOINT idempotency_claim`,
+		insert:            q(pgsql.ClaimSQL),
+		readKey:           q(pgsql.TxReadSQL),
+		takeover:          q(pgsql.TakeoverSQL),
+		complete:          q(pgsql.CompleteSQL),
+		fail:              q(pgsql.FailSQL),
+		endLease:          q(pgsql.EndLeaseSQL),
+		release:           q(pgsql.ReleaseSQL),
+		releaseOwner:      q(pgsql.ReleaseOwnerSQL),
+		cleanup:           q(pgsql.CleanupSQL),
+		now:               pgsql.NowSQL,
+		eraseDelete:       q(pgsql.EraseDeleteSQL),
+		eraseKept:         q(pgsql.EraseKeptSQL),
+		export:            q(pgsql.ExportScopeSQL),
+		savepoint:         pgsql.SavepointSQL,
+		rollbackSavepoint: pgsql.RollbackToSavepointSQL,
+		txInsert:          q(pgsql.TxClaimSQL),
 	}
 }
 
-// pgTxInsert is a transactional claim's INSERT alone (a loser reads the
-// row with readKey, a second statement), as the pgx store's.
-const pgTxInsert = `INSERT INTO T_ (idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	created_at, locked_at, locked_until, expires_at, owner_token)
-VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1, now(), now(), now() + $5::interval, now() + $6::interval, $7::uuid)
-ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-RETURNING ` + pgStored + `, false, false, true`
-
-// pgBoundSQL bounds a transactional claim, for its transaction only: the
-// lock wait ($2), and statement_timeout and
-// idle_in_transaction_session_timeout to the lease ($1) unless the
-// session's own bound is smaller (0, no bound, counting as the largest).
-// It returns the session's lock_timeout, put back after the claim, and
-// its synchronous_commit, put back for the record.
-const pgBoundSQL = `SELECT s.lt,
-	set_config('lock_timeout', $2, true),
-	set_config('statement_timeout', CASE WHEN s.st::interval > '0' AND s.st::interval <= $1::text::interval THEN s.st ELSE $1::text END, true),
-	set_config('idle_in_transaction_session_timeout', CASE WHEN s.it::interval > '0' AND s.it::interval <= $1::text::interval THEN s.it ELSE $1::text END, true),
-	s.sc
-FROM (SELECT current_setting('lock_timeout') AS lt, current_setting('statement_timeout') AS st,
-	current_setting('idle_in_transaction_session_timeout') AS it, current_setting('synchronous_commit') AS sc OFFSET 0) AS s`
+// pgClaimArgs are pgsql.ClaimSQL's and pgsql.TxClaimSQL's arguments for req.
+func (s *Store) pgClaimArgs(req idempotency.ClaimRequest) []any {
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req)}
+}
 
 // newPostgres finishes New for the PostgreSQL dialect: the schema is
 // cfg.Schema, or the connection's current_schema().
@@ -154,7 +86,7 @@ func pgInterval(d time.Duration) string {
 func (s *Store) pgInsertOn(ctx context.Context, x execer, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	var rec idempotency.Record
 	var won bool
-	err := scanRecord(x.QueryRowContext(ctx, s.st.insert, s.insertArgs(req)...), &rec, &won)
+	err := scanClaim(x.QueryRowContext(ctx, s.st.insert, s.pgClaimArgs(req)...), req, &rec, &won)
 	if errors.Is(err, sql.ErrNoRows) {
 		return idempotency.ClaimResult{}, errRetryClaim
 	}
@@ -164,38 +96,33 @@ func (s *Store) pgInsertOn(ctx context.Context, x execer, req idempotency.ClaimR
 // errRetryClaim is a claim statement that read no row: run it again.
 var errRetryClaim = errors.New("sqlstore: the claim read no row")
 
-func (s *Store) pgCleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64, error) {
-	r, err := c.ExecContext(ctx, s.st.cleanup, limit)
-	if err != nil {
-		return 0, err
-	}
-	return r.RowsAffected()
-}
-
-// pgClaim is the transactional claim: the bounds and the lock wait (one
-// statement), the INSERT, the session's lock_timeout back; a loser reads
+// pgClaim is the transactional claim: the bounds (pgsql.TxBoundsSQL), the
+// lock wait, the INSERT, the session's lock_timeout back; a loser reads
 // the existing row in a fresh statement (at READ COMMITTED it sees the row
 // whose owner committed while the claim waited).
 func (t *routeTx) pgClaim(ctx context.Context, req idempotency.ClaimRequest, wait time.Duration) (idempotency.ClaimResult, error) {
-	if err := t.c.QueryRowContext(ctx, pgBoundSQL, pgInterval(req.Lease), pgInterval(wait)).
-		Scan(&t.savedLock, new(string), &t.bounds[0], &t.bounds[1], &t.bounds[2]); err != nil {
+	skip := new(string)
+	if err := t.c.QueryRowContext(ctx, pgsql.TxBoundsSQL, pgInterval(req.Lease)).
+		Scan(skip, skip, &t.bounds[2], skip, skip, skip, skip, &t.bounds[0], &t.bounds[1]); err != nil {
 		return idempotency.ClaimResult{}, err
 	}
-	insert := strings.ReplaceAll(pgTxInsert, "T_", t.s.table)
+	if err := t.pgLockWait(ctx, wait); err != nil {
+		return idempotency.ClaimResult{}, err
+	}
 	for range retries {
 		if err := t.mayWait(); err != nil {
 			return idempotency.ClaimResult{}, err
 		}
 		var rec idempotency.Record
-		err := scanRecord(t.c.QueryRowContext(ctx, insert, t.s.insertArgs(req)...), &rec, nil)
+		var won bool
+		err := scanClaim(t.c.QueryRowContext(ctx, t.s.st.txInsert, t.s.pgClaimArgs(req)...), req, &rec, &won)
 		if err == nil {
 			return idempotency.ClaimResult{Won: true, Record: rec}, t.pgLockWaitRestore(ctx)
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return idempotency.ClaimResult{}, err
 		}
-		var won bool
-		err = scanRecord(t.c.QueryRowContext(ctx, t.s.st.readKey, nil, req.Key, req.Scope, req.Endpoint), &rec, &won)
+		err = scanClaim(t.c.QueryRowContext(ctx, t.s.st.readKey, req.Key, req.Scope, req.Endpoint), req, &rec, &won)
 		if err == nil {
 			return idempotency.ClaimResult{Record: rec}, t.pgLockWaitRestore(ctx)
 		}

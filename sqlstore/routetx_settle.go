@@ -7,6 +7,7 @@ import (
 	"errors"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/pgsql"
 )
 
 // The rest of a route's transaction: the handler's loan, its state, the
@@ -192,7 +193,7 @@ func (t *routeTx) record(ctx context.Context, s *idempotency.Settlement) error {
 		if err := t.pgRestoreSession(ctx); err != nil {
 			return t.s.storeError("commit", err)
 		}
-		if _, err := t.c.ExecContext(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		if _, err := t.c.ExecContext(ctx, pgsql.ImmediateSQL); err != nil {
 			if hasCode(err, "23503", "23505", "23514", "23P01") {
 				return &idempotency.StoreError{Op: "commit", Reason: idempotency.ReasonOther, Err: errors.Join(idempotency.ErrDeferredConstraint, err)}
 			}
@@ -209,10 +210,7 @@ func (t *routeTx) record(ctx context.Context, s *idempotency.Settlement) error {
 		if cerr != nil {
 			return cerr
 		}
-		if t.s.d.name == PostgreSQL {
-			body, headers = pgBytes(body), pgBytes(headers)
-		}
-		r, err = t.c.ExecContext(ctx, t.s.st.complete, append([]any{s.Response.Status, body, raw, headers, seal}, t.s.fenceArgs(f)...)...)
+		r, err = t.c.ExecContext(ctx, t.s.st.complete, t.s.recordArgs(f, s.Response.Status, body, raw, headers, seal)...)
 	}
 	if err != nil {
 		return t.s.storeError("commit", err)

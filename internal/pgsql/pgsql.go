@@ -1,8 +1,31 @@
 // Package pgsql holds the PostgreSQL statements of the pgx store
 // (PostgresStore in the root package), written once: the store sends them,
-// the bench reads them. Every statement names the table idempotency_keys;
-// the store schema-qualifies it before sending.
+// sqlstore's PostgreSQL dialect sends them through database/sql, the bench
+// reads them. Every statement names the table idempotency_keys; a store
+// schema-qualifies it before sending (Qualify).
 package pgsql
+
+import (
+	"regexp"
+	"strings"
+)
+
+// Table is the table's name as the statements are written.
+const Table = "idempotency_keys"
+
+// tableName matches Table where a statement names it: as an identifier,
+// or as a literal (pg_get_serial_sequence's argument).
+var tableName = regexp.MustCompile(`'` + Table + `'|\b` + Table + `\b`)
+
+// Qualify returns sql naming table wherever it names Table.
+func Qualify(sql, table string) string {
+	return tableName.ReplaceAllStringFunc(sql, func(m string) string {
+		if m[0] == '\'' {
+			return "'" + strings.ReplaceAll(table, "'", "''") + "'"
+		}
+		return table
+	})
+}
 
 // StoredColumns are a row's columns as stored, in the order scanRecord
 // reads them.
@@ -168,6 +191,33 @@ WHERE scope_user_id = $1
 	AND (idem_key, scope_endpoint) IN (SELECT * FROM unnest($2::text[], $3::text[]))
 	AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
 
+// CleanupSQL is ExpiredBatchSQL and its delete in one statement, for a
+// store outside Citus (sqlstore's PostgreSQL dialect): the delete repeats
+// the predicate, as DeleteExpiredSQL does.
+//
+// $1 batch size.
+const CleanupSQL = `WITH batch AS (
+` + ExpiredBatchSQL + `
+)
+DELETE FROM idempotency_keys t USING batch b
+WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
+	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`
+
+// EraseDeleteSQL and EraseKeptSQL are DeleteScopeSQL in two statements,
+// both at one instant read before them ($2), for a store whose driver
+// cannot scan DeleteScopeSQL's NULL record (sqlstore, in one transaction).
+//
+// $1 scope, $2 the instant.
+const EraseDeleteSQL = `DELETE FROM idempotency_keys
+WHERE scope_user_id = $1 AND NOT (status = 'in_flight' AND locked_until >= $2)`
+
+// EraseKeptSQL reads the rows EraseDeleteSQL kept, oldest first.
+//
+// $1 scope, $2 the instant.
+const EraseKeptSQL = `SELECT ` + Columns + ` FROM idempotency_keys
+WHERE scope_user_id = $1 AND status = 'in_flight' AND locked_until >= $2
+ORDER BY created_at, id`
+
 // DeleteScopeSQL erases a user scope and reports the rows it left, in one
 // statement: the DELETE and the SELECT share one snapshot and one now(), so
 // every row of the scope is either counted as deleted or returned as
@@ -194,34 +244,8 @@ const ExportScopeSQL = `SELECT ` + Columns + ` FROM idempotency_keys
 WHERE scope_user_id = $1
 ORDER BY created_at, id`
 
-// LookupSQL reads the rows of one key in one scope, by endpoint, with the
-// database's now() last.
-//
-// $1 key, $2 scope, $3 endpoint or NULL for all.
-const LookupSQL = `SELECT ` + Columns + `, now() FROM idempotency_keys
-WHERE idem_key = $1 AND scope_user_id = $2 AND ($3::text IS NULL OR scope_endpoint = $3)
-ORDER BY scope_endpoint`
-
 // NowSQL reads the database's clock.
 const NowSQL = `SELECT now()`
-
-// StatsSQL counts the table in one scan; the awaiting-cleanup columns
-// repeat ExpiredBatchSQL's predicate.
-const StatsSQL = `SELECT
-	count(*),
-	count(*) FILTER (WHERE status = 'in_flight'),
-	count(*) FILTER (WHERE status = 'completed'),
-	count(*) FILTER (WHERE status = 'failed'),
-	extract(epoch FROM now() - min(locked_at) FILTER (WHERE status = 'in_flight'))::float8,
-	count(*) FILTER (WHERE status = 'in_flight' AND locked_until < now()),
-	count(*) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())),
-	extract(epoch FROM now() - min(expires_at) FILTER (WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())))::float8
-FROM idempotency_keys`
-
-// CountCleanupSQL counts the rows ExpiredBatchSQL would read, with its
-// predicate.
-const CountCleanupSQL = `SELECT count(*) FROM idempotency_keys
-WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
 
 // The statements of a transactional route's claim. (DESIGN.md
 // "Transactional routes: one transaction"). They run pipelined in one
@@ -354,15 +378,6 @@ const ImmediateSQL = `SET CONSTRAINTS ALL IMMEDIATE`
 const EndLeaseSQL = `UPDATE idempotency_keys SET locked_until = now()
 WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
 	AND status = 'in_flight' AND attempt = $2`
-
-// ReleaseKeySQL deletes a row an operator releases, fenced on the
-// attempt it was read with, only while it is failed or in flight past its
-// lease (by the database's clock).
-//
-// $1 id, $2 attempt, $3 scope, $4 key, $5 endpoint.
-const ReleaseKeySQL = `DELETE FROM idempotency_keys
-WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND attempt = $2
-	AND (status = 'failed' OR (status = 'in_flight' AND locked_until < now()))`
 
 // CheckSQL reads, for the table $1 names (idempotency_keys as the
 // connection's search_path finds it, or the store's resolved table), its
