@@ -36,99 +36,96 @@ const maxClaimRounds = 4
 // row is taken over, fenced on the row it read, claiming again when that
 // race is lost. It counts the request as a miss (won) or a hit (any other
 // outcome).
+//
+// On a transactional route each round runs inside the transaction its
+// handler will write through (TxStore.BeginClaim): won, the transaction
+// stays open and holds the claim; a round that ends without one rolls it
+// back. A claim that waited past the route's lock wait for an owner still
+// mid-handler fails as contention (409 in flight).
 func (rq *request) claimKey() (claimed, error) {
 	// The lease is counted from the first call: a row this request won by
 	// its owner token (the store's retry after a lost reply) may have been
 	// inserted then.
 	rq.claimStart = time.Now()
+	begin := rq.beginRound
 	if rq.policy.txStore != nil {
-		return rq.claimKeyTx()
+		begin = rq.beginTxRound
 	}
-	claimedAt := rq.claimStart
 	for round := 1; ; round++ {
-		res, err := rq.storeClaim("claim", rq.m.store.Claim)
-		if err != nil {
+		r, res, err := begin()
+		switch {
+		case err != nil:
 			return claimed{}, err
-		}
-		if res.Won {
+		case r.contended:
+			rq.countHit() // the owner's transaction held the key past the lock wait
+			return claimed{outcome: claimContended}, nil
+		case res.Won:
 			rq.countMiss()
-			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt}, nil
-		}
-		if !takeoverable(res.Record) {
+			return claimed{outcome: claimWon, record: res.Record, claimedAt: r.claimedAt, tx: r.tx}, nil
+		case !takeoverable(res.Record):
+			r.end()
 			rq.countHit()
 			return claimed{outcome: claimDuplicate, record: res.Record}, nil
-		}
-		if round == maxClaimRounds {
+		case round == maxClaimRounds:
+			r.end()
 			rq.countHit() // others keep winning this key: it is in flight
 			return claimed{outcome: claimContended}, nil
 		}
 		fence := res.Record.Fence()
 		res, err = rq.storeClaim("takeover", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-			return rq.m.store.Takeover(ctx, fence, req)
+			return r.takeover(ctx, fence, req)
 		})
 		switch {
 		case err != nil:
+			r.end()
 			return claimed{}, err
 		case res.Won:
 			rq.countMiss()
-			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt}, nil
-		case lostRace(res):
+			return claimed{outcome: claimWon, record: res.Record, claimedAt: r.claimedAt, tx: r.tx}, nil
+		case res.Lost:
+			r.end()
 			continue // read the row again: the last round answers in flight
 		}
+		r.end()
 		rq.countHit()
 		return claimed{outcome: claimDuplicate, record: res.Record}, nil
 	}
 }
 
-// claimKeyTx claims the key of a transactional route inside the
-// transaction its handler will write through (TxStore.BeginClaim): won,
-// the transaction stays open and holds the claim; an expired row is taken
-// over inside it; any other row is answered as a duplicate, after the
-// transaction is rolled back. A claim that waited past the route's lock
-// wait for an owner still mid-handler fails as contention (409 in flight).
-func (rq *request) claimKeyTx() (claimed, error) {
-	for round := 1; ; round++ {
-		claimedAt := time.Now()
-		var tx RouteTx
-		res, err := rq.storeClaim("begin", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-			t, r, err := rq.policy.txStore.BeginClaim(ctx, &req)
-			tx = t
-			return r, err
-		})
-		if err != nil {
-			return claimed{}, err
-		}
-		if tx == nil {
-			// The owner's transaction held the key past the lock wait.
-			rq.countHit()
-			return claimed{outcome: claimContended}, nil
-		}
-		if res.Won {
-			rq.countMiss()
-			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil
-		}
-		if !takeoverable(res.Record) || round == maxClaimRounds {
-			rq.endTx(tx)
-			rq.countHit()
-			if takeoverable(res.Record) {
-				return claimed{outcome: claimContended}, nil
-			}
-			return claimed{outcome: claimDuplicate, record: res.Record}, nil
-		}
-		fence := res.Record.Fence()
-		res, err = rq.storeClaim("takeover", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
-			return tx.Takeover(ctx, fence, req)
-		})
-		switch {
-		case err != nil:
-			rq.endTx(tx)
-			return claimed{}, err
-		case res.Won:
-			rq.countMiss()
-			return claimed{outcome: claimWon, record: res.Record, claimedAt: claimedAt, tx: tx}, nil
-		}
-		rq.endTx(tx) // lost the race: read the row again in a new transaction
+// claimRound is one round of claimKey in its mode: the ordinary store's,
+// or a transactional route's inside the transaction the round began.
+type claimRound struct {
+	claimedAt time.Time // when a claim won in this round began (the lease's start)
+	tx        RouteTx   // transactional: the round's transaction
+	contended bool      // transactional: the claim waited past the lock wait
+	takeover  func(context.Context, Fence, ClaimRequest) (ClaimResult, error)
+	end       func() // ends a round that holds no claim
+}
+
+// beginRound claims the key on the ordinary store.
+func (rq *request) beginRound() (claimRound, ClaimResult, error) {
+	r := claimRound{claimedAt: rq.claimStart, takeover: rq.m.store.Takeover, end: func() {}}
+	res, err := rq.storeClaim("claim", rq.m.store.Claim)
+	return r, res, err
+}
+
+// beginTxRound claims the key in a new transaction of the route's
+// TxStore; the round takes over and ends inside it.
+func (rq *request) beginTxRound() (claimRound, ClaimResult, error) {
+	r := claimRound{claimedAt: time.Now()}
+	res, err := rq.storeClaim("begin", func(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+		t, res, err := rq.policy.txStore.BeginClaim(ctx, &req)
+		r.tx = t
+		return res, err
+	})
+	if err != nil || r.tx == nil {
+		r.contended = err == nil
+		return r, res, err
 	}
+	tx := r.tx
+	r.takeover = tx.Takeover
+	r.end = func() { rq.endTx(tx) }
+	return r, res, nil
 }
 
 // endTx rolls back a transaction that holds no claim. A rollback that
@@ -153,10 +150,6 @@ func (rq *request) countHit() { rq.rm.hit.Inc(); rq.hit = true }
 func takeoverable(rec Record) bool {
 	return rec.Expired && (rec.Status != StatusInFlight || rec.LeaseOver)
 }
-
-// lostRace reports a takeover that lost its race: by the Store contract,
-// no win and no row (ClaimResult.Record.ID is 0).
-func lostRace(res ClaimResult) bool { return !res.Won && res.Record.ID == 0 }
 
 // storeClaim runs one claiming store call for the request.
 func (rq *request) storeClaim(op string, call func(context.Context, ClaimRequest) (ClaimResult, error)) (ClaimResult, error) {

@@ -314,7 +314,7 @@ func (s *racingStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 
 func (s *racingStore) Takeover(context.Context, Fence, ClaimRequest) (ClaimResult, error) {
 	s.takeovers.Add(1)
-	return ClaimResult{}, nil // lost the race: no win, no row
+	return ClaimResult{Lost: true}, nil // lost the race
 }
 
 // TestClaimRoundsAreBounded: a request whose takeover keeps losing claims

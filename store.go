@@ -103,10 +103,9 @@ func (r Record) Fence() Fence {
 
 // ClaimResult is the outcome of a claim or a takeover.
 type ClaimResult struct {
-	// Won reports that the caller owns the key (Record.Fence() is its token);
-	// else Record is the existing row, or zero when a takeover lost its race.
-	Won    bool
-	Record Record // the claimed row, or the existing one
+	Won    bool   // the caller owns the key (Record.Fence() is its token)
+	Lost   bool   // a takeover lost its race: Won unset, Record zero
+	Record Record // the claimed row; unless Won, the existing row (zero if Lost)
 }
 
 // ErasureResult reports what Erase did.
@@ -128,7 +127,7 @@ type Store interface {
 	// Takeover turns the expired row f into a fresh in_flight claim of req
 	// (new hash, TTL and lease; attempt+1; response cleared), only if the row
 	// still has f.Attempt, is expired, and is not in_flight inside its lease.
-	// Losing returns Won unset and the zero Record.
+	// Losing returns Lost set, Won unset and the zero Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Complete records resp and marks the row completed, only if f still owns
 	// it in_flight, else ErrNotOwner. owner is the claim's record, which a

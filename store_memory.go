@@ -121,7 +121,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row, ok := s.rows[f.ID]
 	if !ok || !memoryFenceRow(row, f) || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
 		s.mu.Unlock()
-		return ClaimResult{}, nil
+		return ClaimResult{Lost: true}, nil
 	}
 	row.RequestHash = req.RequestHash
 	row.Status = StatusInFlight

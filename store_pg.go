@@ -108,7 +108,7 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 	case err == nil:
 		return ClaimResult{Won: true, Record: rec}, nil
 	case errors.Is(err, pgx.ErrNoRows):
-		return ClaimResult{}, nil
+		return ClaimResult{Lost: true}, nil
 	default:
 		return ClaimResult{}, pgStoreError(op, err)
 	}

@@ -98,7 +98,7 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 		// Lost: another owner took the row first, or is taking it over
 		// in an open transaction (then this one is aborted: the caller
 		// rolls it back).
-		return ClaimResult{}, nil
+		return ClaimResult{Lost: true}, nil
 	}
 	return ClaimResult{}, pgStoreError("takeover", err)
 }

@@ -166,13 +166,14 @@ func (op reuse) lost(t testing.TB, s idempotency.Store, f idempotency.Fence, req
 	if err != nil {
 		t.Fatalf("%s %s: %v", op.name, what, err)
 	}
-	if res.Won || !reflect.DeepEqual(res.Record, idempotency.Record{}) {
-		t.Fatalf("%s %s: won %v with record %+v, want a loss and the zero Record", op.name, what, res.Won, res.Record)
+	if res.Won || !res.Lost || !reflect.DeepEqual(res.Record, idempotency.Record{}) {
+		t.Fatalf("%s %s: won %v, lost %v with record %+v; want Lost and the zero Record", op.name, what, res.Won, res.Lost, res.Record)
 	}
 }
 
 // race runs racers calls on f at once, each with the request next(i)
-// returns, checks that exactly one won, and returns its index and record.
+// returns, checks that exactly one won and every other call says Lost, and
+// returns the winner's index and record.
 func (op reuse) race(t *testing.T, s idempotency.Store, f idempotency.Fence,
 	next func(i int) idempotency.ClaimRequest) (int, idempotency.Record) {
 	t.Helper()
@@ -185,6 +186,11 @@ func (op reuse) race(t *testing.T, s idempotency.Store, f idempotency.Fence,
 		results[i] = res
 	})
 	winner := onlyWinner(t, results)
+	for i, res := range results {
+		if i != winner && !res.Lost {
+			t.Errorf("%s %d lost the race without saying so: %+v", op.name, i, res)
+		}
+	}
 	return winner, results[winner].Record
 }
 

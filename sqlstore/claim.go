@@ -144,7 +144,7 @@ func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, r
 		args := []any{f.ID, f.Attempt, f.Scope, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), f.Key, f.Endpoint}
 		err := scanColumns(x.QueryRowContext(ctx, s.st.takeover, args...), &rec)
 		if errors.Is(err, sql.ErrNoRows) {
-			return idempotency.ClaimResult{}, nil
+			return idempotency.ClaimResult{Lost: true}, nil
 		}
 		return idempotency.ClaimResult{Won: err == nil, Record: rec}, err
 	}
@@ -154,7 +154,7 @@ func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, r
 		return idempotency.ClaimResult{}, err
 	}
 	if n, err := r.RowsAffected(); err != nil || n != 1 {
-		return idempotency.ClaimResult{}, err
+		return idempotency.ClaimResult{Lost: err == nil}, err
 	}
 	if err := scanRecord(x.QueryRowContext(ctx, s.st.readID, f.ID, f.Scope), &rec, nil); err != nil {
 		return idempotency.ClaimResult{}, err

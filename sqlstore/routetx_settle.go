@@ -148,7 +148,7 @@ func (t *routeTx) takeover(ctx context.Context, f idempotency.Fence, req idempot
 		}
 		return res, nil
 	case err == nil, t.s.isLockWait(err):
-		return idempotency.ClaimResult{}, nil
+		return idempotency.ClaimResult{Lost: true}, nil
 	}
 	return idempotency.ClaimResult{}, err
 }

@@ -39,7 +39,7 @@ func (lostRaceStore) Claim(context.Context, idempotency.ClaimRequest) (idempoten
 }
 
 func (lostRaceStore) Takeover(context.Context, idempotency.Fence, idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
-	return idempotency.ClaimResult{}, nil
+	return idempotency.ClaimResult{Lost: true}, nil
 }
 
 // slowClaimStore wins its first claim late: past the handler's deadline
