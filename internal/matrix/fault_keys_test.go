@@ -69,7 +69,7 @@ func runScopedKey(t *testing.T, c cell) {
 		cfg: func(cfg *idempotency.Config) { cfg.Scope = scopeOf },
 	})
 	const key = "abcd"
-	a, b := e.sendAs("alice", key), e.sendAs("bob", key)
+	a, b := e.sendAsUnrun("alice", key), e.sendAsUnrun("bob", key)
 	e.expect("alice's call", a, "")
 	e.expect("bob's call, same key", b, "")
 	if b.replayed {
@@ -78,7 +78,7 @@ func runScopedKey(t *testing.T, c cell) {
 	if n := e.executions(key); n != 2 {
 		e.failf("key %q in two scopes: %d executions, want 2 (one per user)", key, n)
 	}
-	again := e.sendAs("alice", key)
+	again := e.sendAsUnrun("alice", key)
 	if !again.handler || !again.replayed {
 		e.failf("alice's retry: %v, want her replay", again)
 	}

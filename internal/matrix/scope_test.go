@@ -5,6 +5,7 @@ package matrix
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -50,4 +51,22 @@ func scopeGRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, next gr
 		ctx = withScope(ctx, vs[0])
 	}
 	return next(ctx, req)
+}
+
+// sendAsUnrun is sendUnrun on behalf of scope: a 503 or 409 in flight
+// answered before the handler started for this call is sent again, as a
+// client honouring Retry-After would (the handler's runs for key in other
+// scopes do not count as this call's start).
+func (e *env) sendAsUnrun(scope, key string) answer {
+	before := e.started(key)
+	a := e.sendAs(scope, key)
+	for range 3 {
+		busy := a.code == "idempotency_store_unavailable" || a.code == "idempotency_in_flight"
+		if !busy || e.started(key) > before {
+			return a
+		}
+		time.Sleep(time.Second) // the contract's Retry-After: 1, not a synchronisation
+		a = e.sendAs(scope, key)
+	}
+	return a
 }
