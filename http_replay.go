@@ -19,7 +19,7 @@ var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Locatio
 var neverReplayed = map[string]bool{
 	"Set-Cookie": true, "Authorization": true, "Www-Authenticate": true, "Date": true,
 	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true,
-	"Upgrade": true, "Content-Length": true, HeaderReplayed: true,
+	"Upgrade": true, "Content-Length": true, HeaderReplayed: true, HeaderExpires: true,
 }
 
 // replayAllowList validates a route's extra replay headers and returns the
