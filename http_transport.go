@@ -48,8 +48,7 @@ func (rq *httpRequest) auditContext() context.Context { return rq.hookContext(tr
 
 // replay sends a stored response.
 func (rq *httpRequest) replay(resp Response) {
-	expiresHeader(rq.w.Header(), advertise(rq.expires))
-	writeReplay(rq.w, resp, rq.rt.marker)
+	writeReplay(rq.w, resp, rq.rt.marker, advertise(rq.expires))
 }
 
 // deliver sends answer a: its status, headers and body, or what
