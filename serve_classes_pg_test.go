@@ -124,11 +124,25 @@ func TestPostgresFailOpenNeedsAnOutage(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				codes <- sendAs(c.orders, uuid.NewString(), "u1").Code
+				// A handler that started holds its connection until
+				// release, so a 503 comes from a claim that never ran (a
+				// loaded machine's store timeout): claim again, or the
+				// barrier below waits for ever.
+				key := uuid.NewString()
+				code := sendAs(c.orders, key, "u1").Code
+				for try := 0; code == http.StatusServiceUnavailable && try < 20; try++ {
+					code = sendAs(c.orders, key, "u1").Code
+				}
+				codes <- code
 			}()
 		}
 		for range conns { // the barrier: every connection is held by a handler
-			<-c.started
+			select {
+			case <-c.started:
+			case <-time.After(time.Minute): // never hangs: 200 store timeouts
+				close(c.release)
+				t.Fatal("the slow transactional requests never all started")
+			}
 		}
 		key := uuid.NewString()
 		w := sendAsWithin(c.billing, key, "u1", 5*storeTimeout) // its own deadline: a claim without the store's waits for ever
