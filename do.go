@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The Do adapter: an Operation's calls through the engine. A call is
@@ -43,8 +44,9 @@ type Call struct {
 
 // CallInfo tells how Do answered a call.
 type CallInfo struct {
-	Replayed bool // the first run's result, replayed: the function did not run
-	Bypassed bool // the function ran without deduplication (the kill-switch it follows, or a fail-open store outage)
+	Replayed bool      // the first run's result, replayed: the function did not run
+	Bypassed bool      // the function ran without deduplication (the kill-switch it follows, or a fail-open store outage)
+	Expires  time.Time // the key's expires_at, to the second, when the call read or wrote its row; else zero
 }
 
 // Codec encodes the results of Do for the store (RouteConfig.Codec):
@@ -110,8 +112,9 @@ func reservedName(name string) bool {
 
 // Exec is Do for other transports' adapters (contrib/grpc): fn's Response
 // is recorded as it is, its Status deciding the outcome as over HTTP unless
-// its Header's ":outcome" ("complete", "fail" or "release") does; headers
-// named ':...' are not stored. A replay returns the stored Response.
+// its Header's ":outcome" ("complete", "fail", "release", "unsettled")
+// does; headers named ':...' are not stored. A replay returns the stored
+// Response.
 func (op *Operation) Exec(ctx context.Context, c Call, fn func(context.Context) Response) (Response, CallInfo, error) {
 	oc := &opCall{op: op, fn: fn}
 	oc.request = request{policy: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
@@ -187,7 +190,14 @@ func (oc *opCall) pass(keyed bool) {
 func (oc *opCall) handle(ctx context.Context, limit int64, held bool) {
 	oc.limit, oc.held = limit, held
 	oc.res = oc.fn(ctx)
+	if named := oc.res.Header[outcomeHeader]; len(named) == 1 && named[0] == outcomeUnsettled {
+		markUnsettled(ctx)
+	}
 }
+
+// outcomeUnsettled is the ":outcome" of a result whose function ended
+// Unsettled (ErrUnsettled; an RPC adapter's IDEMPOTENCY_UNSETTLED).
+const outcomeUnsettled = "unsettled"
 
 // status is the status whose class decides the outcome: fn's, or one of
 // the class its ":outcome" names.
@@ -230,14 +240,27 @@ func (oc *opCall) result() Response {
 	return r
 }
 
-func (oc *opCall) send()                         { oc.out, oc.out.Status = oc.res, cmp.Or(oc.res.Status, 200) }
-func (oc *opCall) replay(resp Response)          { oc.out, oc.info.Replayed = resp, true }
+func (oc *opCall) send() {
+	oc.out, oc.out.Status, oc.info.Expires = oc.res, cmp.Or(oc.res.Status, 200), advertise(oc.expires)
+}
+
+func (oc *opCall) replay(resp Response) {
+	oc.out, oc.info.Replayed, oc.info.Expires = resp, true, advertise(oc.expires)
+}
+
 func (oc *opCall) auditContext() context.Context { return oc.ctx }
+
+// reconciled is a Reconcile hook's done value as the Operation records it.
+func (oc *opCall) reconciled(v any) (Response, error) {
+	codec, kind := oc.op.codecOf()
+	return reconciledValue(v, codec, kind)
+}
 
 // deliver keeps answer a as the call's error.
 func (oc *opCall) deliver(a answer, original int) {
 	e := oc.m.errorAnswer(a, original)
-	e.err = answers[a].err
+	e.err, e.Expires = answers[a].err, oc.advertised(a)
+	oc.info.Expires = e.Expires
 	if a == answerUnavailable && oc.cause != nil {
 		e.err = oc.cause
 		if !errors.Is(oc.cause, ErrStoreUnavailable) {

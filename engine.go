@@ -34,6 +34,9 @@ type request struct {
 	rm    *routeMetrics // the label's counters
 	// Set by claimKey:
 	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
+	// expires is the expires_at of the row the claim read or wrote (zero:
+	// none), which the answers about that row advertise (advertised).
+	expires time.Time
 	// cause is why the store was unavailable, for the answer that says so.
 	cause error
 	// For Config.Observer:
@@ -43,6 +46,7 @@ type request struct {
 	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
 	storeReason  string        // the reason of the store error the claim failed with
 	observed     bool          // the decision was reported
+	reconciled   bool          // the key was reconciled once (reconcile.go)
 	// run is the call's execution, if it runs one: kept here, where the adapter
 	// already allocated the call, rather than allocated apart.
 	run0 execution
@@ -78,6 +82,8 @@ type transport interface {
 	replay(resp Response)
 	// auditContext is the context Config.OnReplay gets.
 	auditContext() context.Context
+	// reconciled is a Reconcile hook's done value as the adapter records it.
+	reconciled(v any) (Response, error)
 }
 
 // startClock notes a call's arrival, when an Observer will want its

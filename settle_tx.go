@@ -73,6 +73,10 @@ func (x *execution) concludeTx() {
 	if x.endedUnderHandler(x.checkState()) {
 		return
 	}
+	if x.unsettled() {
+		x.unsettle()
+		return
+	}
 	if x.t.tooLarge() { // nothing was sent
 		if x.settleTx(outcomeFail, Response{}) {
 			x.answerTooLarge()
@@ -103,6 +107,7 @@ func (x *execution) concludeTx() {
 // (open or aborted): one that ended under the handler never gets here
 // (endedUnderHandler).
 func (x *execution) settleTx(o outcome, resp Response) bool {
+	x.releasing(o)
 	state := x.tx.State()
 	switch {
 	case !x.owned && o == outcomeComplete && state == TxOpen:
