@@ -18,8 +18,7 @@ type Derivation struct {
 	Keys                        DeriveKeys
 }
 
-// DerivationFromContext returns the Derivation of the call whose handler,
-// Do function, gRPC or Connect method runs under ctx; false without a key.
+// DerivationFromContext returns a handler's Derivation; false without a key.
 func DerivationFromContext(ctx context.Context) (Derivation, bool) {
 	d, ok := ctx.Value(deriveCtxKey).(*Derivation)
 	if !ok {

@@ -27,6 +27,7 @@
 //   - idempotencytest: the conformance kit every Store passes;
 //   - idemclient: a client that sends keys and retries safely;
 //   - idemrpc: what the gRPC and Connect adapters share;
+//   - downstream: ids derived from a call's key for the systems it calls;
 //   - migrations: the schema, embedded, and its runner;
 //   - contrib/*: a module per framework, router or RPC stack (chi, echo,
 //     gin, gorilla, grpc, connect, sqlx, gorm, bun, otel);

@@ -95,10 +95,14 @@ func (m *Middleware) startClock() time.Time {
 	return time.Now()
 }
 
-// withKey returns ctx carrying a call's key (KeyFromContext) and, from
-// rec, its Derivation, for a handler that runs under it.
+// withKey returns ctx carrying a call's key (KeyFromContext) and, with
+// Config.DeriveKeys, rec's Derivation, for a handler that runs under it.
 func (rq *request) withKey(ctx context.Context, rec Record) context.Context {
-	return withDerivation(context.WithValue(ctx, keyCtxKey, rec.Key), rq.m.cfg.DeriveKeys, rec)
+	ctx = context.WithValue(ctx, keyCtxKey, rec.Key)
+	if rq.m.cfg.DeriveKeys == nil {
+		return ctx // package downstream answers ErrNoKeyring, and the hot path allocates nothing more
+	}
+	return withDerivation(ctx, rq.m.cfg.DeriveKeys, rec)
 }
 
 // bypassRecord is the call's own claim as a Record, for a handler that

@@ -65,6 +65,9 @@ func Key(ctx context.Context, name, leg string, p Profile) (string, error) {
 	}
 	d, ok := idempotency.DerivationFromContext(ctx)
 	if !ok {
+		if _, keyed := idempotency.KeyFromContext(ctx); keyed {
+			return "", ErrNoKeyring
+		}
 		return "", ErrNoKey
 	}
 	mac, err := sum(ctx, d, name, leg)

@@ -51,18 +51,21 @@ VALUES (?, 'POST /orders', REPEAT('0', 64), 'completed', 201, ?, ?,
 	}
 	wantStatusCheck(t, db, "version 2")
 	wantRows(t, db, "version 2", rows)
+	wantDeriveKeyID(t, db, d.Name, "varchar NO ''")
 
 	step(t, m, -1)
 	wantVersion(t, m, 1)
 	wantColumns(t, db, d.Name, "longtext")
 	wantStatusCheck(t, db, "version 1")
 	wantRows(t, db, "version 1", rows)
+	wantDeriveKeyID(t, db, d.Name, "")
 
 	step(t, m, +1)
 	wantVersion(t, m, 2)
 	wantColumns(t, db, d.Name, "longblob")
 	wantStatusCheck(t, db, "version 2 again")
 	wantRows(t, db, "version 2 again", rows)
+	wantDeriveKeyID(t, db, d.Name, "varchar NO ''")
 }
 
 // migrator opens golang-migrate on MySQLFS for dsn, as MigrateMySQL does,
@@ -145,6 +148,23 @@ WHERE table_schema = ? AND table_name = 'idempotency_keys' AND column_name = ?`,
 		if typ != want {
 			t.Fatalf("%s is %s, want %s", c, typ, want)
 		}
+	}
+}
+
+// wantDeriveKeyID checks derive_key_id's type, nullability and default
+// ("type NULLABLE default"), or its absence (want "").
+func wantDeriveKeyID(t *testing.T, db *sql.DB, schema, want string) {
+	t.Helper()
+	var got string
+	err := db.QueryRowContext(bounded(t), `SELECT CONCAT(data_type, ' ', is_nullable, ' ', COALESCE(column_default, 'none')) FROM information_schema.columns
+WHERE table_schema = ? AND table_name = 'idempotency_keys' AND column_name = 'derive_key_id'`, schema).Scan(&got)
+	if err == sql.ErrNoRows {
+		got = ""
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("derive_key_id: %q, want %q (000002_round4 adds it NOT NULL DEFAULT '')", got, want)
 	}
 }
 

@@ -21,8 +21,10 @@ expired keys waiting for cleanup (what cleanup would delete now), with the
 oldest expiry. All judged by the database's clock. Then the completed keys
 by the seal key id their response is sealed with ("none": plaintext,
 recorded before sealing), with a warning for a key id past 2^31 values
-(AES-GCM with random nonces allows 2^32 per key: rotate well before). Two
-read-only scans of the table.
+(AES-GCM with random nonces allows 2^32 per key: rotate well before). Then
+the keys by the derive key id their row names ("none": claimed without
+derive keys): a derive key may leave IDEMPOTENCY_DERIVE_KEYS once no row
+names it (docs/derived-keys.md). Three read-only scans of the table.
 
 Example:
   idempotency stats --json
@@ -43,6 +45,9 @@ type statsJSON struct {
 	// CompletedBySealKey counts completed keys by seal key id; "" is
 	// plaintext (recorded before sealing).
 	CompletedBySealKey map[string]int64 `json:"completed_by_seal_key"`
+	// KeysByDeriveKey counts keys by the derive key id their row names;
+	// "" is none.
+	KeysByDeriveKey map[string]int64 `json:"keys_by_derive_key"`
 }
 
 func runStats(ctx context.Context, c *cli, args []string) error {
@@ -72,6 +77,9 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		return c.dbError(ctx, "count keys by seal key", err)
 	}
 	c.warnNonceBudget(s.CompletedBySealKey)
+	if s.KeysByDeriveKey, err = db.deriveStats(sctx); err != nil {
+		return c.dbError(ctx, "count keys by derive key", err)
+	}
 	if c.g.json {
 		return c.writeJSON(s)
 	}
@@ -95,7 +103,29 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	for _, id := range slices.Sorted(maps.Keys(s.CompletedBySealKey)) {
 		fmt.Fprintf(tw, "  %s\t%d\n", cmp.Or(id, "none (plaintext)"), s.CompletedBySealKey[id])
 	}
+	fmt.Fprintf(tw, "keys, by derive key id\t\n")
+	for _, id := range slices.Sorted(maps.Keys(s.KeysByDeriveKey)) {
+		fmt.Fprintf(tw, "  %s\t%d\n", cmp.Or(id, "none"), s.KeysByDeriveKey[id])
+	}
 	return tw.Flush()
+}
+
+// deriveStatsSQL counts keys by the derive key id their row names (empty:
+// none); both dialects run it as it is.
+const deriveStatsSQL = `SELECT derive_key_id, count(*) FROM idempotency_keys GROUP BY derive_key_id`
+
+// deriveStats reads deriveStatsSQL.
+func (d *database) deriveStats(ctx context.Context) (map[string]int64, error) {
+	out := map[string]int64{}
+	var (
+		id string
+		n  int64
+	)
+	err := d.query(ctx, deriveStatsSQL, nil, []any{&id, &n}, func() error {
+		out[id] = n
+		return nil
+	})
+	return out, err
 }
 
 // newStatsJSON converts the store's counts; an age is null when nothing is

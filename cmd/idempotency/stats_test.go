@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idempotency"
 )
 
 func TestStats(t *testing.T) {
@@ -49,6 +54,39 @@ func TestStats(t *testing.T) {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("stats lacks %q:\n%s", want, r.stdout)
 			}
+		}
+	})
+}
+
+// TestStatsByDeriveKey: stats counts the keys by the derive key id their
+// row names (the id a derive key may leave the keyring after), "" for a
+// row claimed without derive keys.
+func TestStatsByDeriveKey(t *testing.T) {
+	t.Parallel()
+	eachDialect(t, func(t *testing.T, db testDB) {
+		for i, id := range []string{"d1", "d1", "d2", ""} {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			res, err := db.store.Claim(ctx, idempotency.ClaimRequest{Key: newKey(), Scope: fmt.Sprint(i), Endpoint: "POST /orders",
+				RequestHash: strings.Repeat("ab", 32), TTL: time.Hour, Lease: time.Hour, DeriveKeyID: id})
+			cancel()
+			if err != nil || !res.Won {
+				t.Fatalf("claim under %q: won %v, %v", id, res.Won, err)
+			}
+		}
+		r := runDB(t, db.dsn, "stats", "--json")
+		wantCode(t, r, exitOK)
+		var s statsJSON
+		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+			t.Fatalf("stats --json: %v\n%s", err, r.stdout)
+		}
+		if want := map[string]int64{"": 1, "d1": 2, "d2": 1}; fmt.Sprint(s.KeysByDeriveKey) != fmt.Sprint(want) {
+			t.Errorf("stats by derive key %v, want %v", s.KeysByDeriveKey, want)
+		}
+		r = runDB(t, db.dsn, "stats")
+		wantCode(t, r, exitOK)
+		if !strings.Contains(r.stdout, "keys, by derive key id") || !regexp.MustCompile(`\n\s+d1\s+2\n`).MatchString(r.stdout) ||
+			!regexp.MustCompile(`\n\s+none\s+1\n`).MatchString(r.stdout) {
+			t.Errorf("stats text:\n%s", r.stdout)
 		}
 	})
 }

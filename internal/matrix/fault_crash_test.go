@@ -37,6 +37,9 @@ const (
 	envChildDSN   = "MATRIX_CHILD_DSN"   // the store's database, in its driver's form
 	envChildBlock = "MATRIX_CHILD_BLOCK" // 1: the handler blocks after its effect
 	envSealKeys   = "MATRIX_SEAL_KEYS"   // the sealing keys, shared with the parent
+	// envChildDerive: 1 makes the child derive under deriveKeys and print
+	// each id it derived (fault_derive_test.go).
+	envChildDerive = "MATRIX_CHILD_DERIVE"
 )
 
 func crashFault() *fault {
@@ -100,6 +103,7 @@ type child struct {
 	addr  string
 
 	mu      sync.Mutex
+	derived map[string]string // the id the handler derived for a key (DERIVED)
 	ran     map[string]int
 	ranCh   chan string
 	answers map[string]chan answer
@@ -109,9 +113,16 @@ type child struct {
 // cell's database and waits for its address; it is killed when the cell
 // ends.
 func startChild(t *testing.T, e *env, block bool) *child {
+	return startChildEnv(t, e, block)
+}
+
+// startChildEnv is startChild with more variables in the child's
+// environment.
+func startChildEnv(t *testing.T, e *env, block bool, env ...string) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMatrixChild$", "-test.timeout=0")
 	cmd.Env = append(os.Environ(), envChild+"="+e.c.column.String(), envChildDSN+"="+e.se.directDSN,
 		fmt.Sprintf("%s=%v", envChildBlock, block), envSealKeys+"="+sealKeyText())
+	cmd.Env = append(cmd.Env, env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +135,7 @@ func startChild(t *testing.T, e *env, block bool) *child {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	ch := &child{cmd: cmd, stdin: stdin, ran: map[string]int{}, ranCh: make(chan string, 16), answers: map[string]chan answer{}}
+	ch := &child{cmd: cmd, stdin: stdin, ran: map[string]int{}, ranCh: make(chan string, 16), answers: map[string]chan answer{}, derived: map[string]string{}}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -140,7 +151,8 @@ func startChild(t *testing.T, e *env, block bool) *child {
 	return ch
 }
 
-// read dispatches the child's lines: ADDR, RAN key, ANSWER key json.
+// read dispatches the child's lines: ADDR, DERIVED key id, RAN key,
+// ANSWER key json.
 func (ch *child) read(r io.Reader, addr chan<- string) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
@@ -148,6 +160,11 @@ func (ch *child) read(r io.Reader, addr chan<- string) {
 		switch word {
 		case "ADDR":
 			addr <- rest
+		case "DERIVED":
+			key, id, _ := strings.Cut(rest, " ")
+			ch.mu.Lock()
+			ch.derived[key] = id
+			ch.mu.Unlock()
 		case "RAN":
 			ch.mu.Lock()
 			ch.ran[rest]++
@@ -245,8 +262,13 @@ func TestMatrixChild(t *testing.T) {
 	e := &env{t: t, c: cell{column: c, fault: &fault{name: "child"}}, runs: map[string]int{}, reasons: map[string]int{}}
 	e.enabled.Store(true)
 	e.se = childStore(t, c, os.Getenv(envChildDSN))
-	mw, err := idempotency.New(e.se.store, idempotency.Config{Lease: lease, StoreTimeout: storeTimeout, Logger: quiet,
-		Enabled: func(context.Context) bool { return true }})
+	derive := os.Getenv(envChildDerive) == "1"
+	cfg := idempotency.Config{Lease: lease, StoreTimeout: storeTimeout, Logger: quiet,
+		Enabled: func(context.Context) bool { return true }}
+	if derive {
+		cfg.DeriveKeys = deriveKeys(t)
+	}
+	mw, err := idempotency.New(e.se.store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,6 +282,9 @@ func TestMatrixChild(t *testing.T) {
 	h := func(ctx context.Context, hc *hctx) (int, []byte) {
 		if err := hc.effect(ctx); err != nil {
 			return failure(err)
+		}
+		if derive {
+			say("DERIVED %s %s", hc.key, derivedID(ctx))
 		}
 		say("RAN %s", hc.key)
 		if block {
