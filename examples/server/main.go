@@ -93,7 +93,7 @@ func serve(ctx context.Context, cfg config) error {
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "store", srv.mode,
 		"lease", cfg.lease.String(), "store_timeout", cfg.storeTimeout.String(),
-		"order_latency", cfg.orderLatency.String())
+		"order_latency", cfg.orderLatency.String(), "venue", cfg.venueURL)
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"net/http"
+	"strconv"
+
+	"github.com/idemkit/idempotency/examples/server/live"
+)
+
+// ordersEndpoint is the order route's endpoint name: its ServeMux pattern.
+const ordersEndpoint = "POST /api/trading/orders"
+
+// unsettled ends an order whose venue outcome is unknown.
+var unsettled = live.StandInUnsettled
+
+// orderHandler is the order route's handler: the paper fill, or in live mode
+// (-venue-url) the venue's (docs/live-trading.md).
+func (s *server) orderHandler() http.Handler {
+	if s.cfg.venueURL == "" {
+		return http.HandlerFunc(s.placeOrder)
+	}
+	secret := []byte(s.cfg.deriveKeys)
+	if len(secret) == 0 {
+		var b [32]byte
+		_, _ = rand.Read(b[:])
+		secret = []byte(base64.StdEncoding.EncodeToString(b[:]))
+		s.log.Warn(envDeriveKeys + " is unset: client_order_ids are derived under a key generated now, so after a restart a retry sends a new id and the venue may book it twice; set it outside development")
+	}
+	scope := func(ctx context.Context) string {
+		uid, _ := userFromContext(ctx)
+		return strconv.FormatInt(uid, 10)
+	}
+	return &live.Handler{
+		Venue:     &live.Client{URL: s.cfg.venueURL, KeyID: s.cfg.venueKeyID, SecretKey: s.cfg.venueSecret},
+		Derive:    live.StandInDerive(secret, scope, ordersEndpoint),
+		Read:      s.readLiveOrder,
+		Filled:    s.liveFilled,
+		Unsettled: unsettled,
+		Latency:   s.cfg.orderLatency,
+		Log:       s.log,
+	}
+}
+
+// readLiveOrder is readOrder for the live handler.
+func (s *server) readLiveOrder(w http.ResponseWriter, r *http.Request) (live.Request, bool) {
+	o, ok := readOrder(w, r)
+	return live.Request{Symbol: o.Symbol, Side: o.Side, Qty: o.Qty}, ok
+}
+
+// liveFilled answers a venue's fill as the paper mode answers its own:
+// the order, stored with its order_placed audit row (in the route's
+// transaction on PostgreSQL), 201 with its Location. fill_price is the
+// venue's filled_avg_price, client_order_id the venue's.
+func (s *server) liveFilled(w http.ResponseWriter, r *http.Request, in live.Request, vo live.Order) {
+	ctx := r.Context()
+	price, err := vo.FillPrice()
+	if err != nil {
+		s.log.Error("venue: an order without a price; the retry settles it", "error", err)
+		unsettled(w, r)
+		return
+	}
+	uid, _ := userFromContext(ctx)
+	o := order{UserID: uid, Symbol: in.Symbol, Side: in.Side, Qty: in.Qty, Status: "filled",
+		FillPrice: price, ClientOrderID: vo.ClientOrderID}
+	placed, err := s.data.placeOrder(ctx, o)
+	if err != nil {
+		// The venue holds the order: a failure here must not fail the key.
+		s.log.Error("database call failed after the venue filled the order; the retry settles it", "error", err)
+		unsettled(w, r)
+		return
+	}
+	w.Header().Set("Location", "/api/trading/orders/"+strconv.FormatInt(placed.ID, 10))
+	writeJSON(w, http.StatusCreated, placed)
+}

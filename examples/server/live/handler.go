@@ -1,0 +1,153 @@
+package live
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idempotency"
+)
+
+// ErrNoKey is Derive's answer for a request without an idempotency key.
+var ErrNoKey = errors.New("live: the request has no idempotency key")
+
+// Handler is the live order route's handler. Behind the idempotency
+// middleware it runs at most once per key at a time: it reads the order,
+// sends it to the venue under the derived client_order_id, and answers:
+//   - the venue's order: Filled (the route's 201);
+//   - a definite refusal (a 4xx other than a duplicate id): 422
+//     {"error":"venue_rejected"};
+//   - a duplicate id: the booked order, looked up, through Filled;
+//   - anything else (timeout, dropped connection, 5xx): Unsettled, so the
+//     key is neither completed nor failed and the retry finds out.
+type Handler struct {
+	// Venue is the venue's client.
+	Venue *Client
+	// Derive returns the request's client_order_id, the same for every
+	// attempt of one key. ErrNoKey (no idempotency key: an optional key,
+	// or the kill-switch) sends a random id instead, with no
+	// deduplication, as for the request itself; any other error answers
+	// 500 {"error":"venue_key_unavailable"} and calls nothing.
+	Derive func(ctx context.Context) (string, error)
+	// Read reads and validates the request's order; when it returns false
+	// it has answered.
+	Read func(w http.ResponseWriter, r *http.Request) (Request, bool)
+	// Filled answers the venue's order: what the route answers on success.
+	Filled func(w http.ResponseWriter, r *http.Request, in Request, o Order)
+	// Unsettled ends a request whose venue outcome is unknown.
+	Unsettled func(w http.ResponseWriter, r *http.Request)
+	// Latency is waited before the venue call (simulated). A request whose
+	// context ends first answers 504 {"error":"fill_timeout"}: nothing
+	// was sent.
+	Latency time.Duration
+	// Log gets one line per order that does not fill. Defaults to
+	// slog.Default().
+	Log *slog.Logger
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	log := h.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	in, ok := h.Read(w, r)
+	if !ok {
+		return
+	}
+	id, err := h.Derive(ctx)
+	switch {
+	case errors.Is(err, ErrNoKey):
+		id = randomID()
+	case err != nil:
+		log.Error("venue: no client_order_id for the order", "error", err)
+		writeError(w, http.StatusInternalServerError, "venue_key_unavailable")
+		return
+	}
+	if !wait(ctx, h.Latency) {
+		log.Warn("venue: order timed out before it was sent", "symbol", in.Symbol, "cause", ctx.Err())
+		writeError(w, http.StatusGatewayTimeout, "fill_timeout")
+		return
+	}
+	o, err := h.Venue.Trade(ctx, id, in)
+	var rejected *RejectedError
+	switch {
+	case err == nil:
+		h.Filled(w, r, in, o)
+	case errors.As(err, &rejected):
+		log.Warn("venue: order rejected", "symbol", in.Symbol, "status", rejected.Status, "code", rejected.Code, "message", rejected.Message)
+		writeError(w, http.StatusUnprocessableEntity, "venue_rejected")
+	default:
+		log.Warn("venue: outcome unknown; the retry settles it", "symbol", in.Symbol, "error", err)
+		h.Unsettled(w, r)
+	}
+}
+
+// wait waits d, false when ctx ends first.
+func wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// randomID is a client_order_id for an order without an idempotency key.
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// StandInUnsettled answers 429 {"error":"venue_outcome_unknown"} with
+// Retry-After: 1, which gives the key back: the retry runs the handler
+// again under the same client_order_id, and the venue's duplicate refusal
+// makes it look the order up. It stands in for idempotency.Unsettled until
+// the engine has it.
+func StandInUnsettled(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusTooManyRequests, "venue_outcome_unknown")
+}
+
+// StandInDerive derives the client_order_id as HMAC-SHA256 under secret of
+// (scope, endpoint, key, "venue", "entry"), each prefixed by its length,
+// in 64 hex digits: the same for every attempt of one key. It stands in for
+// downstream.Key until the library has it.
+func StandInDerive(secret []byte, scope func(context.Context) string, endpoint string) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		key, ok := idempotency.KeyFromContext(ctx)
+		if !ok || key == "" {
+			return "", ErrNoKey
+		}
+		mac := hmac.New(sha256.New, secret)
+		for _, part := range []string{scope(ctx), endpoint, key, "venue", "entry"} {
+			_ = binary.Write(mac, binary.BigEndian, uint32(len(part)))
+			mac.Write([]byte(part))
+		}
+		return hex.EncodeToString(mac.Sum(nil)), nil
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, code string) {
+	body, _ := json.Marshal(map[string]string{"error": code})
+	body = append(body, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
