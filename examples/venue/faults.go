@@ -70,8 +70,9 @@ func (f faults) setting() faultSetting {
 // faultBox holds the faults in force, switched by the control endpoint
 // while orders run.
 type faultBox struct {
-	mu sync.Mutex
-	f  faults
+	mu      sync.Mutex
+	f       faults
+	release chan struct{} // closed by the next set: held orders go on
 }
 
 func (b *faultBox) get() faults {
@@ -80,10 +81,23 @@ func (b *faultBox) get() faults {
 	return b.f
 }
 
+// set replaces the faults and releases the orders held so far.
 func (b *faultBox) set(f faults) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.f = f
+	if b.release != nil {
+		close(b.release)
+	}
+	b.release = make(chan struct{})
+}
+
+// hold is how long an order waits before anything else, and the channel
+// that ends the wait early.
+func (b *faultBox) hold() (time.Duration, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.f.hold, b.release
 }
 
 // take returns the fault that hits this order, if it is one of kinds, with

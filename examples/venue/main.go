@@ -35,7 +35,8 @@
 // A fault hits the next -fault-count orders (0: every order). drop, delay
 // and crash-after hit only orders that book: a duplicate is refused as
 // usual. -hold makes every order wait that long after it is read, before
-// anything else, so a test can act while the venue holds it.
+// anything else, so a test can act while the venue holds it; setting the
+// faults again releases the orders held.
 //
 //	GET  /control/faults    the faults in force and the order counters
 //	POST /control/faults    {"fault":"drop","count":1,"delay":"3s","hold":"1s"}

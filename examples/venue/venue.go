@@ -101,10 +101,16 @@ func (v *venue) placeOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v.received.Add(1)
-	if hold := v.faults.get().hold; hold > 0 {
+	if hold, release := v.faults.hold(); hold > 0 {
 		// The order is read in full: like a real venue, it goes on whether
-		// or not the client is still there.
-		time.Sleep(hold)
+		// or not the client is still there, after the hold or once the
+		// faults are set again.
+		t := time.NewTimer(hold)
+		select {
+		case <-t.C:
+		case <-release:
+			t.Stop()
+		}
 	}
 	switch f, _ := v.faults.take(fault5xx, faultCrashBefore); f {
 	case fault5xx:
@@ -135,7 +141,13 @@ func (v *venue) placeOrder(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler) // closes the connection, nothing written
 	case faultDelay:
 		v.log.Warn("fault: booked, answer delayed", "client_order_id", o.ClientOrderID, "delay", delay.String())
-		time.Sleep(delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done(): // the client gave up: nobody to answer
+			t.Stop()
+			return
+		}
 	case faultCrashAfter:
 		v.log.Warn("fault: booked, crash before answering", "client_order_id", o.ClientOrderID)
 		v.exit(crashStatus)
