@@ -306,3 +306,89 @@ func printTable(t *testing.T, rows []cellRow) {
 	}
 	t.Log(b.String())
 }
+
+// TestVenueStorm: duplicates of each key race across two server processes
+// while the venue drops the response of every order it books. The first
+// execution's outcome is unknown; every duplicate retries until one runs
+// again under the same client_order_id, the venue refuses the duplicate id,
+// and the order is looked up. Per key: one venue order, and every client's
+// final answer is that order.
+func TestVenueStorm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the venue and the example server")
+	}
+	t.Parallel()
+	const keys, clientsPerKey = 6, 6
+	venueBin, serverBin := buildBinaries(t)
+	var mu sync.Mutex
+	var lines []string
+	t.Run("routes", func(t *testing.T) {
+		for _, rt := range []liveRoute{exampleRoute, ordinaryRoute} {
+			t.Run(rt.name, func(t *testing.T) {
+				t.Parallel()
+				c := newCell(t, venueBin, serverBin)
+				c.venue.setFaults(t, faultSetting{Fault: faultDrop}) // every booked order, no count
+				servers := []*proc{rt.start(t, c, 0), rt.start(t, c, 0)}
+				auth := rt.auth(t, c, servers[0])
+				type result struct {
+					key      int
+					a        answer
+					requests int
+					err      error
+				}
+				results := make(chan result, keys*clientsPerKey)
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for k := range keys {
+					key := uuid.NewString()
+					for i := range clientsPerKey {
+						srv := servers[i%2]
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							<-start
+							a, n, err := settle(func() string { return "http://" + srv.addr }, key, auth, k+1)
+							results <- result{k, a, n, err}
+						}()
+					}
+				}
+				close(start)
+				wg.Wait()
+				close(results)
+				finals := map[int][]answer{}
+				requests := 0
+				for r := range results {
+					if r.err != nil {
+						t.Fatalf("key %d: %v", r.key, r.err)
+					}
+					finals[r.key] = append(finals[r.key], r.a)
+					requests += r.requests
+				}
+				byQty := c.venue.ordersByQty(t)
+				summary := map[string]int{}
+				for k := range keys {
+					orders := byQty[fmt.Sprint(k+1)]
+					if len(orders) != 1 {
+						t.Errorf("key %d: the venue holds %d orders, want 1", k, len(orders))
+						continue
+					}
+					for _, a := range finals[k] {
+						summary[a.String()]++
+						if a.Status != http.StatusCreated || a.Body["client_order_id"] != orders[0].ClientOrderID {
+							t.Errorf("key %d: final answer %v %v, want 201 with the venue's order %s", k, a, a.Body, orders[0].ClientOrderID)
+						}
+						if id := finals[k][0].Body["id"]; a.Body["id"] != id {
+							t.Errorf("key %d: answers name orders %v and %v", k, id, a.Body["id"])
+						}
+					}
+				}
+				mu.Lock()
+				lines = append(lines, fmt.Sprintf("%-14s keys %d, clients %d over 2 servers, venue orders %d, final answers %v, requests %d",
+					rt.name, keys, keys*clientsPerKey, c.venue.state(t).Orders, summary, requests))
+				mu.Unlock()
+			})
+		}
+	})
+	sort.Strings(lines)
+	t.Log("\n" + strings.Join(lines, "\n"))
+}
