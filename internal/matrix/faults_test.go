@@ -32,6 +32,7 @@ var faults = sync.OnceValue(func() []*fault {
 		bodyFaults(),
 		keyFaults(),
 		{crashFault()},
+		venueFaults(),
 	} {
 		all = append(all, group...)
 	}
