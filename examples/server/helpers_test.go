@@ -69,6 +69,7 @@ type envOptions struct {
 	orderLatency time.Duration
 	beforeFill   func(ctx context.Context, o order)
 	poolOptions  []testdb.Option // Postgres only
+	venueURL     string          // live mode
 }
 
 // testEnv is one server under test, behind httptest, with a client.
@@ -121,6 +122,8 @@ func testConfig(o envOptions, vars *envVars) config {
 		logger:        slog.New(slog.DiscardHandler),
 		dbWait:        5 * time.Second,
 		beforeFill:    o.beforeFill,
+		venueURL:      o.venueURL,
+		deriveKeys:    "test-derive-keys",
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"strconv"
 
@@ -55,23 +56,29 @@ func (s *server) readLiveOrder(w http.ResponseWriter, r *http.Request) (live.Req
 // transaction on PostgreSQL), 201 with its Location. fill_price is the
 // venue's filled_avg_price, client_order_id the venue's.
 func (s *server) liveFilled(w http.ResponseWriter, r *http.Request, in live.Request, vo live.Order) {
-	ctx := r.Context()
-	price, err := vo.FillPrice()
-	if err != nil {
-		s.log.Error("venue: an order without a price; the retry settles it", "error", err)
-		unsettled(w, r)
-		return
-	}
-	uid, _ := userFromContext(ctx)
-	o := order{UserID: uid, Symbol: in.Symbol, Side: in.Side, Qty: in.Qty, Status: "filled",
-		FillPrice: price, ClientOrderID: vo.ClientOrderID}
-	placed, err := s.data.placeOrder(ctx, o)
+	uid, _ := userFromContext(r.Context())
+	placed, err := s.recordFill(r.Context(), uid, in, vo)
 	if err != nil {
 		// The venue holds the order: a failure here must not fail the key.
-		s.log.Error("database call failed after the venue filled the order; the retry settles it", "error", err)
+		s.log.Error("venue: could not store the venue's fill; the retry settles it", "error", err)
 		unsettled(w, r)
 		return
 	}
 	w.Header().Set("Location", "/api/trading/orders/"+strconv.FormatInt(placed.ID, 10))
 	writeJSON(w, http.StatusCreated, placed)
+}
+
+// recordFill stores the venue's order as the user's paper order, unless an
+// earlier attempt committed it already (the same client_order_id): one
+// local order and one order_placed row per venue order.
+func (s *server) recordFill(ctx context.Context, uid int64, in live.Request, vo live.Order) (order, error) {
+	price, err := vo.FillPrice()
+	if err != nil {
+		return order{}, err
+	}
+	if o, err := s.data.orderByClientID(ctx, uid, vo.ClientOrderID); !errors.Is(err, errNotFound) {
+		return o, err
+	}
+	return s.data.placeOrder(ctx, order{UserID: uid, Symbol: in.Symbol, Side: in.Side, Qty: in.Qty, Status: "filled",
+		FillPrice: price, ClientOrderID: vo.ClientOrderID})
 }
