@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 )
 
 // Environment variables read by the server. The flags have the same names
@@ -68,7 +69,7 @@ type config struct {
 	venueURL    string
 	venueKeyID  string
 	venueSecret string
-	deriveKeys  string // IDEMPOTENCY_DERIVE_KEYS; empty in live mode: generated at start, with a warning
+	deriveKeys  *downstream.Keyring // IDEMPOTENCY_DERIVE_KEYS; nil in live mode: generated at start, with a warning
 
 	// getenv is read per request for the kill-switch
 	// (FLAG_IDEMPOTENCY_MIDDLEWARE) and the new-orders gate
@@ -153,8 +154,9 @@ Other environment variables:
                                standard base64 of 32 random bytes, the first the active key
   VENUE_KEY_ID                 live mode: sent to the venue as APCA-API-KEY-ID
   VENUE_SECRET_KEY             live mode: sent to the venue as APCA-API-SECRET-KEY
-  IDEMPOTENCY_DERIVE_KEYS      live mode: the keys client_order_ids are derived under (generated
-                               at start when unset: set it, or a restart sends new ids)
+  IDEMPOTENCY_DERIVE_KEYS      live mode: the keys client_order_ids are derived under, in the
+                               format of IDEMPOTENCY_SEAL_KEYS (generated at start when unset: set
+                               it, or a restart sends new ids)
 `)
 }
 
@@ -297,7 +299,13 @@ func (cfg *config) readVenue(getenv func(string) string) error {
 		return usagef("invalid -venue-url (%s) %q: want an http or https URL, e.g. http://127.0.0.1:8090", envVenueURL, cfg.venueURL)
 	}
 	cfg.venueKeyID, cfg.venueSecret = getenv(envVenueKeyID), getenv(envVenueSecret)
-	cfg.deriveKeys = strings.TrimSpace(getenv(envDeriveKeys))
+	if text := strings.TrimSpace(getenv(envDeriveKeys)); text != "" {
+		keys, err := downstream.ParseKeys(text)
+		if err != nil {
+			return usagef("%s: %v", envDeriveKeys, err)
+		}
+		cfg.deriveKeys = keys
+	}
 	return nil
 }
 

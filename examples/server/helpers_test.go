@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/downstream"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/internal/testdb/mysqldb"
 )
@@ -60,6 +61,15 @@ func (v *envVars) set(k, val string) {
 	defer v.mu.Unlock()
 	v.m[k] = val
 }
+
+// testDeriveKeys is the live mode's keyring in tests.
+var testDeriveKeys = func() *downstream.Keyring {
+	k, err := downstream.ParseKeys("t1:AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=")
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
 
 // envOptions configure one test server.
 type envOptions struct {
@@ -123,7 +133,7 @@ func testConfig(o envOptions, vars *envVars) config {
 		dbWait:        5 * time.Second,
 		beforeFill:    o.beforeFill,
 		venueURL:      o.venueURL,
-		deriveKeys:    "test-derive-keys",
+		deriveKeys:    testDeriveKeys,
 	}
 }
 

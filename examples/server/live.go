@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 	"github.com/idemkit/idempotency/examples/server/live"
 )
 
@@ -23,26 +25,34 @@ func (s *server) orderHandler() http.Handler {
 	if s.cfg.venueURL == "" {
 		return http.HandlerFunc(s.placeOrder)
 	}
-	secret := []byte(s.cfg.deriveKeys)
-	if len(secret) == 0 {
-		var b [32]byte
-		_, _ = rand.Read(b[:])
-		secret = []byte(base64.StdEncoding.EncodeToString(b[:]))
-		s.log.Warn(envDeriveKeys + " is unset: client_order_ids are derived under a key generated now, so after a restart a retry sends a new id and the venue may book it twice; set it outside development")
-	}
-	scope := func(ctx context.Context) string {
-		uid, _ := userFromContext(ctx)
-		return strconv.FormatInt(uid, 10)
-	}
 	return &live.Handler{
 		Venue:     &live.Client{URL: s.cfg.venueURL, KeyID: s.cfg.venueKeyID, SecretKey: s.cfg.venueSecret},
-		Derive:    live.StandInDerive(secret, scope, ordersEndpoint),
+		Derive:    live.DeriveOrderID,
 		Read:      s.readLiveOrder,
 		Filled:    s.liveFilled,
 		Unsettled: unsettled,
 		Latency:   s.cfg.orderLatency,
 		Log:       s.log,
 	}
+}
+
+// deriveKeys is Config.DeriveKeys: in live mode IDEMPOTENCY_DERIVE_KEYS, or
+// a key generated now, with a warning; nil in paper mode.
+func deriveKeys(cfg config) (idempotency.DeriveKeys, error) {
+	switch {
+	case cfg.venueURL == "":
+		return nil, nil
+	case cfg.deriveKeys != nil:
+		return cfg.deriveKeys, nil
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	keys, err := downstream.ParseKeys("generated:" + base64.StdEncoding.EncodeToString(b[:]))
+	if err != nil {
+		return nil, err
+	}
+	cfg.logger.Warn(envDeriveKeys + " is unset: client_order_ids are derived under a key generated now, so after a restart a retry sends a new id and the venue may book it twice; set it outside development")
+	return keys, nil
 }
 
 // readLiveOrder is readOrder for the live handler.

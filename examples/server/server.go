@@ -145,7 +145,12 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		return nil, nil, err
 	}
 
+	derive, err := deriveKeys(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	s.idem, err = idempotency.New(store, idempotency.Config{
+		DeriveKeys:   derive, // live mode: the venue's client_order_ids
 		Lease:        cfg.lease,
 		StoreTimeout: cfg.storeTimeout,
 		// The session middleware runs first and puts the user in the

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 	"github.com/idemkit/idempotency/examples/server/live"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
@@ -24,7 +25,7 @@ import (
 const (
 	testLease         = 3 * time.Second
 	testStoreTimeout  = 500 * time.Millisecond
-	testDeriveKeys    = "venue-test-derive-keys"
+	testDeriveKeys    = "v1:BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQU="
 	testSessionSecret = "venue-test-session-secret"
 )
 
@@ -73,9 +74,13 @@ func serveOrdinary(dsn string) int {
 		return fail(err)
 	}
 	defer pool.Close()
+	keys, err := downstream.ParseKeys(testDeriveKeys)
+	if err != nil {
+		return fail(err)
+	}
 	scope := func(ctx context.Context) string { u, _ := ctx.Value(userKey{}).(string); return u }
 	idem, err := idempotency.New(idempotency.NewPostgresStore(pool), idempotency.Config{
-		Lease: testLease, StoreTimeout: testStoreTimeout, Scope: scope, Logger: log,
+		Lease: testLease, StoreTimeout: testStoreTimeout, Scope: scope, Logger: log, DeriveKeys: keys,
 	})
 	if err != nil {
 		return fail(err)
@@ -86,7 +91,7 @@ func serveOrdinary(dsn string) int {
 	}
 	h := &live.Handler{
 		Venue:     &live.Client{URL: os.Getenv(envOrdinaryVenue)},
-		Derive:    live.StandInDerive([]byte(testDeriveKeys), scope, "POST /api/trading/orders"),
+		Derive:    live.DeriveOrderID,
 		Read:      readOrdinaryOrder,
 		Filled:    writeOrdinaryFill,
 		Unsettled: live.StandInUnsettled,

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 	"github.com/idemkit/idempotency/examples/server/live"
 )
 
@@ -69,7 +71,11 @@ func venueFaults() []*fault {
 func venueCell(t *testing.T, c cell, fault, delay string) {
 	v := startMatrixVenue(t)
 	client := &live.Client{URL: v.url()}
-	e := newEnv(t, c, envOpts{h: liveBehaviour(client)})
+	keys, err := downstream.ParseKeys("m1:BgYGBgYGBgYGBgYGBgYGBgYGBgYGBgYGBgYGBgYGBgY=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, c, envOpts{h: liveBehaviour(client), cfg: func(cfg *idempotency.Config) { cfg.DeriveKeys = keys }})
 	v.control(t, "POST", "/control/faults", map[string]any{"fault": fault, "count": 1, "delay": delay}, nil)
 
 	key := newKey()
@@ -115,7 +121,7 @@ func liveBehaviour(client *live.Client) behaviour {
 	return func(ctx context.Context, hc *hctx) (int, []byte) {
 		h := &live.Handler{
 			Venue:  client,
-			Derive: live.StandInDerive([]byte("matrix-derive-keys"), func(context.Context) string { return "" }, "POST /orders"),
+			Derive: live.DeriveOrderID,
 			Read: func(http.ResponseWriter, *http.Request) (live.Request, bool) {
 				return live.Request{Symbol: "AAPL", Side: "buy", Qty: 1}, true
 			},

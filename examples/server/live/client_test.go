@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 )
 
 const testOrder = `{"id":"0dbcaeae-660b-40cd-abd3-2b8aa1ee13b6","client_order_id":"cid","symbol":"AAPL","qty":"3","side":"buy","status":"filled","filled_qty":"3","filled_avg_price":"479.55","created_at":"2026-12-06T09:29:47Z","filled_at":"2026-12-06T09:29:47Z"}`
@@ -198,61 +198,4 @@ func TestVenueHandlerAnswers(t *testing.T) {
 }
 
 func fixedID(context.Context) (string, error) { return "fixed", nil }
-func noKey(context.Context) (string, error)   { return "", ErrNoKey }
-
-// TestVenueStandInDerive: the same id for the same (scope, endpoint, key),
-// another for another of each; no key is ErrNoKey.
-func TestVenueStandInDerive(t *testing.T) {
-	t.Parallel()
-	type scopeKey struct{}
-	scope := func(ctx context.Context) string { s, _ := ctx.Value(scopeKey{}).(string); return s }
-	derive := func(secret, endpoint, user, key string) string {
-		t.Helper()
-		var got string
-		h := idempotencyRoute(t, func(ctx context.Context) {
-			var err error
-			got, err = StandInDerive([]byte(secret), scope, endpoint)(context.WithValue(ctx, scopeKey{}, user))
-			if err != nil {
-				t.Error(err)
-			}
-		})
-		req := httptest.NewRequest("POST", "/", strings.NewReader("{}"))
-		req.Header.Set("Idempotency-Key", key)
-		h.ServeHTTP(httptest.NewRecorder(), req)
-		return got
-	}
-	k1, k2 := "6f1c1a52-7a0e-4d43-9c55-0f1c1a527a0e", "6f1c1a52-7a0e-4d43-9c55-0f1c1a527a0f"
-	base := derive("s", "e", "u", k1)
-	if len(base) != 64 || base != derive("s", "e", "u", k1) {
-		t.Fatalf("%q, then %q", base, derive("s", "e", "u", k1))
-	}
-	for name, other := range map[string]string{
-		"secret": derive("t", "e", "u", k1), "endpoint": derive("s", "f", "u", k1),
-		"scope": derive("s", "e", "v", k1), "key": derive("s", "e", "u", k2),
-	} {
-		if other == base {
-			t.Errorf("another %s derives the same id", name)
-		}
-	}
-	if _, err := StandInDerive([]byte("s"), scope, "e")(context.Background()); !errors.Is(err, ErrNoKey) {
-		t.Fatalf("no key: %v, want ErrNoKey", err)
-	}
-}
-
-// idempotencyRoute runs fn inside a memory-store route's handler, where
-// the request's key is in the context.
-func idempotencyRoute(t *testing.T, fn func(context.Context)) http.Handler {
-	t.Helper()
-	m, err := idempotency.New(idempotency.NewMemoryStore(), idempotency.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	route, err := m.Route(idempotency.RouteConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fn(r.Context())
-		w.WriteHeader(201)
-	}))
-}
+func noKey(context.Context) (string, error)   { return "", downstream.ErrNoKey }

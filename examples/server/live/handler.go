@@ -2,10 +2,7 @@ package live
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,11 +11,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 )
-
-// ErrNoKey is Derive's answer for a request without an idempotency key.
-var ErrNoKey = errors.New("live: the request has no idempotency key")
 
 // Handler is the live order route's handler. Behind the idempotency
 // middleware it runs at most once per key at a time: it reads the order,
@@ -33,10 +27,11 @@ type Handler struct {
 	// Venue is the venue's client.
 	Venue *Client
 	// Derive returns the request's client_order_id, the same for every
-	// attempt of one key. ErrNoKey (no idempotency key: an optional key,
-	// or the kill-switch) sends a random id instead, with no
-	// deduplication, as for the request itself; any other error answers
-	// 500 {"error":"venue_key_unavailable"} and calls nothing.
+	// attempt of one key: DeriveOrderID. downstream.ErrNoKey (no
+	// idempotency key: an optional key, or the kill-switch) sends a random
+	// id instead, with no deduplication, as for the request itself; any
+	// other error (downstream.ErrKeyRetired) answers 500
+	// {"error":"venue_key_unavailable"} and calls nothing.
 	Derive func(ctx context.Context) (string, error)
 	// Read reads and validates the request's order; when it returns false
 	// it has answered.
@@ -66,7 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := h.Derive(ctx)
 	switch {
-	case errors.Is(err, ErrNoKey):
+	case errors.Is(err, downstream.ErrNoKey):
 		id = randomID()
 	case err != nil:
 		log.Error("venue: no client_order_id for the order", "error", err)
@@ -124,23 +119,11 @@ func StandInUnsettled(w http.ResponseWriter, _ *http.Request) {
 	writeError(w, http.StatusTooManyRequests, "venue_outcome_unknown")
 }
 
-// StandInDerive derives the client_order_id as HMAC-SHA256 under secret of
-// (scope, endpoint, key, "venue", "entry"), each prefixed by its length,
-// in 64 hex digits: the same for every attempt of one key. It stands in for
-// downstream.Key until the library has it.
-func StandInDerive(secret []byte, scope func(context.Context) string, endpoint string) func(context.Context) (string, error) {
-	return func(ctx context.Context) (string, error) {
-		key, ok := idempotency.KeyFromContext(ctx)
-		if !ok || key == "" {
-			return "", ErrNoKey
-		}
-		mac := hmac.New(sha256.New, secret)
-		for _, part := range []string{scope(ctx), endpoint, key, "venue", "entry"} {
-			_ = binary.Write(mac, binary.BigEndian, uint32(len(part)))
-			mac.Write([]byte(part))
-		}
-		return hex.EncodeToString(mac.Sum(nil)), nil
-	}
+// DeriveOrderID is the order's client_order_id: the key derived for the
+// downstream "venue", leg "entry", in the Alpaca profile, the same for
+// every attempt of one key (downstream.Key; Config.DeriveKeys keys it).
+func DeriveOrderID(ctx context.Context) (string, error) {
+	return downstream.Key(ctx, "venue", "entry", downstream.Alpaca)
 }
 
 func writeError(w http.ResponseWriter, status int, code string) {
