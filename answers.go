@@ -192,6 +192,7 @@ func (rq *request) answerDuplicate(rec Record) {
 		rq.answer(answerPreviousFailed)
 	case !rec.LeaseOver:
 		rq.answer(answerInFlight)
+	case rq.reconcile(rec):
 	default:
 		rq.m.log.WarnContext(rq.ctx, "idempotency: stale in-flight key, outcome unknown",
 			"endpoint", rq.claim.Endpoint, "scope", rq.claim.Scope, "key", rq.claim.Key, "locked_at", rec.LockedAt)

@@ -173,6 +173,9 @@ type RouteConfig struct {
 	// off, Do runs the function without a store call (CallInfo.Bypassed).
 	// Defaults to false.
 	FollowKillSwitch bool
+	// Reconcile, when set, settles a key found in flight past its lease (docs/reconcile.md): a value is done, ErrNotDone runs the handler, an error is unknown.
+	Reconcile        func(ctx context.Context, info ReconcileInfo) (any, error)
+	ReconcileTimeout time.Duration // bounds Reconcile, below Config.Lease less StoreTimeout; defaults to StoreTimeout
 }
 
 // withDefaults returns cfg with every unset field at its default.
@@ -270,7 +273,7 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) erro
 	case rc.Transactional && rc.NoStore:
 		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
 	}
-	return nil
+	return rc.validateReconcile(lease, storeTimeout)
 }
 
 // txStore returns the TxStore a transactional route needs, nil for any

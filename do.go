@@ -110,8 +110,9 @@ func reservedName(name string) bool {
 
 // Exec is Do for other transports' adapters (contrib/grpc): fn's Response
 // is recorded as it is, its Status deciding the outcome as over HTTP unless
-// its Header's ":outcome" ("complete", "fail" or "release") does; headers
-// named ':...' are not stored. A replay returns the stored Response.
+// its Header's ":outcome" ("complete", "fail", "release", "unsettled")
+// does; headers named ':...' are not stored. A replay returns the stored
+// Response.
 func (op *Operation) Exec(ctx context.Context, c Call, fn func(context.Context) Response) (Response, CallInfo, error) {
 	oc := &opCall{op: op, fn: fn}
 	oc.request = request{policy: &op.p, m: op.m, ctx: ctx, t: oc, adapter: op.adapter, start: op.m.startClock(),
@@ -187,7 +188,14 @@ func (oc *opCall) pass(keyed bool) {
 func (oc *opCall) handle(ctx context.Context, limit int64, held bool) {
 	oc.limit, oc.held = limit, held
 	oc.res = oc.fn(ctx)
+	if named := oc.res.Header[outcomeHeader]; len(named) == 1 && named[0] == outcomeUnsettled {
+		markUnsettled(ctx)
+	}
 }
+
+// outcomeUnsettled is the ":outcome" of a result whose function ended
+// Unsettled (ErrUnsettled; an RPC adapter's IDEMPOTENCY_UNSETTLED).
+const outcomeUnsettled = "unsettled"
 
 // status is the status whose class decides the outcome: fn's, or one of
 // the class its ":outcome" names.
@@ -233,6 +241,12 @@ func (oc *opCall) result() Response {
 func (oc *opCall) send()                         { oc.out, oc.out.Status = oc.res, cmp.Or(oc.res.Status, 200) }
 func (oc *opCall) replay(resp Response)          { oc.out, oc.info.Replayed = resp, true }
 func (oc *opCall) auditContext() context.Context { return oc.ctx }
+
+// reconciled is a Reconcile hook's done value as the Operation records it.
+func (oc *opCall) reconciled(v any) (Response, error) {
+	codec, kind := oc.op.codecOf()
+	return reconciledValue(v, codec, kind)
+}
 
 // deliver keeps answer a as the call's error.
 func (oc *opCall) deliver(a answer, original int) {

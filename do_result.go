@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 )
 
 // How Do's outcomes become the Response the engine records, and back: a
 // value is a 200 whose body is its encoding; a *PermanentError a 422 whose
 // JSON body holds its code and message; a Retryable error a 429 (the key
-// is released); any other error a 500 (the key fails).
+// is released); an error wrapping ErrUnsettled ends as Unsettled (nothing
+// recorded, the lease ended); any other error a 500 (the key fails).
 
 // Do runs fn at most once per (c.Key, scope, op), detached from ctx's
 // cancellation with the lease less the store timeout, and records its
@@ -33,7 +35,11 @@ func Do[T any](ctx context.Context, op *Operation, c Call, fn func(context.Conte
 		return resp
 	})
 	var zero T
+	var ea *ErrorAnswer
 	switch {
+	case err != nil && ran && errors.Is(fnErr, ErrUnsettled) && errors.As(err, &ea):
+		ea.err = errors.Join(ErrStoreUnavailable, fnErr) // unwraps to the function's error
+		return zero, info, err
 	case err != nil:
 		return zero, info, err
 	case ran && fnErr != nil:
@@ -63,6 +69,8 @@ func encodeResult[T any](op *Operation, v T, err error) (Response, T, error) {
 	var zero T
 	var pe *PermanentError
 	switch {
+	case errors.Is(err, ErrUnsettled):
+		return Response{Status: 503, Header: http.Header{outcomeHeader: {outcomeUnsettled}}}, zero, err
 	case errors.As(err, new(*RetryableError)):
 		return Response{Status: statusTooManyRequests}, zero, err
 	case errors.As(err, &pe):

@@ -43,6 +43,7 @@ type request struct {
 	hit, miss    bool          // counted in idempotency_hit_total or idempotency_miss_total
 	storeReason  string        // the reason of the store error the claim failed with
 	observed     bool          // the decision was reported
+	reconciled   bool          // the key was reconciled once (reconcile.go)
 	// run is the call's execution, if it runs one: kept here, where the adapter
 	// already allocated the call, rather than allocated apart.
 	run0 execution
@@ -78,6 +79,8 @@ type transport interface {
 	replay(resp Response)
 	// auditContext is the context Config.OnReplay gets.
 	auditContext() context.Context
+	// reconciled is a Reconcile hook's done value as the adapter records it.
+	reconciled(v any) (Response, error)
 }
 
 // startClock notes a call's arrival, when an Observer will want its

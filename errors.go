@@ -13,6 +13,8 @@ var (
 	ErrOutcomeUnknown    = errors.New("idempotency: the first call with this key may or may not have run")              // 409 idempotency_outcome_unknown: reconcile, never retry with a new key
 	ErrResponseNotStored = errors.New("idempotency: the first call with this key completed; its result was not stored") // 409 idempotency_response_not_stored
 	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
+	ErrUnsettled         = errors.New("idempotency: the call's downstream outcome is unknown")                          // a function's error wraps it like Unsettled: 503, the retry reconciles
+	ErrNotDone           = errors.New("idempotency: the downstream has no trace of the call")                           // a Reconcile hook's "not done": the handler runs
 )
 
 // ErrTxEnded is returned by every call of a lent transaction

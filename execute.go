@@ -13,13 +13,14 @@ import (
 type execution struct {
 	*request
 	owned    bool
-	fence    Fence      // owned: the claim's fence
-	own      Record     // owned: the claimed row, which the record is bound to
-	claimed  time.Time  // owned: when the claim was made
-	leaseEnd time.Time  // owned: the end of the claim's lease
-	tx       RouteTx    // transactional routes: the handler's transaction
-	closeTx  func()     // transactional routes: ends the handler's loan of tx
-	how      settlement // ordinary, or transactional
+	fence    Fence        // owned: the claim's fence
+	own      Record       // owned: the claimed row, which the record is bound to
+	claimed  time.Time    // owned: when the claim was made
+	leaseEnd time.Time    // owned: the end of the claim's lease
+	tx       RouteTx      // transactional routes: the handler's transaction
+	closeTx  func()       // transactional routes: ends the handler's loan of tx
+	mark     *handlerMark // what the handler said besides its result (Unsettled)
+	how      settlement   // ordinary, or transactional
 }
 
 // settlement is how a run's outcome reaches the store: ordinary (the fenced
@@ -92,6 +93,7 @@ func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 		ctx = x.withKey(ctx, x.own)
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
 	}
+	ctx = x.withMark(ctx)
 	if x.tx != nil {
 		ctx, x.closeTx = x.tx.Lend(ctx)
 	}

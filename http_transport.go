@@ -38,6 +38,11 @@ func (rq *httpRequest) send()            { rq.buf.finish() }
 // auditContext is the request's context, carrying the request.
 func (rq *httpRequest) auditContext() context.Context { return rq.hookContext(true) }
 
+// reconciled is a Reconcile hook's done value as the route records it.
+func (rq *httpRequest) reconciled(v any) (Response, error) {
+	return reconciledHTTP(v, rq.rt.replayHeaders)
+}
+
 // replay sends a stored response.
 func (rq *httpRequest) replay(resp Response) { writeReplay(rq.w, resp, rq.rt.marker) }
 

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -88,6 +90,8 @@ type policy struct {
 	txStore        TxStore // non-nil on transactional routes
 	txLockWait     time.Duration
 	releaseOnError bool
+	reconcile      func(context.Context, ReconcileInfo) (any, error) // RouteConfig.Reconcile
+	reconcileWait  time.Duration                                     // RouteConfig.ReconcileTimeout, defaulted
 }
 
 // newPolicy validates rc, defaults filled, and returns its policy.
@@ -99,6 +103,9 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 	if err != nil {
 		return policy{}, err
 	}
+	if rc.Reconcile != nil && !canReconcile(m.store) {
+		return policy{}, errNoReconcile
+	}
 	return policy{
 		failOpen:       rc.FailOpen,
 		ttl:            rc.TTL,
@@ -107,6 +114,8 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 		txStore:        ts,
 		txLockWait:     rc.TxLockWait,
 		releaseOnError: rc.ReleaseOnError,
+		reconcile:      rc.Reconcile,
+		reconcileWait:  cmp.Or(rc.ReconcileTimeout, m.cfg.StoreTimeout),
 	}, nil
 }
 

@@ -23,7 +23,8 @@ type metrics struct {
 	storeErrors      *prometheus.CounterVec
 	tooLarge         *prometheus.CounterVec
 	cleanupDeleted   prometheus.Counter
-	health           storeHealth // the store's failures since it last answered, for the recovery log
+	reconcile        *prometheus.HistogramVec // reconcile hook calls by endpoint and outcome
+	health           storeHealth              // the store's failures since it last answered, for the recovery log
 }
 
 // Label values. Endpoint labels are route names or ServeMux patterns, never
@@ -72,12 +73,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idempotency_cleanup_deleted_total",
 			Help: "Rows removed by cleanup.",
 		}),
+		reconcile: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idempotency_reconcile_duration_seconds",
+			Help:    "Reconciles of stale keys by outcome (done, not_done, unknown): the reconcile claim and the hook.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"endpoint", "outcome"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.miss, m.hit, m.replay, m.conflicts, m.rejections,
-		m.bypasses, m.settleFailures, m.plaintextReplays, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted} {
+		m.bypasses, m.settleFailures, m.plaintextReplays, m.storeDuration, m.storeErrors, m.tooLarge, m.cleanupDeleted, m.reconcile} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("idempotency: Config.Registerer: cannot register metrics"), err)
 		}
@@ -110,7 +116,7 @@ type storeOps map[string]prometheus.Observer
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
 	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
-		"begin", "commit", "end_lease", "cleanup", "erase", opProbe} {
+		"begin", "commit", "end_lease", opReconcile, opStale, "cleanup", "erase", opProbe} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops

@@ -153,6 +153,23 @@ func (w *sealingStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool
 // Check implements Store, delegated to inner.
 func (w *sealingStore) Check(ctx context.Context) error { return w.inner.Check(ctx) }
 
+// EndLease implements reconcileStore, delegated to inner: an in_flight row holds
+// no response.
+func (w *sealingStore) EndLease(ctx context.Context, f Fence) error {
+	return reconcilerOf(w.inner).EndLease(ctx, f)
+}
+
+// ClaimStale implements reconcileStore, delegated to inner: the row it claims is in
+// flight, with no response to open.
+func (w *sealingStore) ClaimStale(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
+	return reconcilerOf(w.inner).ClaimStale(ctx, f, req)
+}
+
+// Stale implements reconcileStore, delegated to inner: stale rows hold no response.
+func (w *sealingStore) Stale(ctx context.Context, endpoint string, limit int) ([]Record, error) {
+	return reconcilerOf(w.inner).Stale(ctx, endpoint, limit)
+}
+
 // sealingTxStore is a sealing store over a TxStore: the only other
 // variant, so a transactional route is served through the wrapper exactly
 // when it would be without.

@@ -28,6 +28,10 @@ func (ordinary) panicked(x *execution) {
 // conclude settles the outcome of a handler that returned, then delivers
 // its result.
 func (ordinary) conclude(x *execution) {
+	if x.unsettled() {
+		x.unsettle()
+		return
+	}
 	o := x.classify(x.t.status())
 	if x.owned {
 		resp := Response{}

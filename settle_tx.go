@@ -73,6 +73,10 @@ func (x *execution) concludeTx() {
 	if x.endedUnderHandler(x.checkState()) {
 		return
 	}
+	if x.unsettled() {
+		x.unsettle()
+		return
+	}
 	if x.t.tooLarge() { // nothing was sent
 		if x.settleTx(outcomeFail, Response{}) {
 			x.answerTooLarge()

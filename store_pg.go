@@ -169,6 +169,44 @@ func execFenced(ctx context.Context, c pgConn, sql string, args []any) error {
 	})
 }
 
+// endLease implements reconcileStore.EndLease with one fenced UPDATE.
+func (s *PostgresStore) endLease(ctx context.Context, f Fence) error {
+	return pgOwnerError("end_lease", s.fenced(ctx, pgsql.EndLeaseSQL, f))
+}
+
+// claimStale implements reconcileStore.ClaimStale with one fenced UPDATE.
+func (s *PostgresStore) claimStale(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
+	return s.claimExisting(ctx, "reconcile", pgsql.ReconcileClaimSQL,
+		f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, req.Lease, ownerArg(req.Owner))
+}
+
+// stale implements reconcileStore.Stale with one SELECT.
+func (s *PostgresStore) stale(ctx context.Context, endpoint string, limit int) ([]Record, error) {
+	var recs []Record
+	err := retryConnLoss(ctx, func() error {
+		recs = nil
+		return s.withConn(ctx, func(c pgConn) error {
+			rows, err := c.Query(ctx, pgsql.StaleSQL, endpoint, int64(max(limit, 0)))
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var rec Record
+				if err := scanRecord(rows, &rec); err != nil {
+					return err
+				}
+				recs = append(recs, rec)
+			}
+			return rows.Err()
+		})
+	})
+	if err != nil {
+		return nil, pgStoreError("stale", err)
+	}
+	return recs, nil
+}
+
 // ReleaseOwner implements Store with one idempotent DELETE.
 func (s *PostgresStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool, error) {
 	// The DELETE names the key's scope (one shard on Citus); a lost

@@ -136,6 +136,8 @@ var pgStatements = map[string]string{
 	"pgsql.TxCompleteSQL":          pgsql.TxCompleteSQL,
 	"pgsql.TxFailSQL":              pgsql.TxFailSQL,
 	"pgsql.EndLeaseSQL":            pgsql.EndLeaseSQL,
+	"pgsql.ReconcileClaimSQL":      pgsql.ReconcileClaimSQL,
+	"pgsql.StaleSQL":               pgsql.StaleSQL,
 	"pgsql.CommitSQL":              pgsql.CommitSQL,
 	"pgsql.CheckSQL":               pgsql.CheckSQL,
 	"pgsql.TableSQL":               pgsql.TableSQL,

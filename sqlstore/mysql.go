@@ -66,6 +66,13 @@ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		release: q(`DELETE FROM T_ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		// endLease ends an in_flight row's lease now; fail's arguments.
 		endLease: q(`UPDATE T_ SET locked_until = ` + mysqlNow + ` WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
+		// The reconcile claim of a stale row (pgsql.ReconcileClaimSQL).
+		// ? lease µs, owner, id, scope, attempt.
+		reconcileClaim: q(`UPDATE T_ SET attempt = attempt + 1, locked_at = NOW_, locked_until = NOW_ + INTERVAL ? MICROSECOND, owner_token = ?
+WHERE id = ? AND scope_user_id = ? AND attempt = ? AND status = 'in_flight' AND locked_until < NOW_`),
+		// ? endpoint, limit.
+		stale: q(`SELECT COLS_, FALSE FROM T_ WHERE scope_endpoint = ? AND status = 'in_flight' AND locked_until < NOW_
+ORDER BY locked_until, id LIMIT ?`),
 		// ? key, scope, endpoint, owner.
 		releaseOwner: q(`DELETE FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?
 	AND status = 'in_flight' AND owner_token = ?`),

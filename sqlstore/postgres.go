@@ -32,6 +32,8 @@ func pgStatements(table string) statements {
 		complete:          q(pgsql.CompleteSQL),
 		fail:              q(pgsql.FailSQL),
 		endLease:          q(pgsql.EndLeaseSQL),
+		reconcileClaim:    q(pgsql.ReconcileClaimSQL),
+		stale:             q(pgsql.StaleSQL),
 		release:           q(pgsql.ReleaseSQL),
 		releaseOwner:      q(pgsql.ReleaseOwnerSQL),
 		cleanup:           q(pgsql.CleanupSQL),

@@ -65,6 +65,7 @@ type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
 	cleanup, now, eraseDelete, eraseKept, export                             string
 	savepoint, rollbackSavepoint, endLease                                   string
+	reconcileClaim, stale                                                    string // reconcile.go
 	txInsert                                                                 string // PostgreSQL: a transactional claim's INSERT
 }
 

@@ -382,6 +382,35 @@ const EndLeaseSQL = `UPDATE idempotency_keys SET locked_until = now()
 WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
 	AND status = 'in_flight' AND attempt = $2`
 
+// ReconcileClaimSQL takes a reconcile claim on a stale row
+// (Store.ClaimStale): fenced on the attempt seen, only while the row is
+// in_flight with its lease over, it moves the attempt on and sets a new
+// lease and owner token, keeping everything else (the hash, the expiry,
+// when it was claimed). One reconciler at a time: a second finds the
+// attempt moved on. The flags are computed over the CTE, as in
+// TakeoverSQL.
+//
+// $1 id, $2 attempt, $3 scope, $4 key, $5 endpoint, $6 lease, $7 owner
+// token.
+const ReconcileClaimSQL = `WITH taken AS (
+	UPDATE idempotency_keys SET
+		attempt = attempt + 1,
+		locked_at = now(),
+		locked_until = now() + $6::interval,
+		owner_token = $7::uuid
+	WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND attempt = $2
+		AND status = 'in_flight' AND locked_until < now()
+	RETURNING ` + StoredColumns + `
+)
+SELECT ` + Columns + ` FROM taken`
+
+// StaleSQL reads at most $2 stale rows of the endpoint $1 (Store.Stale):
+// in_flight with their lease over, the longest stale first.
+const StaleSQL = `SELECT ` + Columns + ` FROM idempotency_keys
+WHERE scope_endpoint = $1 AND status = 'in_flight' AND locked_until < now()
+ORDER BY locked_until, id
+LIMIT $2`
+
 // CheckSQL reads, for the table $1 names (idempotency_keys as the
 // connection's search_path finds it, or the store's resolved table), its
 // columns, whether the unique constraint the claim's ON CONFLICT needs
