@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -16,9 +18,6 @@ import (
 // ordersEndpoint is the order route's endpoint name: its ServeMux pattern.
 const ordersEndpoint = "POST /api/trading/orders"
 
-// unsettled ends an order whose venue outcome is unknown.
-var unsettled = live.StandInUnsettled
-
 // orderHandler is the order route's handler: the paper fill, or in live mode
 // (-venue-url) the venue's (docs/live-trading.md).
 func (s *server) orderHandler() http.Handler {
@@ -26,14 +25,50 @@ func (s *server) orderHandler() http.Handler {
 		return http.HandlerFunc(s.placeOrder)
 	}
 	return &live.Handler{
-		Venue:     &live.Client{URL: s.cfg.venueURL, KeyID: s.cfg.venueKeyID, SecretKey: s.cfg.venueSecret},
-		Derive:    live.DeriveOrderID,
-		Read:      s.readLiveOrder,
-		Filled:    s.liveFilled,
-		Unsettled: unsettled,
-		Latency:   s.cfg.orderLatency,
-		Log:       s.log,
+		Venue:   s.venueClient(),
+		Derive:  live.DeriveOrderID,
+		Read:    s.readLiveOrder,
+		Filled:  s.liveFilled,
+		Latency: s.cfg.orderLatency,
+		Log:     s.log,
 	}
+}
+
+// venueClient is the live mode's client of the venue.
+func (s *server) venueClient() *live.Client {
+	return &live.Client{URL: s.cfg.venueURL, KeyID: s.cfg.venueKeyID, SecretKey: s.cfg.venueSecret}
+}
+
+// orderReconcile is the order route's reconcile hook in live mode (nil in
+// paper mode): a key left in flight (a crash) is settled by looking its
+// order up at the venue; a found order is stored locally, once, and
+// answered as the handler would have.
+func (s *server) orderReconcile() func(context.Context, idempotency.ReconcileInfo) (any, error) {
+	if s.cfg.venueURL == "" {
+		return nil
+	}
+	return live.Reconcile(s.venueClient(), func(ctx context.Context, info idempotency.ReconcileInfo, vo live.Order) (idempotency.Response, error) {
+		uid, err := strconv.ParseInt(info.Scope, 10, 64)
+		if err != nil {
+			return idempotency.Response{}, fmt.Errorf("reconcile: scope %q is not a user id", info.Scope)
+		}
+		qty, err := strconv.ParseInt(vo.Qty, 10, 64)
+		if err != nil {
+			return idempotency.Response{}, fmt.Errorf("reconcile: the venue's qty %q: %w", vo.Qty, err)
+		}
+		placed, err := s.recordFill(ctx, uid, live.Request{Symbol: vo.Symbol, Side: vo.Side, Qty: qty}, vo)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		body, err := json.Marshal(placed)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		h := http.Header{}
+		h.Set("Content-Type", "application/json")
+		h.Set("Location", "/api/trading/orders/"+strconv.FormatInt(placed.ID, 10))
+		return idempotency.Response{Status: http.StatusCreated, Header: h, Body: append(body, '\n')}, nil
+	})
 }
 
 // deriveKeys is Config.DeriveKeys: in live mode IDEMPOTENCY_DERIVE_KEYS, or
@@ -71,7 +106,7 @@ func (s *server) liveFilled(w http.ResponseWriter, r *http.Request, in live.Requ
 	if err != nil {
 		// The venue holds the order: a failure here must not fail the key.
 		s.log.Error("venue: could not store the venue's fill; the retry settles it", "error", err)
-		unsettled(w, r)
+		idempotency.Unsettled(w, r)
 		return
 	}
 	w.Header().Set("Location", "/api/trading/orders/"+strconv.FormatInt(placed.ID, 10))

@@ -259,11 +259,15 @@ type answer struct {
 	Error      string // the body's "error", if any
 	Body       map[string]any
 	RetryAfter time.Duration
+	Replayed   bool // Idempotent-Replayed: true
 }
 
 func (a answer) String() string {
-	if a.Error != "" {
+	switch {
+	case a.Error != "":
 		return fmt.Sprintf("%d %s", a.Status, a.Error)
+	case a.Replayed:
+		return strconv.Itoa(a.Status) + " replay"
 	}
 	return strconv.Itoa(a.Status)
 }
@@ -285,7 +289,7 @@ func sendOrder(ctx context.Context, base, key string, auth [2]string, qty int) (
 		return answer{}, err
 	}
 	defer resp.Body.Close()
-	a := answer{Status: resp.StatusCode}
+	a := answer{Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
 	raw, _ := io.ReadAll(resp.Body)
 	_ = json.Unmarshal(raw, &a.Body)
 	a.Error, _ = a.Body["error"].(string)

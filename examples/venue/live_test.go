@@ -19,12 +19,6 @@ import (
 	"github.com/idemkit/idempotency/internal/testdb"
 )
 
-// reconcileReady says whether the ordinary route has its reconcile hook.
-// Without it, a key whose server died mid-order stays in flight past its
-// lease and answers 409 idempotency_outcome_unknown, so the ordinary
-// route's kill-before and kill-during cells wait for it.
-const reconcileReady = false
-
 // venueFault is one fault of the venue, as the cells set it.
 type venueFault struct {
 	name    string
@@ -166,12 +160,8 @@ func TestVenueLive(t *testing.T) {
 					c := newCell(t, venueBin, serverBin)
 					for i, kill := range killPoints {
 						row := cellRow{route: rt.name, fault: f.name, kill: kill}
-						if rt.name == "ordinary" && !reconcileReady && (kill == "before" || kill == "during") {
-							row.note = "not run: needs the reconcile hook"
-						} else {
-							if !t.Run(kill, func(t *testing.T) { row = runCell(t, c, rt, f, kill, i+1, row) }) {
-								row.note = "FAILED"
-							}
+						if !t.Run(kill, func(t *testing.T) { row = runCell(t, c, rt, f, kill, i+1, row) }) {
+							row.note = "FAILED"
 						}
 						mu.Lock()
 						rows = append(rows, row)

@@ -85,18 +85,18 @@ func serveOrdinary(dsn string) int {
 	if err != nil {
 		return fail(err)
 	}
-	route, err := idem.Route(idempotency.RouteConfig{TTL: 24 * time.Hour})
+	venue := &live.Client{URL: os.Getenv(envOrdinaryVenue)}
+	route, err := idem.Route(idempotency.RouteConfig{TTL: 24 * time.Hour, Reconcile: live.Reconcile(venue, reconciledFill)})
 	if err != nil {
 		return fail(err)
 	}
 	h := &live.Handler{
-		Venue:     &live.Client{URL: os.Getenv(envOrdinaryVenue)},
-		Derive:    live.DeriveOrderID,
-		Read:      readOrdinaryOrder,
-		Filled:    writeOrdinaryFill,
-		Unsettled: live.StandInUnsettled,
-		Latency:   latency,
-		Log:       log,
+		Venue:   venue,
+		Derive:  live.DeriveOrderID,
+		Read:    readOrdinaryOrder,
+		Filled:  writeOrdinaryFill,
+		Latency: latency,
+		Log:     log,
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /api/trading/orders", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -123,14 +123,34 @@ func readOrdinaryOrder(w http.ResponseWriter, r *http.Request) (live.Request, bo
 
 // writeOrdinaryFill answers the venue's fill as the example server does,
 // without a local order book.
-func writeOrdinaryFill(w http.ResponseWriter, _ *http.Request, in live.Request, o live.Order) {
-	price, err := o.FillPrice()
+func writeOrdinaryFill(w http.ResponseWriter, r *http.Request, _ live.Request, o live.Order) {
+	body, err := ordinaryFillBody(o)
 	if err != nil {
-		live.StandInUnsettled(w, nil)
+		idempotency.Unsettled(w, r)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": "filled", "symbol": in.Symbol, "side": in.Side,
-		"qty": in.Qty, "fill_price": price, "client_order_id": o.ClientOrderID})
+	_, _ = w.Write(body)
+}
+
+// reconciledFill is the reconcile hook's answer for an order the venue
+// holds: the handler's.
+func reconciledFill(_ context.Context, _ idempotency.ReconcileInfo, o live.Order) (idempotency.Response, error) {
+	body, err := ordinaryFillBody(o)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}, nil
+}
+
+// ordinaryFillBody is the 201's body: {"status":"filled", "symbol",
+// "side", "qty", "fill_price", "client_order_id"}, from the venue's order.
+func ordinaryFillBody(o live.Order) ([]byte, error) {
+	price, err := o.FillPrice()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(map[string]any{"status": "filled", "symbol": o.Symbol, "side": o.Side,
+		"qty": o.Qty, "fill_price": price, "client_order_id": o.ClientOrderID})
 }

@@ -75,7 +75,11 @@ func venueCell(t *testing.T, c cell, fault, delay string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, c, envOpts{h: liveBehaviour(client), cfg: func(cfg *idempotency.Config) { cfg.DeriveKeys = keys }})
+	e := newEnv(t, c, envOpts{
+		h:     liveBehaviour(client),
+		cfg:   func(cfg *idempotency.Config) { cfg.DeriveKeys = keys },
+		route: func(rc *idempotency.RouteConfig) { rc.Reconcile = live.Reconcile(client, reconciledOrder) },
+	})
 	v.control(t, "POST", "/control/faults", map[string]any{"fault": fault, "count": 1, "delay": delay}, nil)
 
 	key := newKey()
@@ -84,9 +88,9 @@ func venueCell(t *testing.T, c cell, fault, delay string) {
 	for n := 1; ; n++ {
 		last = e.send(key)
 		e.within(fmt.Sprintf("attempt %d", n), last, lease) // the handler may wait out its deadline
-		// The stand-in for idempotency.Unsettled answers 429
-		// venue_outcome_unknown and gives the key back.
-		retry := last.code == "venue_outcome_unknown" || last.code == "idempotency_in_flight" || last.code == "idempotency_store_unavailable"
+		// idempotency.Unsettled answers 503 store_unavailable; the retry
+		// reconciles (ordinary) or executes again (transactional).
+		retry := last.code == "idempotency_in_flight" || last.code == "idempotency_store_unavailable"
 		if !retry || time.Now().After(deadline) {
 			break
 		}
@@ -135,13 +139,19 @@ func liveBehaviour(client *live.Client) behaviour {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = fmt.Fprintf(w, `{"status":"filled","client_order_id":%q}`, o.ClientOrderID)
 			},
-			Unsettled: live.StandInUnsettled,
-			Log:       quiet,
+			Log: quiet,
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, "POST", "/orders", bytes.NewReader(hc.body)))
 		return rec.Code, rec.Body.Bytes()
 	}
+}
+
+// reconciledOrder is the reconcile hook's answer for an order the venue
+// holds: the handler's.
+func reconciledOrder(_ context.Context, _ idempotency.ReconcileInfo, o live.Order) (idempotency.Response, error) {
+	return idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: fmt.Appendf(nil, `{"status":"filled","client_order_id":%q}`, o.ClientOrderID)}, nil
 }
 
 // matrixVenue is a venue process of one cell, restarted on its address

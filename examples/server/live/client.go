@@ -8,8 +8,8 @@
 // a definite refusal (*RejectedError), a duplicate id (ErrDuplicate), no
 // such order (ErrNotFound), or an unknown outcome (ErrUnknown: a timeout,
 // a dropped connection, a 5xx, any other answer). Handler is the order
-// route's handler and Reconcile its reconcile hook's lookup; the example
-// server and examples/venue's tests build their order routes from them.
+// route's handler and Reconcile its reconcile hook; the example server and
+// examples/venue's tests build their order routes from them.
 //
 // It is an example's package, not part of the library's API.
 package live

@@ -146,7 +146,7 @@ func TestVenueHandlerAnswers(t *testing.T) {
 		{"filled", func(w http.ResponseWriter) { _, _ = io.WriteString(w, testOrder) }, fixedID, 201, `"cid"`},
 		{"rejected", func(w http.ResponseWriter) { w.WriteHeader(403); _, _ = io.WriteString(w, `{"code":40310000}`) }, fixedID, 422, `{"error":"venue_rejected"}`},
 		{"duplicate", func(w http.ResponseWriter) { w.WriteHeader(422); _, _ = io.WriteString(w, dup) }, fixedID, 201, `"cid"`},
-		{"unknown", func(w http.ResponseWriter) { w.WriteHeader(502) }, fixedID, 299, ``},
+		{"unknown", func(w http.ResponseWriter) { w.WriteHeader(502) }, fixedID, 503, `{"error":"idempotency_store_unavailable"}`},
 		{"no key", func(w http.ResponseWriter) { _, _ = io.WriteString(w, testOrder) }, noKey, 201, `"cid"`},
 		{"derive fails", nil, func(context.Context) (string, error) { return "", errors.New("key retired") }, 500, `{"error":"venue_key_unavailable"}`},
 	} {
@@ -176,7 +176,6 @@ func TestVenueHandlerAnswers(t *testing.T) {
 					w.WriteHeader(201)
 					_, _ = io.WriteString(w, `"`+o.ClientOrderID+`"`)
 				},
-				Unsettled: func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) },
 			}
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest("POST", "/", nil))

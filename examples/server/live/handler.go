@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/downstream"
 )
 
@@ -21,8 +22,9 @@ import (
 //   - a definite refusal (a 4xx other than a duplicate id): 422
 //     {"error":"venue_rejected"};
 //   - a duplicate id: the booked order, looked up, through Filled;
-//   - anything else (timeout, dropped connection, 5xx): Unsettled, so the
-//     key is neither completed nor failed and the retry finds out.
+//   - anything else (timeout, dropped connection, 5xx):
+//     idempotency.Unsettled, so the key is neither completed nor failed
+//     and the retry finds out (Reconcile).
 type Handler struct {
 	// Venue is the venue's client.
 	Venue *Client
@@ -38,8 +40,6 @@ type Handler struct {
 	Read func(w http.ResponseWriter, r *http.Request) (Request, bool)
 	// Filled answers the venue's order: what the route answers on success.
 	Filled func(w http.ResponseWriter, r *http.Request, in Request, o Order)
-	// Unsettled ends a request whose venue outcome is unknown.
-	Unsettled func(w http.ResponseWriter, r *http.Request)
 	// Latency is waited before the venue call (simulated). A request whose
 	// context ends first answers 504 {"error":"fill_timeout"}: nothing
 	// was sent.
@@ -83,7 +83,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnprocessableEntity, "venue_rejected")
 	default:
 		log.Warn("venue: outcome unknown; the retry settles it", "symbol", in.Symbol, "error", err)
-		h.Unsettled(w, r)
+		idempotency.Unsettled(w, r)
 	}
 }
 
@@ -109,16 +109,6 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// StandInUnsettled answers 429 {"error":"venue_outcome_unknown"} with
-// Retry-After: 1, which gives the key back: the retry runs the handler
-// again under the same client_order_id, and the venue's duplicate refusal
-// makes it look the order up. It stands in for idempotency.Unsettled until
-// the engine has it.
-func StandInUnsettled(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Retry-After", "1")
-	writeError(w, http.StatusTooManyRequests, "venue_outcome_unknown")
-}
-
 // DeriveOrderID is the order's client_order_id: the key derived for the
 // downstream "venue", leg "entry", in the Alpaca profile, the same for
 // every attempt of one key (downstream.Key; Config.DeriveKeys keys it).
@@ -133,4 +123,28 @@ func writeError(w http.ResponseWriter, status int, code string) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// Reconcile returns the order route's reconcile hook (RouteConfig.Reconcile):
+// it looks up the order a stale key sent, by the client_order_id derived
+// for the key's row (DeriveOrderID: the hook's context carries the row).
+// Found: done, with answer's response for it, which the route records and
+// replays. Not found (404 code 40410000): idempotency.ErrNotDone, and the
+// handler runs again under the same id. Anything else: unknown (409
+// idempotency_outcome_unknown; a later retry asks again).
+func Reconcile(c *Client, answer func(ctx context.Context, info idempotency.ReconcileInfo, o Order) (idempotency.Response, error)) func(context.Context, idempotency.ReconcileInfo) (any, error) {
+	return func(ctx context.Context, info idempotency.ReconcileInfo) (any, error) {
+		id, err := DeriveOrderID(ctx)
+		if err != nil {
+			return nil, err
+		}
+		o, err := c.Lookup(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil, idempotency.ErrNotDone
+		case err != nil:
+			return nil, err
+		}
+		return answer(ctx, info, o)
+	}
 }
