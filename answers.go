@@ -1,7 +1,9 @@
 package idempotency
 
 import (
+	"net/http"
 	"strconv"
+	"time"
 )
 
 // answer is one of the HTTP contract's own answers: every status, header
@@ -93,9 +95,10 @@ type ErrorAnswer struct {
 	Kind string
 	// Type is the problem type URI: Config.ProblemTypeBase and Kind.
 	Type           string
-	Title          string // a short human-readable summary
-	RetryAfterMS   int    // 5000 on idempotency_in_flight, else 0
-	OriginalStatus int    // the recorded status on idempotency_response_not_stored, else 0
+	Title          string    // a short human-readable summary
+	RetryAfterMS   int       // 5000 on idempotency_in_flight, else 0
+	OriginalStatus int       // the recorded status on idempotency_response_not_stored, else 0
+	Expires        time.Time // the key's expires_at, to the second, on an answer about its row; else zero
 
 	err error // what it stands for (Unwrap)
 }
@@ -175,6 +178,36 @@ func (rq *request) answerWith(a answer, original int) {
 	}
 	rq.observeAnswer(a)
 	rq.t.deliver(a, original)
+}
+
+// advertised is the expiry answer a tells (Idempotency-Expires, CallInfo,
+// ErrorAnswer.Expires): the expires_at of the row the call read or wrote,
+// to the second, on the answers about that row (the conflicts: 409 and
+// 422); zero on the others (400, 413, 500, 503) and without a row (a
+// contention 409, a transactional 409 in flight). The handler's own
+// result and a replay advertise the row's always (advertise).
+func (rq *request) advertised(a answer) time.Time {
+	if answers[a].counter != countConflict {
+		return time.Time{}
+	}
+	return advertise(rq.expires)
+}
+
+// advertise is expires_at as it is advertised: rounded down to the
+// second (zero stays zero).
+func advertise(expires time.Time) time.Time {
+	if expires.IsZero() {
+		return time.Time{}
+	}
+	return expires.UTC().Truncate(time.Second)
+}
+
+// expiresHeader sets Idempotency-Expires on h to t as an IMF-fixdate,
+// unless t is zero.
+func expiresHeader(h http.Header, t time.Time) {
+	if !t.IsZero() {
+		h[HeaderExpires] = []string{t.Format(http.TimeFormat)} // canonical: Header.Set without its canonicalisation
+	}
 }
 
 // answerDuplicate answers a request whose key belongs to a live record.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The Do adapter: an Operation's calls through the engine. A call is
@@ -43,8 +44,9 @@ type Call struct {
 
 // CallInfo tells how Do answered a call.
 type CallInfo struct {
-	Replayed bool // the first run's result, replayed: the function did not run
-	Bypassed bool // the function ran without deduplication (the kill-switch it follows, or a fail-open store outage)
+	Replayed bool      // the first run's result, replayed: the function did not run
+	Bypassed bool      // the function ran without deduplication (the kill-switch it follows, or a fail-open store outage)
+	Expires  time.Time // the key's expires_at, to the second, when the call read or wrote its row; else zero
 }
 
 // Codec encodes the results of Do for the store (RouteConfig.Codec):
@@ -238,8 +240,14 @@ func (oc *opCall) result() Response {
 	return r
 }
 
-func (oc *opCall) send()                         { oc.out, oc.out.Status = oc.res, cmp.Or(oc.res.Status, 200) }
-func (oc *opCall) replay(resp Response)          { oc.out, oc.info.Replayed = resp, true }
+func (oc *opCall) send() {
+	oc.out, oc.out.Status, oc.info.Expires = oc.res, cmp.Or(oc.res.Status, 200), advertise(oc.expires)
+}
+
+func (oc *opCall) replay(resp Response) {
+	oc.out, oc.info.Replayed, oc.info.Expires = resp, true, advertise(oc.expires)
+}
+
 func (oc *opCall) auditContext() context.Context { return oc.ctx }
 
 // reconciled is a Reconcile hook's done value as the Operation records it.
@@ -251,7 +259,8 @@ func (oc *opCall) reconciled(v any) (Response, error) {
 // deliver keeps answer a as the call's error.
 func (oc *opCall) deliver(a answer, original int) {
 	e := oc.m.errorAnswer(a, original)
-	e.err = answers[a].err
+	e.err, e.Expires = answers[a].err, oc.advertised(a)
+	oc.info.Expires = e.Expires
 	if a == answerUnavailable && oc.cause != nil {
 		e.err = oc.cause
 		if !errors.Is(oc.cause, ErrStoreUnavailable) {

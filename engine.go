@@ -34,6 +34,9 @@ type request struct {
 	rm    *routeMetrics // the label's counters
 	// Set by claimKey:
 	claimStart time.Time // when the first claiming call began: the earliest the lease can have started
+	// expires is the expires_at of the row the claim read or wrote (zero:
+	// none), which the answers about that row advertise (advertised).
+	expires time.Time
 	// cause is why the store was unavailable, for the answer that says so.
 	cause error
 	// For Config.Observer:

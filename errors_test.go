@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idempotency/idemclient"
 )
@@ -146,6 +147,12 @@ func TestErrorWriter(t *testing.T) {
 	}
 	want := ErrorAnswer{Status: 409, Code: "idempotency_response_not_stored", Kind: "idempotency_response_not_stored", Type: DefaultProblemTypeBase + "idempotency_response_not_stored",
 		Title: answers[answerNotStored].title, OriginalStatus: 201}
+	if len(got) == 2 && got[1].Expires.IsZero() {
+		t.Fatal("the not-stored answer does not advertise its row's expiry")
+	}
+	if len(got) == 2 {
+		got[1].Expires = time.Time{} // TestErrorWriterGetsExpires checks its value
+	}
 	if len(got) != 2 || got[1] != want {
 		t.Fatalf("writer got %+v, want second %+v", got, want)
 	}

@@ -39,6 +39,7 @@ type responseBuffer struct {
 	holdCap   int64       // holdBack: the most it buffers (0: no cap)
 	tooLarge  bool        // holdBack: the body outgrew holdCap and was dropped
 	sent      http.Header // streaming: the headers as they went out
+	expires   time.Time   // the claimed row's expiry, sent as Idempotency-Expires (zero: none)
 }
 
 func newResponseBuffer(w http.ResponseWriter, limit int64, holdBack bool) *responseBuffer {
@@ -120,6 +121,7 @@ func (b *responseBuffer) startStreaming() {
 	// there are none yet: the record says the same, so a replay (whose
 	// body goes out whole) is not sniffed differently.
 	b.sent = b.w.Header().Clone()
+	expiresHeader(b.w.Header(), b.expires) // after the copy: never recorded
 	if _, ok := b.sent["Content-Type"]; !ok && bodyAllowed(b.status) &&
 		b.sent.Get("Content-Encoding") == "" && b.sent.Get("Transfer-Encoding") == "" {
 		if b.buf.Len() > 0 {
@@ -215,6 +217,7 @@ func (b *responseBuffer) finish() {
 	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" && !hasTrailers(h) {
 		h["Content-Length"] = []string{strconv.Itoa(b.buf.Len())} // canonical: Header.Set without its canonicalisation
 	}
+	expiresHeader(h, b.expires)
 	b.w.WriteHeader(status)
 	if b.buf.Len() > 0 {
 		_, _ = b.w.Write(b.buf.Bytes())

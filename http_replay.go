@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Replayable headers: these always, plus each route's allow-list.
@@ -19,7 +20,7 @@ var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Locatio
 var neverReplayed = map[string]bool{
 	"Set-Cookie": true, "Authorization": true, "Www-Authenticate": true, "Date": true,
 	"Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true, "Transfer-Encoding": true,
-	"Upgrade": true, "Content-Length": true, HeaderReplayed: true,
+	"Upgrade": true, "Content-Length": true, HeaderReplayed: true, HeaderExpires: true,
 }
 
 // replayAllowList validates a route's extra replay headers and returns the
@@ -46,14 +47,15 @@ const replayedName = "idempotency_replayed"
 var replayedMember = []byte(`"` + replayedName + `":true`)
 
 // writeReplay sends a stored response: its status, its stored headers,
-// Idempotent-Replayed: true, and its body as recorded, with
-// "idempotency_replayed":true inserted when the body is a JSON object and
-// mark is set.
-func writeReplay(w http.ResponseWriter, resp Response, mark bool) {
+// Idempotent-Replayed: true, Idempotency-Expires (unless expires is zero),
+// and its body as recorded, with "idempotency_replayed":true inserted when
+// the body is a JSON object and mark is set.
+func writeReplay(w http.ResponseWriter, resp Response, mark bool, expires time.Time) {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
 	}
+	expiresHeader(h, expires) // over any stored one: the row's own
 	body := resp.Body
 	if mark && resp.BodyKind == BodyJSON {
 		body = markReplayed(body)

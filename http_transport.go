@@ -23,6 +23,7 @@ func (rq *httpRequest) pass(keyed bool) {
 // before it ran are kept for an answer that replaces the handler's.
 func (rq *httpRequest) handle(ctx context.Context, limit int64, held bool) {
 	rq.buf = newResponseBuffer(rq.w, limit, held)
+	rq.buf.expires = advertise(rq.expires) // for a result that streams
 	if held {
 		rq.before = rq.w.Header().Clone()
 		rq.buf.holdCap = bufferCap(rq.rt.maxResponse)
@@ -33,7 +34,14 @@ func (rq *httpRequest) handle(ctx context.Context, limit int64, held bool) {
 func (rq *httpRequest) status() int      { return rq.buf.statusCode() }
 func (rq *httpRequest) tooLarge() bool   { return rq.buf.tooLarge }
 func (rq *httpRequest) result() Response { return rq.buf.response(rq.rt.replayHeaders) }
-func (rq *httpRequest) send()            { rq.buf.finish() }
+
+// send sends the handler's result, advertising the row it was recorded in
+// (none once the key was given back). A streamed result advertised the
+// claimed row when its headers went out.
+func (rq *httpRequest) send() {
+	rq.buf.expires = advertise(rq.expires)
+	rq.buf.finish()
+}
 
 // auditContext is the request's context, carrying the request.
 func (rq *httpRequest) auditContext() context.Context { return rq.hookContext(true) }
@@ -44,7 +52,9 @@ func (rq *httpRequest) reconciled(v any) (Response, error) {
 }
 
 // replay sends a stored response.
-func (rq *httpRequest) replay(resp Response) { writeReplay(rq.w, resp, rq.rt.marker) }
+func (rq *httpRequest) replay(resp Response) {
+	writeReplay(rq.w, resp, rq.rt.marker, advertise(rq.expires))
+}
 
 // deliver sends answer a: its status, headers and body, or what
 // Config.ErrorWriter writes. After a held run the handler's headers are
@@ -63,8 +73,12 @@ func (rq *httpRequest) deliver(a answer, original int) {
 	if ans.retryAfter != "" {
 		h.Set("Retry-After", ans.retryAfter)
 	}
+	expires := rq.advertised(a)
+	expiresHeader(h, expires)
 	if rq.m.cfg.ErrorWriter != nil {
-		rq.m.cfg.ErrorWriter(rq.w, rq.r, rq.m.errorAnswer(a, original))
+		e := rq.m.errorAnswer(a, original)
+		e.Expires = expires
+		rq.m.cfg.ErrorWriter(rq.w, rq.r, e)
 		return
 	}
 	body := rq.m.bodies[a]

@@ -16,6 +16,9 @@ const (
 	HeaderKey = "Idempotency-Key"
 	// HeaderReplayed is set to "true" on every replayed response.
 	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderExpires carries the key's expires_at, to the second (IMF-fixdate),
+	// on every answer that read or wrote its row.
+	HeaderExpires = "Idempotency-Expires"
 )
 
 // Middleware wraps routes with idempotency keys. Build one with New, then

@@ -12,6 +12,7 @@ import (
 // handler if the claim was won, or answer as the key's record calls for.
 func (rq *request) serve() {
 	res, err := rq.claimKey()
+	rq.expires = res.record.ExpiresAt // zero without a row: an error, contention
 	switch {
 	case err != nil:
 		rq.claimFailed(err)

@@ -50,6 +50,7 @@ func (ordinary) conclude(x *execution) {
 // outcome that cannot be settled leaves the key in flight: it is never
 // executed again, and later answers idempotency_outcome_unknown.
 func (rq *request) settle(own Record, o outcome, resp Response, deadline time.Time) {
+	rq.releasing(o)
 	f := own.Fence()
 	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, own, resp) }
 	switch o {
@@ -84,6 +85,14 @@ func (rq *request) settle(own Record, o outcome, resp Response, deadline time.Ti
 		}
 		time.Sleep(backoff) // back off before retrying a failing store
 		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// releasing notes that outcome o gives the key back: the row goes, so no
+// answer advertises its expiry.
+func (rq *request) releasing(o outcome) {
+	if o == outcomeRelease {
+		rq.expires = time.Time{}
 	}
 }
 

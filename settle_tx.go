@@ -107,6 +107,7 @@ func (x *execution) concludeTx() {
 // (open or aborted): one that ended under the handler never gets here
 // (endedUnderHandler).
 func (x *execution) settleTx(o outcome, resp Response) bool {
+	x.releasing(o)
 	state := x.tx.State()
 	switch {
 	case !x.owned && o == outcomeComplete && state == TxOpen:

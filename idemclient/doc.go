@@ -9,7 +9,9 @@
 // 409 in flight with Retry-After, a 429, 502 or 504, or a 400
 // idempotency_body_unreadable, waiting at least Retry-After; it never
 // retries 409 previous_failed, outcome_unknown or response_not_stored, 422
-// or other 4xx, and never mints a new key for a retry:
+// or other 4xx, and never mints a new key for a retry, nor sends one less
+// than ExpirySkew before the key's expiry the server advertised
+// (Idempotency-Expires; ErrKeyExpiring instead):
 //
 //	client := &http.Client{Transport: &idemclient.Transport{}}
 //

@@ -86,8 +86,10 @@ func retryableErr(err error) bool {
 //
 // (set the Idempotency-Key header once on the request: go-retryablehttp
 // sends the same headers on every attempt). When ctx is done it returns
-// false and ctx's error. It reads a 400's or 409's body to find the code
-// and puts it back, so resp.Body still reads whole.
+// false and ctx's error. A retryable answer whose Idempotency-Expires is
+// less than ExpirySkew after its Retry-After returns false and
+// ErrKeyExpiring. It reads a 400's or 409's body to find the code and puts
+// it back, so resp.Body still reads whole.
 func CheckRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	if ctx.Err() != nil {
 		return false, ctx.Err()
@@ -95,10 +97,14 @@ func CheckRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	if err != nil {
 		return retryableErr(err), nil
 	}
-	if resp == nil {
+	if resp == nil || !retryableResponse(resp) {
 		return false, nil
 	}
-	return retryableResponse(resp), nil
+	wait, _ := retryAfter(resp)
+	if expires, ok := advertisedExpiry(resp); ok && expiring(expires, wait) {
+		return false, keyExpiring(expires, 1, resp.StatusCode)
+	}
+	return true, nil
 }
 
 // Backoff returns how long to wait before retry attemptNum (from 0): the

@@ -20,7 +20,10 @@ import (
 // answer (409 idempotency_previous_failed, idempotency_outcome_unknown and
 // idempotency_response_not_stored, 422, other 4xx, 500), and never mints a
 // new key for a retry. Waits honour Retry-After, are jittered, and end with
-// the request's context; the attempts are bounded by MaxAttempts.
+// the request's context; the attempts are bounded by MaxAttempts. A retry
+// that would be sent less than ExpirySkew before the key's expiry, as an
+// answer advertised it (Idempotency-Expires), is not sent: RoundTrip
+// returns ErrKeyExpiring.
 //
 // The key is, in order: the request's own Idempotency-Key header (kept as
 // it is); the key of WithKey in the request's context (both present and
@@ -119,6 +122,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if key != "" {
 		out.Header.Set(HeaderKey, key)
 	}
+	var expires time.Time // the key's expiry, as the last answer that said it advertised
 	for n := 1; ; n++ {
 		attempt := out.WithContext(ctx) // a request of its own: the last one may still be in use
 		if err := b.forAttempt(attempt, n); err != nil {
@@ -128,12 +132,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			resp, err = readWhole(resp, cmp.Or(t.MaxBufferedResponse, defaultMaxBufferedResp))
 		}
+		if at, ok := advertisedExpiry(resp); ok {
+			expires = at
+		}
 		wait, retry := t.retry(ctx, n, b.replayable, resp, err)
 		if !retry {
 			if err != nil && n > 1 {
 				err = fmt.Errorf("idemclient: attempt %d: %w", n, err)
 			}
 			return resp, err
+		}
+		if expiring(expires, wait) {
+			status := 0
+			if resp != nil {
+				status = resp.StatusCode
+			}
+			discard(resp)
+			return nil, keyExpiring(expires, n, status)
 		}
 		if t.OnRetry != nil {
 			t.OnRetry(retryEvent(attempt, n, resp, err, wait))

@@ -19,6 +19,21 @@ import (
 // of the handler's.
 const Domain = "github.com/idemkit/idempotency"
 
+// ExpiresKey is the header metadata key of the key's expiry (FormatExpires)
+// on the handler's own answer and on a replay; an error answer of the
+// contract carries it as its ErrorInfo metadata "expires_at".
+const ExpiresKey = "idempotency-expires"
+
+// FormatExpires is an expiry (idempotency.CallInfo.Expires) as the adapters
+// send it: RFC 3339 in UTC with whole seconds (2006-01-02T15:04:05Z); "" for
+// the zero time, when the call read or wrote no row.
+func FormatExpires(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Truncate(time.Second).Format(time.RFC3339)
+}
+
 // RPC status codes, as gRPC and Connect number them.
 const (
 	codeOK                 = 0
@@ -96,7 +111,7 @@ type Answer struct {
 	Code       uint32            // the RPC status code
 	Message    string            // the status message: the answer's Error(), about a key, never the HTTP header
 	Reason     string            // ErrorInfo.Reason: the answer's Kind, upper case
-	Metadata   map[string]string // ErrorInfo.Metadata: retry_after_ms, original_status
+	Metadata   map[string]string // ErrorInfo.Metadata: retry_after_ms, original_status, expires_at
 	RetryDelay time.Duration     // RetryInfo's delay; 0: no RetryInfo
 }
 
@@ -135,6 +150,9 @@ func AnswerOf(ea *idempotency.ErrorAnswer) Answer {
 	}
 	if ea.OriginalStatus != 0 {
 		a.Metadata["original_status"] = strconv.Itoa(ea.OriginalStatus)
+	}
+	if v := FormatExpires(ea.Expires); v != "" {
+		a.Metadata["expires_at"] = v
 	}
 	return a
 }

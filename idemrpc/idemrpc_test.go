@@ -28,3 +28,23 @@ func TestAnswerOfMapsTheKind(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiresFormat: an expiry is RFC 3339 UTC with whole seconds, rounded
+// down from any zone and fraction; the zero time is none, in an answer's
+// ErrorInfo metadata too.
+func TestExpiresFormat(t *testing.T) {
+	at := time.Date(2026, 7, 11, 14, 0, 0, 999_999_000, time.FixedZone("CEST", 2*3600))
+	if got := FormatExpires(at); got != "2026-07-11T12:00:00Z" {
+		t.Fatalf("FormatExpires = %q, want 2026-07-11T12:00:00Z", got)
+	}
+	if got := FormatExpires(time.Time{}); got != "" {
+		t.Fatalf("FormatExpires(zero) = %q, want none", got)
+	}
+	a := AnswerOf(&idempotency.ErrorAnswer{Kind: "idempotency_previous_failed", Expires: at})
+	if a.Metadata["expires_at"] != "2026-07-11T12:00:00Z" {
+		t.Fatalf("ErrorInfo metadata %v, want expires_at", a.Metadata)
+	}
+	if a = AnswerOf(&idempotency.ErrorAnswer{Kind: "idempotency_store_unavailable"}); a.Metadata["expires_at"] != "" {
+		t.Fatalf("an answer without a row: metadata %v", a.Metadata)
+	}
+}

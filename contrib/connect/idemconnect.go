@@ -36,6 +36,12 @@ const KeyHeader = "Idempotency-Key"
 // ReplayedHeader is the response header set to "true" on a replay.
 const ReplayedHeader = "Idempotent-Replayed"
 
+// ExpiresHeader is the response header (gRPC metadata idempotency-expires)
+// of the key's expiry on the handler's answer and on a replay: RFC 3339
+// UTC, whole seconds (idemrpc.FormatExpires). The contract's error answers
+// carry it as ErrorInfo metadata "expires_at".
+const ExpiresHeader = "Idempotency-Expires"
+
 // Method is the policy of one unary procedure.
 type Method struct {
 	// Route is the engine's policy: FailOpen, Transactional, TTL,
@@ -135,18 +141,20 @@ func (m *method) serve(ctx context.Context, req connect.AnyRequest, next connect
 		out    connect.AnyResponse
 		outErr error
 	)
-	resp, _, err := m.op.Exec(ctx, idempotency.Call{Key: key, Request: body}, func(hctx context.Context) idempotency.Response {
+	resp, info, err := m.op.Exec(ctx, idempotency.Call{Key: key, Request: body}, func(hctx context.Context) idempotency.Response {
 		ran = true
 		out, outErr = next(hctx, req)
 		return record(out, outErr, m.replay)
 	})
+	expires := idemrpc.FormatExpires(info.Expires)
 	switch {
 	case err != nil:
 		return nil, answerError(err)
 	case ran:
+		advertise(out, outErr, expires)
 		return out, outErr
 	}
-	return replay(resp) // neither an answer nor a run: the stored answer
+	return replay(resp, expires) // neither an answer nor a run: the stored answer
 }
 
 // keyOf is the call's key: the request field's, or the header's. An empty
@@ -172,7 +180,7 @@ var neverStored = map[string]bool{
 	"authorization": true, "cookie": true, "set-cookie": true, "www-authenticate": true,
 	"connection": true, "keep-alive": true, "te": true, "trailer": true, "transfer-encoding": true,
 	"upgrade": true, "date": true, "content-length": true, "content-type": true, "content-encoding": true,
-	"user-agent": true, "idempotency-key": true, "idempotent-replayed": true,
+	"user-agent": true, "idempotency-key": true, "idempotent-replayed": true, "idempotency-expires": true,
 }
 
 // allowList validates a method's ReplayHeaders, lower-cased.

@@ -51,17 +51,34 @@ func keep(h, from http.Header, prefix string, allow []string) {
 // against the handler's type, so the wrapper stands in for it.
 type replayed struct{ proto.Message }
 
-// replay answers a stored response: its headers, the replay marker, and
-// the message or the error.
-func replay(resp idempotency.Response) (connect.AnyResponse, error) {
+// advertise sets the key's expiry (ExpiresHeader) on the handler's own
+// answer, its response's headers or its error's metadata, unless expires
+// is "".
+func advertise(out connect.AnyResponse, outErr error, expires string) {
+	var ce *connect.Error
+	switch {
+	case expires == "":
+	case outErr == nil && out != nil:
+		out.Header().Set(ExpiresHeader, expires)
+	case errors.As(outErr, &ce):
+		ce.Meta().Set(ExpiresHeader, expires)
+	}
+}
+
+// replay answers a stored response: its headers, the replay marker, the
+// key's expiry, and the message or the error.
+func replay(resp idempotency.Response, expires string) (connect.AnyResponse, error) {
 	s, err := idemrpc.ReadStored(resp)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, errors.New("idemconnect: "+err.Error()))
 	}
 	header, trailer := http.Header{}, http.Header{}
-	header.Set(ReplayedHeader, "true")
 	for k, vs := range s.Header {
 		header[http.CanonicalHeaderKey(k)] = vs
+	}
+	header.Set(ReplayedHeader, "true")
+	if expires != "" {
+		header.Set(ExpiresHeader, expires)
 	}
 	for k, vs := range s.Trailer {
 		trailer[http.CanonicalHeaderKey(k)] = vs

@@ -40,6 +40,12 @@ const MetadataKey = "idempotency-key"
 // ReplayedKey is the header metadata key set to "true" on a replay.
 const ReplayedKey = "idempotent-replayed"
 
+// ExpiresKey is the header metadata key of the key's expiry on the
+// handler's answer and on a replay: RFC 3339 UTC, whole seconds
+// (idemrpc.FormatExpires). The contract's error answers carry it as
+// ErrorInfo metadata "expires_at".
+const ExpiresKey = idemrpc.ExpiresKey
+
 // Method is the policy of one unary method.
 type Method struct {
 	// Route is the engine's policy: FailOpen, Transactional, TTL,
@@ -124,19 +130,20 @@ func (m *method) serve(ctx context.Context, req any, fullMethod string, handler 
 		outErr  error
 		capture = &captureStream{method: fullMethod}
 	)
-	resp, _, err := m.op.Exec(ctx, idempotency.Call{Key: key, Request: body}, func(hctx context.Context) idempotency.Response {
+	resp, info, err := m.op.Exec(ctx, idempotency.Call{Key: key, Request: body}, func(hctx context.Context) idempotency.Response {
 		ran = true
 		out, outErr = handler(grpc.NewContextWithServerTransportStream(hctx, capture), req)
 		return record(out, outErr, capture, m.replay)
 	})
+	expires := idemrpc.FormatExpires(info.Expires)
 	switch {
 	case err != nil:
 		return nil, answerStatus(err)
 	case ran:
-		capture.flush(ctx)
+		capture.flush(ctx, expires)
 		return out, outErr
 	}
-	return replay(ctx, resp) // neither an answer nor a run: the stored answer
+	return replay(ctx, resp, expires) // neither an answer nor a run: the stored answer
 }
 
 // keyOf is the call's key: the request field's, or the metadata's. An

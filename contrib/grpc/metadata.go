@@ -43,10 +43,17 @@ func (c *captureStream) SetTrailer(md metadata.MD) error {
 	return nil
 }
 
-// flush hands what the handler set to the call's own stream.
-func (c *captureStream) flush(ctx context.Context) {
+// flush hands what the handler set to the call's own stream, with the
+// key's expiry (ExpiresKey) unless it is "".
+func (c *captureStream) flush(ctx context.Context, expires string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if expires != "" {
+		if c.header == nil {
+			c.header = metadata.MD{}
+		}
+		c.header.Set(ExpiresKey, expires)
+	}
 	if len(c.header) > 0 {
 		_ = grpc.SetHeader(ctx, c.header)
 	}
@@ -75,7 +82,7 @@ var neverStored = map[string]bool{
 	"authorization": true, "cookie": true, "set-cookie": true, "www-authenticate": true,
 	"connection": true, "keep-alive": true, "te": true, "trailer": true, "transfer-encoding": true,
 	"upgrade": true, "date": true, "content-length": true, "content-type": true, "user-agent": true,
-	MetadataKey: true, ReplayedKey: true,
+	MetadataKey: true, ReplayedKey: true, ExpiresKey: true,
 }
 
 // allowList validates a method's ReplayMetadata, lower-cased.

@@ -26,14 +26,18 @@ func record(resp any, herr error, c *captureStream, allow []string) idempotency.
 	return idemrpc.Record(uint32(st.Code()), msg, st.Message(), st.Proto().GetDetails(), h)
 }
 
-// replay answers a stored response: its metadata, the replay marker, and
-// the message (of its type from the registry) or the status.
-func replay(ctx context.Context, resp idempotency.Response) (any, error) {
+// replay answers a stored response: its metadata, the replay marker, the
+// key's expiry, and the message (of its type from the registry) or the
+// status.
+func replay(ctx context.Context, resp idempotency.Response, expires string) (any, error) {
 	s, err := idemrpc.ReadStored(resp)
 	if err != nil {
 		return nil, status.Error(codes.Internal, "idemgrpc: "+err.Error())
 	}
 	header, trailer := metadata.Pairs(ReplayedKey, "true"), metadata.MD{}
+	if expires != "" {
+		header.Set(ExpiresKey, expires)
+	}
 	for k, vs := range s.Header {
 		header.Append(k, vs...)
 	}

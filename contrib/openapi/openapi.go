@@ -12,7 +12,9 @@
 //     format: application/json {"error": ...} by default,
 //     application/problem+json (RFC 9457 plus "error") with ErrorProblem, or
 //     the schema given with ErrorSchema for a Config.ErrorWriter;
-//   - the Idempotent-Replayed header on every response the operation declares.
+//   - the Idempotent-Replayed header on every response the operation declares;
+//   - the Idempotency-Expires header on every response but the middleware's
+//     own 400, 413, 500 and 503, which read no row.
 //
 // Declare the handler's own responses first: Operation merges its answers into
 // a status the handler also answers (anyOf the two bodies).
@@ -34,16 +36,9 @@ const (
 	headerKey        = "Idempotency-Key"
 	headerReplayed   = "Idempotent-Replayed"
 	headerRetryAfter = "Retry-After"
-	// headerExpires is item 21's Idempotency-Expires, which the middleware
-	// does not send yet: see emitExpires.
-	headerExpires = "Idempotency-Expires"
+	// headerExpires is item 21's Idempotency-Expires (idempotency.HeaderExpires).
+	headerExpires = idempotency.HeaderExpires
 )
-
-// emitExpires is the hook for Idempotency-Expires (DESIGN-settled-r4 item
-// 21): the middleware does not send it yet, so Operation does not declare
-// it. When the root sends it, set this to true: Operation then declares it
-// (not required) on the responses item 21 lists (see noExpires).
-const emitExpires = false
 
 // Option changes what Operation declares.
 type Option func(*options)
@@ -104,7 +99,7 @@ func Operation(op *openapi3.Operation, cfg idempotency.Config, rc idempotency.Ro
 	for code := range op.Responses.Map() {
 		resp := inline(op.Responses, code)
 		setHeader(resp, headerReplayed, replayedHeader(), false)
-		if emitExpires && !(ours[code] && noExpires(code)) {
+		if !ours[code] || !noExpires(code) {
 			setHeader(resp, headerExpires, expiresHeader(), false)
 		}
 	}
@@ -204,6 +199,10 @@ func setHeader(resp *openapi3.Response, name string, h *openapi3.Header, require
 // noExpires reports whether the middleware's answers of code never carry
 // Idempotency-Expires: item 21 sends it on every answer that read or wrote a
 // committed row (the handler's own, a replay, 409 failed, not stored or
-// outcome unknown, 422), never on 400, 413 or 503. It is declared not
-// required everywhere else: a 409 in flight has no row to read it from.
-func noExpires(code string) bool { return code == "400" || code == "413" || code == "503" }
+// outcome unknown, 422), never on 400, 413, 503 or a transactional route's
+// 500 (its response over the buffer, rolled back). It is declared, not
+// required, on every other response: a 409 in flight or by contention has
+// no row to read it from.
+func noExpires(code string) bool {
+	return code == "400" || code == "413" || code == "500" || code == "503"
+}

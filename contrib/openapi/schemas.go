@@ -132,7 +132,7 @@ func retryAfterHeader() *openapi3.Header {
 	}}
 }
 
-// expiresHeader is item 21's Idempotency-Expires (see emitExpires).
+// expiresHeader is item 21's Idempotency-Expires (see noExpires).
 func expiresHeader() *openapi3.Header {
 	return &openapi3.Header{Parameter: openapi3.Parameter{
 		Description: "When the key is forgotten: its expires_at rounded down to the second, as an IMF-fixdate.",

@@ -60,7 +60,8 @@ func connectClient(e *env, addr string) caller {
 		}
 		resp, err := client.CallUnary(ctx, req)
 		if err == nil {
-			return answer{handler: true, status: 201, body: resp.Msg.GetValue(), replayed: resp.Header().Get(idemconnect.ReplayedHeader) == "true"}
+			return answer{handler: true, status: 201, body: resp.Msg.GetValue(), replayed: resp.Header().Get(idemconnect.ReplayedHeader) == "true",
+				expires: rfc3339Expiry(resp.Header().Get(idemconnect.ExpiresHeader))}
 		}
 		return connectAnswer(err)
 	}
@@ -75,7 +76,7 @@ func connectAnswer(err error) answer {
 	for _, d := range ce.Details() {
 		if v, derr := d.Value(); derr == nil {
 			if info, ok := v.(*errdetails.ErrorInfo); ok && info.GetDomain() == idemconnect.Domain {
-				return answer{code: strings.ToLower(info.GetReason())}
+				return answer{code: strings.ToLower(info.GetReason()), expires: rfc3339Expiry(info.GetMetadata()["expires_at"])}
 			}
 		}
 	}

@@ -47,13 +47,13 @@ func doAnswer(v json.RawMessage, info idempotency.CallInfo, err error) answer {
 	var he *handlerError
 	switch {
 	case errors.As(err, &ea):
-		return answer{code: problemCode(ea.Type, ea.Code)}
+		return answer{code: problemCode(ea.Type, ea.Code), expires: ea.Expires}
 	case errors.As(err, &he):
-		return answer{handler: true, status: he.status, body: he.body}
+		return answer{handler: true, status: he.status, body: he.body, expires: info.Expires}
 	case err != nil:
-		return answer{handler: true, status: 500, body: []byte(err.Error())}
+		return answer{handler: true, status: 500, body: []byte(err.Error()), expires: info.Expires}
 	}
-	return answer{handler: true, status: 201, body: v, replayed: info.Replayed, bypassed: info.Bypassed}
+	return answer{handler: true, status: 201, body: v, replayed: info.Replayed, bypassed: info.Bypassed, expires: info.Expires}
 }
 
 // problemCode is the idempotency_... code at the end of a problem type URI

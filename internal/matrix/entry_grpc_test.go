@@ -81,6 +81,9 @@ func grpcClient(e *env, addr string) caller {
 			a.body = out.GetPayload().GetBody()
 		}
 		a.replayed = len(hdr.Get(idemgrpc.ReplayedKey)) == 1 && hdr.Get(idemgrpc.ReplayedKey)[0] == "true"
+		if vs := hdr.Get(idemgrpc.ExpiresKey); a.handler && len(vs) == 1 {
+			a.expires = rfc3339Expiry(vs[0])
+		}
 		return a
 	}
 }
@@ -109,7 +112,7 @@ func rpcAnswer(st *status.Status, domain string) answer {
 	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == domain {
-			return answer{code: strings.ToLower(info.GetReason())}
+			return answer{code: strings.ToLower(info.GetReason()), expires: rfc3339Expiry(info.GetMetadata()["expires_at"])}
 		}
 	}
 	switch st.Code() {

@@ -71,6 +71,7 @@ func httpClient(e *env, addr string) caller {
 // with an idempotency_... code; anything else is the handler's.
 func httpAnswer(resp *http.Response, body []byte) answer {
 	a := answer{status: resp.StatusCode, body: body, replayed: resp.Header.Get(idempotency.HeaderReplayed) == "true"}
+	a.expires, _ = http.ParseTime(resp.Header.Get(idempotency.HeaderExpires))
 	var eb struct {
 		Error string `json:"error"`
 	}

@@ -46,6 +46,9 @@ type answer struct {
 	body     []byte // the handler's body when handler
 	err      error  // a transport failure: no answer at all
 	took     time.Duration
+	// expires is the key's expiry the answer advertised (Idempotency-Expires,
+	// CallInfo.Expires, the RPC header or ErrorInfo's expires_at); zero: none.
+	expires time.Time
 }
 
 func (a answer) String() string {
@@ -279,6 +282,29 @@ func (e *env) expect(what string, a answer, want string) {
 	case want != "" && a.code != want:
 		e.failf("%s: want %s, got %v", what, want, a)
 	}
+}
+
+// advertises checks that a, the handler's answer or a keyed answer about
+// key's row, advertises that row's expires_at rounded down to the second
+// (settled-r4 item 21), read from the row itself.
+func (e *env) advertises(what string, a answer, key string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	at, err := e.se.expiresAt(ctx, key)
+	if err != nil {
+		e.failf("%s: read the row's expires_at: %v", what, err)
+		return
+	}
+	if want := at.UTC().Truncate(time.Second); !a.expires.Equal(want) {
+		e.failf("%s: advertises the expiry %v, want the row's %v (expires_at %v)", what, a.expires, want, at)
+	}
+}
+
+// rfc3339Expiry parses an RPC adapter's expiry; "" or garbage is zero.
+func rfc3339Expiry(v string) time.Time {
+	t, _ := time.Parse(time.RFC3339, v)
+	return t
 }
 
 func orHandler(code string) string {

@@ -5,12 +5,15 @@ package matrix
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"time"
 )
 
 // The healthy baseline: a new key executes once, its retry replays, and
-// concurrent duplicates of a key run it once.
+// concurrent duplicates of a key run it once. Every keyed answer they see
+// advertises the row's expiry (Idempotency-Expires and its RPC and Do
+// forms), but a transactional in-flight answer, which saw no row.
 func baselineFaults() []*fault {
 	return []*fault{
 		simple("baseline: new key, replay", nil, envOpts{}, func(e *env) {
@@ -27,6 +30,10 @@ func baselineFaults() []*fault {
 				e.failf("retry: replayed body %q is not the first answer's %q", again.body, first.body)
 			}
 			e.within("retry", again, 0)
+			if first.err == nil && again.err == nil {
+				e.advertises("first call", first, key)
+				e.advertises("retry", again, key)
+			}
 			e.atMostOnce(key, 1)
 			e.noBypass()
 		}),
@@ -80,7 +87,15 @@ func concurrentDuplicates() *fault {
 				if !a.replayed {
 					won++
 				}
+				if a.replayed || e.bypassed.Load() == 0 { // a bypass has no row to advertise
+					e.advertises(fmt.Sprintf("duplicate %d", i), a, key)
+				}
+			case a.code == "idempotency_in_flight" && !e.c.v.tx:
+				e.advertises(fmt.Sprintf("duplicate %d, in flight", i), a, key) // it read the owner's committed row
 			case a.code == "idempotency_in_flight":
+				if !a.expires.IsZero() { // it waited on the owner's uncommitted row: none to read
+					e.failf("duplicate %d: a transactional in-flight answer advertises the expiry %v", i, a.expires)
+				}
 			case a.code == "idempotency_store_unavailable":
 				// A store slower than its timeout (a loaded CI machine,
 				// an InnoDB lock wait in whole seconds) is a 503, never a

@@ -201,6 +201,23 @@ func (se *storeEnv) q(s string) string {
 	return s
 }
 
+// expiresAt reads key's expires_at from its row (the only scope the
+// entries use is the empty one).
+func (se *storeEnv) expiresAt(ctx context.Context, key string) (time.Time, error) {
+	var at time.Time
+	if se.direct == nil { // memory: its rows are the store's own
+		recs, err := se.store.ExportScope(ctx, "")
+		for _, r := range recs {
+			if r.Key == key {
+				at = r.ExpiresAt
+			}
+		}
+		return at, err
+	}
+	err := se.direct.QueryRowContext(ctx, se.q("SELECT expires_at FROM idempotency_keys WHERE idem_key = $1"), key).Scan(&at)
+	return at, err
+}
+
 // ledgerRows counts the committed effects of key: its ledger rows but
 // those a handler wrote after its transaction ended (note 'after').
 func (se *storeEnv) ledgerRows(ctx context.Context, key string) (int, error) {
