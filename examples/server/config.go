@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/downstream"
 )
 
 // Environment variables read by the server. The flags have the same names
@@ -31,6 +33,15 @@ const (
 	// envSealKeys holds the keys that seal stored responses (README
 	// "Sealing stored responses"); never a flag, which ps would show.
 	envSealKeys = "IDEMPOTENCY_SEAL_KEYS"
+	// envVenueURL switches the order route to live mode (docs/live-trading.md).
+	envVenueURL = "VENUE_URL"
+	// The venue's credentials, sent as APCA-API-KEY-ID and
+	// APCA-API-SECRET-KEY; never flags.
+	envVenueKeyID  = "VENUE_KEY_ID"
+	envVenueSecret = "VENUE_SECRET_KEY"
+	// envDeriveKeys holds the keys the live mode derives client_order_ids
+	// under; never a flag.
+	envDeriveKeys = "IDEMPOTENCY_DERIVE_KEYS"
 	// envKillSwitch is idempotency.FlagEnv, read per request.
 )
 
@@ -54,6 +65,11 @@ type config struct {
 	storeTimeout time.Duration
 	sealKeysFile string               // -seal-keys-file: the seal keys' file, read instead of IDEMPOTENCY_SEAL_KEYS
 	sealKeys     idempotency.SealKeys // nil: responses are stored in plaintext
+	// The live mode (venueURL set): orders go to that venue.
+	venueURL    string
+	venueKeyID  string
+	venueSecret string
+	deriveKeys  *downstream.Keyring // IDEMPOTENCY_DERIVE_KEYS; nil in live mode: generated at start, with a warning
 
 	// getenv is read per request for the kill-switch
 	// (FLAG_IDEMPOTENCY_MIDDLEWARE) and the new-orders gate
@@ -108,7 +124,8 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.addr, "addr", cfg.addr, "listen address, host:port (env "+envAddr+")")
 	fs.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL URL; empty runs everything in memory (env "+envDatabaseURL+")")
 	fs.StringVar(&cfg.migrateURL, "migrate-database-url", "", "PostgreSQL URL the start-up migrations use, direct (never through a transaction pooler such as PgBouncer); empty uses -database-url (env "+envMigrateURL+")")
-	fs.Var(durationFlag{&cfg.orderLatency}, "order-latency", "simulated fill latency, e.g. 300ms (env "+envOrderLatency+")")
+	fs.Var(durationFlag{&cfg.orderLatency}, "order-latency", "simulated fill latency, e.g. 300ms; in live mode, waited before the venue call (env "+envOrderLatency+")")
+	fs.StringVar(&cfg.venueURL, "venue-url", "", "live mode: send orders to the venue at this URL, e.g. http://127.0.0.1:8090; empty fills them on paper (env "+envVenueURL+")")
 	fs.Var(durationFlag{&cfg.lease}, "lease", "how long a claimed idempotency key is owned; also the shutdown drain limit (env "+envLease+")")
 	fs.StringVar(&cfg.sealKeysFile, "seal-keys-file", "", "seal stored responses with the keys in this `PATH` (the format of "+envSealKeys+", read when this is not given)")
 	fs.Var(durationFlag{&cfg.storeTimeout}, "store-timeout", "deadline of every idempotency store call, and of the example's own database calls (env "+envStoreTimeout+")")
@@ -135,6 +152,11 @@ Other environment variables:
   MBT_NEW_ORDERS_DISABLED      1 refuses new orders with 503 new_orders_disabled
   IDEMPOTENCY_SEAL_KEYS        seal stored responses: ID:KEY entries, comma-separated, KEY the
                                standard base64 of 32 random bytes, the first the active key
+  VENUE_KEY_ID                 live mode: sent to the venue as APCA-API-KEY-ID
+  VENUE_SECRET_KEY             live mode: sent to the venue as APCA-API-SECRET-KEY
+  IDEMPOTENCY_DERIVE_KEYS      live mode: the keys client_order_ids are derived under, in the
+                               format of IDEMPOTENCY_SEAL_KEYS (generated at start when unset: set
+                               it, or a restart sends new ids)
 `)
 }
 
@@ -170,6 +192,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	}
 	if v, ok := fromEnv("migrate-database-url", envMigrateURL); ok {
 		cfg.migrateURL = v
+	}
+	if v, ok := fromEnv("venue-url", envVenueURL); ok {
+		cfg.venueURL = v
 	}
 	for _, d := range []struct {
 		name, env string
@@ -227,6 +252,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if err := cfg.readSealKeys(getenv); err != nil {
 		return cfg, err
 	}
+	if err := cfg.readVenue(getenv); err != nil {
+		return cfg, err
+	}
 	cfg.getenv = getenv
 	if s := getenv(envSessionSecret); s != "" {
 		cfg.sessionSecret = []byte(s)
@@ -257,6 +285,27 @@ func (cfg *config) readSealKeys(getenv func(string) string) error {
 		return usagef("%s: %v", from, err)
 	}
 	cfg.sealKeys = keys
+	return nil
+}
+
+// readVenue checks -venue-url and reads the live mode's secrets, which
+// only the environment carries.
+func (cfg *config) readVenue(getenv func(string) string) error {
+	if cfg.venueURL == "" {
+		return nil
+	}
+	u, err := url.Parse(cfg.venueURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("invalid -venue-url (%s) %q: want an http or https URL, e.g. http://127.0.0.1:8090", envVenueURL, cfg.venueURL)
+	}
+	cfg.venueKeyID, cfg.venueSecret = getenv(envVenueKeyID), getenv(envVenueSecret)
+	if text := strings.TrimSpace(getenv(envDeriveKeys)); text != "" {
+		keys, err := downstream.ParseKeys(text)
+		if err != nil {
+			return usagef("%s: %v", envDeriveKeys, err)
+		}
+		cfg.deriveKeys = keys
+	}
 	return nil
 }
 

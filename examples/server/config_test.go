@@ -154,3 +154,33 @@ func TestSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestParseConfigVenue: -venue-url / VENUE_URL switch on the live mode,
+// with its secrets from the environment only; a URL that is not http(s) is
+// a usage error; paper mode reads none of them.
+func TestParseConfigVenue(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"VENUE_URL": "http://127.0.0.1:8090", "VENUE_KEY_ID": "kid", "VENUE_SECRET_KEY": "sk",
+		"IDEMPOTENCY_DERIVE_KEYS": " d2:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=,d1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE= "}
+	cfg, err := parseConfig(nil, getenvOf(env))
+	if err != nil || cfg.venueURL != "http://127.0.0.1:8090" || cfg.venueKeyID != "kid" || cfg.venueSecret != "sk" ||
+		cfg.deriveKeys == nil || cfg.deriveKeys.IDs()[0] != "d2" {
+		t.Fatalf("environment: %+v, %v", cfg, err)
+	}
+	var ue *usageError
+	if _, err := parseConfig(nil, getenvOf(map[string]string{"VENUE_URL": "http://v", "IDEMPOTENCY_DERIVE_KEYS": "d1:c2VjcmV0"})); !errors.As(err, &ue) ||
+		!strings.Contains(err.Error(), "IDEMPOTENCY_DERIVE_KEYS") || strings.Contains(err.Error(), "c2VjcmV0") {
+		t.Fatalf("a malformed derive key: %v, want a usage error naming the variable, never the key", err)
+	}
+	if cfg, err = parseConfig([]string{"-venue-url", "https://paper-api.example"}, getenvOf(env)); err != nil || cfg.venueURL != "https://paper-api.example" {
+		t.Fatalf("the flag wins: %q, %v", cfg.venueURL, err)
+	}
+	if cfg, err = parseConfig(nil, getenvOf(map[string]string{"VENUE_KEY_ID": "kid", "IDEMPOTENCY_DERIVE_KEYS": "dk"})); err != nil || cfg.venueURL != "" || cfg.venueKeyID != "" || cfg.deriveKeys != nil {
+		t.Fatalf("paper mode: %+v, %v", cfg, err)
+	}
+	for _, bad := range []string{"127.0.0.1:8090", "ftp://venue", "http://"} {
+		if _, err := parseConfig([]string{"-venue-url", bad}, getenvOf(nil)); !errors.As(err, &ue) || !strings.Contains(err.Error(), "-venue-url") {
+			t.Errorf("-venue-url %q: %v, want a usage error naming the flag", bad, err)
+		}
+	}
+}

@@ -34,8 +34,6 @@ func TestContractMySQL(t *testing.T) {
 	testContract(t, mysqlBackend)
 }
 
-const ordersEndpoint = "POST /api/trading/orders"
-
 var hexHash = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func aapl(qty int) map[string]any { return map[string]any{"symbol": "AAPL", "side": "buy", "qty": qty} }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/downstream"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/internal/testdb/mysqldb"
 )
@@ -61,6 +62,15 @@ func (v *envVars) set(k, val string) {
 	v.m[k] = val
 }
 
+// testDeriveKeys is the live mode's keyring in tests.
+var testDeriveKeys = func() *downstream.Keyring {
+	k, err := downstream.ParseKeys("t1:AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=")
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
 // envOptions configure one test server.
 type envOptions struct {
 	vars         map[string]string
@@ -69,6 +79,7 @@ type envOptions struct {
 	orderLatency time.Duration
 	beforeFill   func(ctx context.Context, o order)
 	poolOptions  []testdb.Option // Postgres only
+	venueURL     string          // live mode
 }
 
 // testEnv is one server under test, behind httptest, with a client.
@@ -121,6 +132,8 @@ func testConfig(o envOptions, vars *envVars) config {
 		logger:        slog.New(slog.DiscardHandler),
 		dbWait:        5 * time.Second,
 		beforeFill:    o.beforeFill,
+		venueURL:      o.venueURL,
+		deriveKeys:    testDeriveKeys,
 	}
 }
 

@@ -91,9 +91,13 @@ func serve(ctx context.Context, cfg config) error {
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "store", srv.mode,
+	attrs := []any{"addr", ln.Addr().String(), "store", srv.mode,
 		"lease", cfg.lease.String(), "store_timeout", cfg.storeTimeout.String(),
-		"order_latency", cfg.orderLatency.String())
+		"order_latency", cfg.orderLatency.String()}
+	if cfg.venueURL != "" {
+		attrs = append(attrs, "venue", cfg.venueURL) // live mode
+	}
+	log.Info("listening", attrs...)
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -241,6 +241,17 @@ func (p *mysqlRepo) order(ctx context.Context, userID, id int64) (order, error) 
 	return o, err
 }
 
+func (p *mysqlRepo) orderByClientID(ctx context.Context, userID int64, clientOrderID string) (order, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
+	o, err := scanMySQLOrder(p.db.QueryRowContext(ctx, `SELECT `+mysqlOrderColumns+` FROM paper_orders
+		WHERE client_order_id = ? AND user_id = ? ORDER BY id LIMIT 1`, clientOrderID, userID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return order{}, errNotFound
+	}
+	return o, err
+}
+
 func (p *mysqlRepo) audit(ctx context.Context, userID int64, action string, details any) error {
 	ctx, cancel := p.bound(ctx)
 	defer cancel()

@@ -59,17 +59,11 @@ func (in orderRequest) validate() (order, string) {
 // with its order_placed audit row.
 func (s *server) placeOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	uid, _ := userFromContext(ctx)
-	var in orderRequest
-	if !readJSON(w, r, &in, "invalid_order", false) {
+	o, ok := readOrder(w, r)
+	if !ok {
 		return
 	}
-	o, msg := in.validate()
-	if msg != "" {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_order", "message": msg})
-		return
-	}
-	o.UserID, o.Status = uid, "filled"
+	uid := o.UserID
 	// Forward the key as the fill engine's client order id, as a live
 	// broker integration would.
 	o.ClientOrderID, _ = idempotency.KeyFromContext(ctx)
@@ -104,6 +98,23 @@ func (s *server) placeOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/api/trading/orders/"+strconv.FormatInt(placed.ID, 10))
 	writeJSON(w, http.StatusCreated, placed)
+}
+
+// readOrder reads and validates the order of POST /api/trading/orders, for
+// the session's user, answering 400 itself when it is invalid.
+func readOrder(w http.ResponseWriter, r *http.Request) (order, bool) {
+	var in orderRequest
+	if !readJSON(w, r, &in, "invalid_order", false) {
+		return order{}, false
+	}
+	o, msg := in.validate()
+	if msg != "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_order", "message": msg})
+		return order{}, false
+	}
+	o.UserID, _ = userFromContext(r.Context())
+	o.Status = "filled"
+	return o, true
 }
 
 // fillPrice is the fake fill engine's price: a reference price derived from

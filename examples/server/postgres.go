@@ -244,6 +244,17 @@ func (p *pgRepo) order(ctx context.Context, userID, id int64) (order, error) {
 	return o, err
 }
 
+func (p *pgRepo) orderByClientID(ctx context.Context, userID int64, clientOrderID string) (order, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
+	o, err := scanOrder(p.pool.QueryRow(ctx, `SELECT `+orderColumns+` FROM paper_orders
+		WHERE client_order_id = $1 AND user_id = $2 ORDER BY id LIMIT 1`, clientOrderID, userID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return order{}, errNotFound
+	}
+	return o, err
+}
+
 func (p *pgRepo) audit(ctx context.Context, userID int64, action string, details any) error {
 	ctx, cancel := p.bound(ctx)
 	defer cancel()

@@ -41,6 +41,9 @@ type repo interface {
 	orders(ctx context.Context, userID int64) ([]order, error)
 	// order returns one of the user's orders, or errNotFound.
 	order(ctx context.Context, userID, id int64) (order, error)
+	// orderByClientID returns the user's committed order with that
+	// client_order_id (live mode: the venue's), or errNotFound.
+	orderByClientID(ctx context.Context, userID int64, clientOrderID string) (order, error)
 	// audit appends an audit_log row; userID 0 stores NULL.
 	audit(ctx context.Context, userID int64, action string, details any) error
 	// auditLog returns the user's audit rows, oldest first.
@@ -99,6 +102,16 @@ func (m *memoryRepo) order(_ context.Context, userID, id int64) (order, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i := slices.IndexFunc(m.orderList, func(o order) bool { return o.ID == id && o.UserID == userID })
+	if i < 0 {
+		return order{}, errNotFound
+	}
+	return m.orderList[i], nil
+}
+
+func (m *memoryRepo) orderByClientID(_ context.Context, userID int64, clientOrderID string) (order, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := slices.IndexFunc(m.orderList, func(o order) bool { return o.ClientOrderID == clientOrderID && o.UserID == userID })
 	if i < 0 {
 		return order{}, errNotFound
 	}

@@ -27,7 +27,7 @@ func (s *server) routeTable(orders, billing func(http.Handler) http.Handler) []r
 			exempt: "its answer carries a bearer token, which must never be stored for replay; no money moves"},
 		// Order of wrapping, outermost first: session, gate, idempotency.
 		// The gate can never be bypassed by a replay.
-		{pattern: "POST /api/trading/orders", handler: authed(s.newOrdersGate(orders(http.HandlerFunc(s.placeOrder))))},
+		{pattern: "POST /api/trading/orders", handler: authed(s.newOrdersGate(orders(s.orderHandler())))},
 		{pattern: "GET /api/trading/orders", handler: authed(http.HandlerFunc(s.listOrders))},
 		{pattern: "GET /api/trading/orders/{id}", handler: authed(http.HandlerFunc(s.getOrder))},
 		{pattern: "DELETE /api/trading/orders/{id}", handler: authed(http.HandlerFunc(s.cancelOrder)),

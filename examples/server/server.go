@@ -145,7 +145,12 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 		return nil, nil, err
 	}
 
+	derive, err := deriveKeys(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	s.idem, err = idempotency.New(store, idempotency.Config{
+		DeriveKeys:   derive, // live mode: the venue's client_order_ids
 		Lease:        cfg.lease,
 		StoreTimeout: cfg.storeTimeout,
 		// The session middleware runs first and puts the user in the
@@ -167,7 +172,8 @@ func newServer(ctx context.Context, cfg config) (srv *server, cleanup func(), er
 	// commit in the middleware's transaction, together with the key's
 	// record. Name is left empty: the endpoint is the ServeMux pattern.
 	s.ordersTransactional = s.mode != "memory"
-	orderRoute, err := s.idem.Route(idempotency.RouteConfig{TTL: ordersTTL, Transactional: s.ordersTransactional})
+	orderRoute, err := s.idem.Route(idempotency.RouteConfig{TTL: ordersTTL, Transactional: s.ordersTransactional,
+		Reconcile: s.orderReconcile()}) // live mode: a stale key asks the venue
 	if err != nil {
 		return nil, nil, fmt.Errorf("order route: %w", err)
 	}

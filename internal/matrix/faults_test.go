@@ -33,6 +33,7 @@ var faults = sync.OnceValue(func() []*fault {
 		keyFaults(),
 		{crashFault()},
 		{deriveCrashFault()},
+		venueFaults(),
 	} {
 		all = append(all, group...)
 	}
