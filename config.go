@@ -171,6 +171,11 @@ type RouteConfig struct {
 	// off, Do runs the function without a store call (CallInfo.Bypassed).
 	// Defaults to false.
 	FollowKillSwitch bool
+	// WaitInFlight lets a duplicate of a key in flight (same request, lease
+	// running) wait up to this long for the owner's answer before 409 in
+	// flight; below Config.Lease, not on Transactional or NoStore routes.
+	// Defaults to 0: no wait.
+	WaitInFlight time.Duration
 }
 
 // withDefaults returns cfg with every unset field at its default.
@@ -267,6 +272,25 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) erro
 		return errors.New("idempotency: RouteConfig.Transactional requires a fail-closed route (FailOpen false)")
 	case rc.Transactional && rc.NoStore:
 		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
+	}
+	return rc.validateWait(lease)
+}
+
+// validateWait checks WaitInFlight: a wait must end inside the owner's
+// lease, and needs an answer to wait for. A transactional owner's row is
+// invisible until it commits (its duplicates wait on the row lock,
+// TxLockWait); a NoStore key is released, not answered.
+func (rc *RouteConfig) validateWait(lease time.Duration) error {
+	switch {
+	case rc.WaitInFlight < 0:
+		return fmt.Errorf("idempotency: RouteConfig.WaitInFlight must not be negative, got %v", rc.WaitInFlight)
+	case rc.WaitInFlight == 0:
+	case rc.WaitInFlight >= lease:
+		return fmt.Errorf("idempotency: RouteConfig.WaitInFlight (%v) must be below Config.Lease (%v)", rc.WaitInFlight, lease)
+	case rc.Transactional:
+		return errors.New("idempotency: RouteConfig.WaitInFlight does not apply to Transactional routes (their duplicates wait TxLockWait on the row)")
+	case rc.NoStore:
+		return errors.New("idempotency: RouteConfig.WaitInFlight cannot be combined with NoStore: no answer is stored to wait for")
 	}
 	return nil
 }

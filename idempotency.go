@@ -88,6 +88,7 @@ type policy struct {
 	txStore        TxStore // non-nil on transactional routes
 	txLockWait     time.Duration
 	releaseOnError bool
+	waitInFlight   time.Duration // how long a duplicate of a key in flight waits for its answer (wait.go)
 }
 
 // newPolicy validates rc, defaults filled, and returns its policy.
@@ -107,6 +108,7 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 		txStore:        ts,
 		txLockWait:     rc.TxLockWait,
 		releaseOnError: rc.ReleaseOnError,
+		waitInFlight:   rc.WaitInFlight,
 	}, nil
 }
 

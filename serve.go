@@ -9,9 +9,13 @@ import (
 )
 
 // serve takes an admitted call its way: claim its key, then execute the
-// handler if the claim was won, or answer as the key's record calls for.
+// handler if the claim was won, or answer as the key's record calls for
+// (on a route with WaitInFlight, once a key in flight settled).
 func (rq *request) serve() {
 	res, err := rq.claimKey()
+	if err == nil && rq.waits(res) {
+		res, err = rq.awaitOutcome(res.record)
+	}
 	switch {
 	case err != nil:
 		rq.claimFailed(err)

@@ -47,6 +47,7 @@ func (ordinary) conclude(x *execution) {
 // executed again, and later answers idempotency_outcome_unknown.
 func (rq *request) settle(own Record, o outcome, resp Response, deadline time.Time) {
 	f := own.Fence()
+	f.Wake = rq.policy.waitInFlight > 0
 	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, own, resp) }
 	switch o {
 	case outcomeFail:
