@@ -30,6 +30,7 @@ type Middleware struct {
 
 	routeMetrics sync.Map      // endpoint label -> *routeMetrics
 	givingBack   chan struct{} // one token per key being given back in the background (give_back.go)
+	rereads      rereads       // the coalesced re-reads of waiting duplicates (wait.go)
 }
 
 // New returns a Middleware over store. It fails when cfg is invalid or the

@@ -13,8 +13,11 @@ import (
 // (on a route with WaitInFlight, once a key in flight settled).
 func (rq *request) serve() {
 	res, err := rq.claimKey()
-	if err == nil && rq.waits(res) {
+	switch {
+	case err == nil && rq.waits(res):
 		res, err = rq.awaitOutcome(res.record)
+	case rq.contends(res, err):
+		res, err = rq.awaitOutcome(Record{})
 	}
 	switch {
 	case err != nil:

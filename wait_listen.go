@@ -20,13 +20,10 @@ import (
 	"github.com/google/uuid"
 )
 
-// listenChannel is the channel of the records' wake-ups; their payload is
-// the row's id.
-const listenChannel = "idempotency"
-
 // listenConn is the listener's connection (the pgx store's: store_pg_pool.go).
 type listenConn interface {
-	// next returns the payload of the next notification on listenChannel.
+	// next returns the payload of the next notification on the wake-ups'
+	// channel (pgsql.ListenSQL): a row's id, or a listener's test.
 	next(ctx context.Context) (string, error)
 	close()
 }

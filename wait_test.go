@@ -52,7 +52,7 @@ func TestWaitInFlightRefusedWhereItCannotApply(t *testing.T) {
 
 // stormAnswers counts a storm's answers.
 type stormAnswers struct {
-	executions, fresh, replays, inFlight, other atomic.Int64
+	fresh, replays, inFlight, other atomic.Int64
 }
 
 // waitStorm sends waitStormCopies copies of waitStormKeys keys at once
