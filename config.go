@@ -171,10 +171,9 @@ type RouteConfig struct {
 	// off, Do runs the function without a store call (CallInfo.Bypassed).
 	// Defaults to false.
 	FollowKillSwitch bool
-	// WaitInFlight lets a duplicate of a key in flight (same request, lease
-	// running) wait up to this long for the owner's answer before 409 in
-	// flight; below Config.Lease, not on Transactional or NoStore routes.
-	// Defaults to 0: no wait.
+	// WaitInFlight is how long a duplicate of a key in flight waits for the
+	// owner's answer before 409 (below Lease; not Transactional or NoStore).
+	// Defaults to 0.
 	WaitInFlight time.Duration
 }
 

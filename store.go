@@ -161,9 +161,8 @@ type Store interface {
 	// and privileges): ErrSchemaOutdated or a *StoreError; nil when a store
 	// has nothing to check.
 	Check(ctx context.Context) error
-	// Watch registers a waiter for row id before it re-reads the row: wake
-	// receives once an outcome with Fence.Wake may have landed (nil: never,
-	// the waiter polls); stop ends it. It does no I/O.
+	// Watch registers a waiter for row id: wake receives once an outcome
+	// with Fence.Wake may have landed (nil: never, poll); stop ends it.
 	Watch(id int64) (wake <-chan struct{}, stop func())
 }
 

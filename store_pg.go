@@ -48,10 +48,8 @@ func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
 	return newPostgresStore(pool, slog.Default())
 }
 
-// ListenURL sets the connection string of the one connection that hears
-// RouteConfig.WaitInFlight's wake-ups: a direct one behind PgBouncer in
-// transaction mode. Call it before use; an invalid one is refused,
-// changing nothing. Defaults to the pool's settings.
+// ListenURL sets, before use, Watch's connection string (direct, behind
+// PgBouncer in transaction mode); an invalid one changes nothing.
 func (s *PostgresStore) ListenURL(url string) error {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -61,12 +59,10 @@ func (s *PostgresStore) ListenURL(url string) error {
 	return nil
 }
 
-// Watch implements Store: the store's listener, started by the first
-// waiter, hears the records' wake-ups (LISTEN/NOTIFY).
+// Watch implements Store with LISTEN on one connection outside the pool.
 func (s *PostgresStore) Watch(id int64) (<-chan struct{}, func()) { return s.listen.watch(id) }
 
-// Close closes the listener's connection, if one started; waiting
-// duplicates poll from then on. The pool stays the caller's.
+// Close closes Watch's connection; the pool stays the caller's.
 func (s *PostgresStore) Close() { s.listen.close() }
 
 // errClaimVanished is the cause of a claim that kept reading no row.
