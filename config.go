@@ -176,6 +176,10 @@ type RouteConfig struct {
 	// Reconcile, when set, settles a key found in flight past its lease (docs/reconcile.md): a value is done, ErrNotDone runs the handler, an error is unknown.
 	Reconcile        func(ctx context.Context, info ReconcileInfo) (any, error)
 	ReconcileTimeout time.Duration // bounds Reconcile, below Config.Lease less StoreTimeout; defaults to StoreTimeout
+	// WaitInFlight is how long a duplicate of a key in flight waits for the
+	// owner's answer before 409 (below Lease; not Transactional or NoStore).
+	// Defaults to 0.
+	WaitInFlight time.Duration
 }
 
 // withDefaults returns cfg with every unset field at its default.
@@ -273,7 +277,29 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) erro
 	case rc.Transactional && rc.NoStore:
 		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
 	}
-	return rc.validateReconcile(lease, storeTimeout)
+	if err := rc.validateReconcile(lease, storeTimeout); err != nil {
+		return err
+	}
+	return rc.validateWait(lease)
+}
+
+// validateWait checks WaitInFlight: a wait must end inside the owner's
+// lease, and needs an answer to wait for. A transactional owner's row is
+// invisible until it commits (its duplicates wait on the row lock,
+// TxLockWait); a NoStore key is released, not answered.
+func (rc *RouteConfig) validateWait(lease time.Duration) error {
+	switch {
+	case rc.WaitInFlight < 0:
+		return fmt.Errorf("idempotency: RouteConfig.WaitInFlight must not be negative, got %v", rc.WaitInFlight)
+	case rc.WaitInFlight == 0:
+	case rc.WaitInFlight >= lease:
+		return fmt.Errorf("idempotency: RouteConfig.WaitInFlight (%v) must be below Config.Lease (%v)", rc.WaitInFlight, lease)
+	case rc.Transactional:
+		return errors.New("idempotency: RouteConfig.WaitInFlight does not apply to Transactional routes (their duplicates wait TxLockWait on the row)")
+	case rc.NoStore:
+		return errors.New("idempotency: RouteConfig.WaitInFlight cannot be combined with NoStore: no answer is stored to wait for")
+	}
+	return nil
 }
 
 // txStore returns the TxStore a transactional route needs, nil for any

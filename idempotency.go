@@ -35,6 +35,7 @@ type Middleware struct {
 
 	routeMetrics sync.Map      // endpoint label -> *routeMetrics
 	givingBack   chan struct{} // one token per key being given back in the background (give_back.go)
+	rereads      rereads       // the coalesced re-reads of waiting duplicates (wait.go)
 }
 
 // New returns a Middleware over store. It fails when cfg is invalid or the
@@ -95,6 +96,7 @@ type policy struct {
 	releaseOnError bool
 	reconcile      func(context.Context, ReconcileInfo) (any, error) // RouteConfig.Reconcile
 	reconcileWait  time.Duration                                     // RouteConfig.ReconcileTimeout, defaulted
+	waitInFlight   time.Duration                                     // how long a duplicate of a key in flight waits for its answer (wait.go)
 }
 
 // newPolicy validates rc, defaults filled, and returns its policy.
@@ -119,6 +121,7 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 		releaseOnError: rc.ReleaseOnError,
 		reconcile:      rc.Reconcile,
 		reconcileWait:  cmp.Or(rc.ReconcileTimeout, m.cfg.StoreTimeout),
+		waitInFlight:   rc.WaitInFlight,
 	}, nil
 }
 

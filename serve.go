@@ -9,10 +9,17 @@ import (
 )
 
 // serve takes an admitted call its way: claim its key, then execute the
-// handler if the claim was won, or answer as the key's record calls for.
+// handler if the claim was won, or answer as the key's record calls for
+// (on a route with WaitInFlight, once a key in flight settled).
 func (rq *request) serve() {
 	res, err := rq.claimKey()
 	rq.expires = res.record.ExpiresAt // zero without a row: an error, contention
+	switch {
+	case err == nil && rq.waits(res):
+		res, err = rq.awaitOutcome(res.record)
+	case rq.contends(res, err):
+		res, err = rq.awaitOutcome(Record{})
+	}
 	switch {
 	case err != nil:
 		rq.claimFailed(err)

@@ -45,6 +45,7 @@ type Fence struct {
 	Scope    string
 	Key      string
 	Endpoint string
+	Wake     bool // with the outcome, wake the key's waiting duplicates (Store.Watch)
 }
 
 // ClaimRequest is what the middleware asks a Store to claim.
@@ -162,6 +163,9 @@ type Store interface {
 	// and privileges): ErrSchemaOutdated or a *StoreError; nil when a store
 	// has nothing to check.
 	Check(ctx context.Context) error
+	// Watch registers a waiter for row id: wake receives once an outcome
+	// with Fence.Wake may have landed (nil: never, poll); stop ends it.
+	Watch(id int64) (wake <-chan struct{}, stop func())
 }
 
 // TxStore is a Store that can back a transactional route: it claims a key

@@ -24,6 +24,7 @@ type MemoryStore struct {
 	scopes map[string]map[int64]*memoryRow // the rows of each scope, for erasure and export
 	expiry memoryExpiry                    // every row, the first cleanup may delete on top
 	visits int                             // rows cleanup looked at (tests)
+	wakes  wakeups                         // waiting duplicates (Watch), woken by finish
 }
 
 // memoryRow is a stored row with its place in the cleanup order.
@@ -186,6 +187,7 @@ func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change fun
 		return ErrNotOwner
 	}
 	change(row)
+	s.wakes.wake(f.ID)
 	return nil
 }
 
@@ -301,3 +303,6 @@ func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, 
 
 // Check implements Store: a MemoryStore has no schema to check.
 func (s *MemoryStore) Check(context.Context) error { return nil }
+
+// Watch implements Store, waking waiters at once.
+func (s *MemoryStore) Watch(id int64) (<-chan struct{}, func()) { return s.wakes.watch(id) }

@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/idemkit/idempotency/internal/pgsql"
@@ -24,8 +26,11 @@ import (
 // one database share its keys; every time comes from the database's now().
 // It is safe for concurrent use.
 type PostgresStore struct {
-	pool   *pgPool    // qualifies the table in what it sends (store_pg_pool.go)
-	probes probe.Gate // one outage probe at a time (Probe)
+	pool      *pgPool    // qualifies the table in what it sends (store_pg_pool.go)
+	probes    probe.Gate // one outage probe at a time (Probe)
+	log       *slog.Logger
+	listen    *listener                      // hears the wake-ups of waiting duplicates (wait_listen.go)
+	listenCfg atomic.Pointer[pgx.ConnConfig] // ListenURL's; nil: the pool's
 }
 
 var (
@@ -42,6 +47,23 @@ func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
 	// as ReasonPoolExhausted.
 	return newPostgresStore(pool, slog.Default())
 }
+
+// ListenURL sets, before use, Watch's connection string (direct, behind
+// PgBouncer in transaction mode); an invalid one changes nothing.
+func (s *PostgresStore) ListenURL(url string) error {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("idempotency: ListenURL: %w", err)
+	}
+	s.listenCfg.Store(cfg)
+	return nil
+}
+
+// Watch implements Store with LISTEN on one connection outside the pool.
+func (s *PostgresStore) Watch(id int64) (<-chan struct{}, func()) { return s.listen.watch(id) }
+
+// Close closes Watch's connection; the pool stays the caller's.
+func (s *PostgresStore) Close() { s.listen.close() }
 
 // errClaimVanished is the cause of a claim that kept reading no row.
 var errClaimVanished = errors.New("the conflicting row was not visible after repeated attempts")
@@ -129,7 +151,11 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	}
 	defer c.release()
 	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}
-	return pgOwnerError("complete", execFenced(ctx, c, pgsql.CompleteSQL, args))
+	if err := execFenced(ctx, c, pgsql.CompleteSQL, args); err != nil {
+		return pgOwnerError("complete", err)
+	}
+	s.wake(ctx, c, f)
+	return nil
 }
 
 // Fail implements Store with one fenced UPDATE.
@@ -150,7 +176,11 @@ func (s *PostgresStore) fenced(ctx context.Context, sql string, f Fence) error {
 		return err
 	}
 	defer c.release()
-	return execFenced(ctx, c, sql, []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint})
+	if err := execFenced(ctx, c, sql, []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint}); err != nil {
+		return err
+	}
+	s.wake(ctx, c, f)
+	return nil
 }
 
 // execFenced runs a fenced statement whose parameters, the fence first,

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -22,7 +23,72 @@ func newPostgresStore(pool *pgxpool.Pool, log *slog.Logger) *PostgresStore {
 		log.WarnContext(context.Background(), "idempotency: the PostgreSQL pool has no ConnectTimeout: a connect into a black-holed network "+
 			"hangs for two minutes and wedges the pool after the network heals; set connect_timeout (a few seconds) in the URL")
 	}
-	return &PostgresStore{pool: &pgPool{Pool: pool}}
+	s := &PostgresStore{pool: &pgPool{Pool: pool}, log: log}
+	s.listen = &listener{dial: s.dialListener, notify: s.notifyPool, log: log, check: listenCheckTimeout}
+	return s
+}
+
+// dialListener connects the wait listener (wait_listen.go) outside the
+// pool, as the pool connects (BeforeConnect included) or to ListenURL, and
+// runs LISTEN.
+func (s *PostgresStore) dialListener(ctx context.Context) (listenConn, error) {
+	cfg := s.listenCfg.Load()
+	if cfg == nil {
+		pc := s.pool.Config() // a copy
+		if pc.BeforeConnect != nil {
+			if err := pc.BeforeConnect(ctx, pc.ConnConfig); err != nil {
+				return nil, err
+			}
+		}
+		cfg = pc.ConnConfig
+	}
+	c, err := pgx.ConnectConfig(ctx, cfg.Copy())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Exec(ctx, pgsql.ListenSQL); err != nil {
+		pgListenConn{c}.close()
+		return nil, err
+	}
+	return pgListenConn{c}, nil
+}
+
+// notifyPool sends a notification through the pool (the listener's test).
+func (s *PostgresStore) notifyPool(ctx context.Context, payload string) error {
+	return s.withConn(ctx, func(c pgConn) error {
+		_, err := c.Exec(ctx, pgsql.NotifySQL, payload)
+		return err
+	})
+}
+
+// wake wakes the waiters of f's row after its record committed on c
+// (Fence.Wake): pgsql.WakeSQL, in one round trip. A failure is logged and
+// never fails the record; a connection it leaves inside the transaction
+// leaves the pool on release.
+func (s *PostgresStore) wake(ctx context.Context, c pgConn, f Fence) {
+	if !f.Wake {
+		return
+	}
+	if _, err := c.Exec(ctx, fmt.Sprintf(pgsql.WakeSQL, f.ID)); err != nil {
+		s.log.WarnContext(ctx, "idempotency: the wake-up of the duplicates waiting on a record failed; they poll", "row", f.ID, "error", err)
+	}
+}
+
+// pgListenConn is the wait listener's connection.
+type pgListenConn struct{ c *pgx.Conn }
+
+func (l pgListenConn) next(ctx context.Context) (string, error) {
+	n, err := l.c.WaitForNotification(ctx)
+	if err != nil {
+		return "", err
+	}
+	return n.Payload, nil
+}
+
+func (l pgListenConn) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = l.c.Close(ctx)
 }
 
 // acquire takes a connection from the pool under ctx. The store acquires
@@ -145,6 +211,9 @@ var pgStatements = map[string]string{
 	"pgsql.TxReadSQL":              pgsql.TxReadSQL,
 	"pgsql.NowSQL":                 pgsql.NowSQL,
 	"pgsql.ProbeSQL":               pgsql.ProbeSQL,
+	"pgsql.ListenSQL":              pgsql.ListenSQL,
+	"pgsql.WakeSQL":                pgsql.WakeSQL,
+	"pgsql.NotifySQL":              pgsql.NotifySQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.

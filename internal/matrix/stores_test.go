@@ -120,7 +120,9 @@ func newPGStore(t *testing.T, kind storeKind, o storeOpts) *storeEnv {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		se.store, se.pgPool = idempotency.NewPostgresStore(pool), pool
+		ps := idempotency.NewPostgresStore(pool)
+		t.Cleanup(ps.Close) // its wait listener, before the pool
+		se.store, se.pgPool = ps, pool
 	case storeSQLPgx, storeSQLPq:
 		driver := map[storeKind]string{storeSQLPgx: "pgx", storeSQLPq: "postgres"}[kind]
 		se.sqlPool = openSQL(t, driver, se.dsn, o.maxConns)

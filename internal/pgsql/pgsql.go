@@ -437,3 +437,23 @@ const TableSQL = `SELECT format('%s.%I', relnamespace::regnamespace, relname) FR
 
 // ProbeSQL is the outage probe's statement.
 const ProbeSQL = `SELECT 1`
+
+// The wake-ups of duplicates that wait (RouteConfig.WaitInFlight): one
+// listening connection per store hears them (ListenSQL); after a record
+// commits, its connection sends WakeSQL with the row's id in a transaction
+// of its own, never in the record's (a NOTIFY serialises the commits that
+// send one), unflushed (a wake-up needs no durability); NotifySQL sends a
+// listener's test notification through the pool. On Citus all three run on
+// the coordinator.
+
+// ListenSQL subscribes a session to the wake-ups.
+const ListenSQL = `LISTEN idempotency`
+
+// WakeSQL wakes the waiters of one row: a format for its id (%d), sent in
+// the simple protocol as one message.
+const WakeSQL = `BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_notify('idempotency', '%d'); COMMIT`
+
+// NotifySQL sends a payload on the wake-ups' channel.
+//
+// $1 payload.
+const NotifySQL = `SELECT pg_notify('idempotency', $1)`
