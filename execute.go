@@ -52,7 +52,7 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 	*x = execution{request: rq, tx: tx, how: ordinary{}}
 	if own != nil {
 		x.owned, x.fence, x.own, x.claimed, x.leaseEnd = true, own.Fence(), *own, claimedAt, claimedAt.Add(rq.m.cfg.Lease)
-		x.fence.Wake = rq.policy.waitInFlight > 0
+		x.fence.wake = rq.policy.waitInFlight > 0
 	}
 	if rq.policy.txStore != nil {
 		x.how = transactional{}

@@ -48,3 +48,7 @@ func CompleteArgsForTest(f Fence, resp Response) ([]any, error) {
 	}
 	return []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}, nil
 }
+
+// WatchForTest is the store's registration of a waiter for row id
+// (watcher), as a waiting duplicate makes it.
+func WatchForTest(s Store, id int64) (<-chan struct{}, func()) { return watchRow(s, id) }

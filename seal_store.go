@@ -123,8 +123,8 @@ func (w *sealingStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 // Probe implements Store: the inner store's verdict.
 func (w *sealingStore) Probe(ctx context.Context) error { return w.inner.Probe(ctx) }
 
-// Watch implements Store: the inner store's wake-ups.
-func (w *sealingStore) Watch(id int64) (<-chan struct{}, func()) { return w.inner.Watch(id) }
+// watch is the inner store's wake-ups (watcher).
+func (w *sealingStore) watch(id int64) (<-chan struct{}, func()) { return watchRow(w.inner, id) }
 
 // Erase implements Store: the rows it skips are in flight, with no
 // response to open.

@@ -52,7 +52,7 @@ func (ordinary) conclude(x *execution) {
 func (rq *request) settle(own Record, o outcome, resp Response, deadline time.Time) {
 	rq.releasing(o)
 	f := own.Fence()
-	f.Wake = rq.policy.waitInFlight > 0
+	f.wake = rq.policy.waitInFlight > 0
 	op, call := "complete", func(c context.Context) error { return rq.m.store.Complete(c, f, own, resp) }
 	switch o {
 	case outcomeFail:

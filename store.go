@@ -45,7 +45,7 @@ type Fence struct {
 	Scope    string
 	Key      string
 	Endpoint string
-	Wake     bool // with the outcome, wake the key's waiting duplicates (Store.Watch)
+	wake     bool // with the outcome, wake the key's waiting duplicates (watcher)
 }
 
 // ClaimRequest is what the middleware asks a Store to claim.
@@ -163,9 +163,23 @@ type Store interface {
 	// and privileges): ErrSchemaOutdated or a *StoreError; nil when a store
 	// has nothing to check.
 	Check(ctx context.Context) error
-	// Watch registers a waiter for row id: wake receives once an outcome
-	// with Fence.Wake may have landed (nil: never, poll); stop ends it.
-	Watch(id int64) (wake <-chan struct{}, stop func())
+}
+
+// watcher is a store whose records can wake the duplicates waiting for
+// them (RouteConfig.WaitInFlight): watch registers a waiter for row id;
+// wake receives once an outcome recorded with Fence.wake may have landed
+// (nil: never, poll); stop ends it. A store without it is polled.
+type watcher interface {
+	watch(id int64) (wake <-chan struct{}, stop func())
+}
+
+// watchRow is store's watch of row id, a nil channel for a store that
+// cannot wake.
+func watchRow(store Store, id int64) (<-chan struct{}, func()) {
+	if w, ok := store.(watcher); ok {
+		return w.watch(id)
+	}
+	return nil, func() {}
 }
 
 // TxStore is a Store that can back a transactional route: it claims a key

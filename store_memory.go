@@ -304,5 +304,5 @@ func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, 
 // Check implements Store: a MemoryStore has no schema to check.
 func (s *MemoryStore) Check(context.Context) error { return nil }
 
-// Watch implements Store, waking waiters at once.
-func (s *MemoryStore) Watch(id int64) (<-chan struct{}, func()) { return s.wakes.watch(id) }
+// watch wakes waiters at once (watcher).
+func (s *MemoryStore) watch(id int64) (<-chan struct{}, func()) { return s.wakes.watch(id) }

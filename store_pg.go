@@ -59,8 +59,8 @@ func (s *PostgresStore) ListenURL(url string) error {
 	return nil
 }
 
-// Watch implements Store with LISTEN on one connection outside the pool.
-func (s *PostgresStore) Watch(id int64) (<-chan struct{}, func()) { return s.listen.watch(id) }
+// watch wakes waiters by LISTEN on one connection outside the pool (watcher).
+func (s *PostgresStore) watch(id int64) (<-chan struct{}, func()) { return s.listen.watch(id) }
 
 // Close closes Watch's connection; the pool stays the caller's.
 func (s *PostgresStore) Close() { s.listen.close() }

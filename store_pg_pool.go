@@ -62,11 +62,11 @@ func (s *PostgresStore) notifyPool(ctx context.Context, payload string) error {
 }
 
 // wake wakes the waiters of f's row after its record committed on c
-// (Fence.Wake): pgsql.WakeSQL, in one round trip. A failure is logged and
+// (Fence.wake): pgsql.WakeSQL, in one round trip. A failure is logged and
 // never fails the record; a connection it leaves inside the transaction
 // leaves the pool on release.
 func (s *PostgresStore) wake(ctx context.Context, c pgConn, f Fence) {
-	if !f.Wake {
+	if !f.wake {
 		return
 	}
 	if _, err := c.Exec(ctx, fmt.Sprintf(pgsql.WakeSQL, f.ID)); err != nil {

@@ -40,12 +40,12 @@ func (rq *request) contends(res claimed, err error) bool {
 // key holds) to settle it, and returns the key as it then stands: settled
 // (the duplicate answers it), freed and won by this call (it runs), or
 // contended (409 in flight) when the wait ran out. Each re-read is the
-// claim again, under the store timeout; the waiter is registered (Watch)
+// claim again, under the store timeout; the waiter is registered (watchRow)
 // before each one, so a wake-up between two reads is never missed. A store
 // error while waiting answers in flight on every policy: the key was seen
 // owned, so a bypass would run beside its owner.
 func (rq *request) awaitOutcome(rec Record) (claimed, error) {
-	wake, stop := rq.m.store.Watch(rec.ID)
+	wake, stop := watchRow(rq.m.store, rec.ID)
 	defer func() { stop() }()
 	since := time.Now() // when this waiter registered
 	deadline := time.NewTimer(rq.policy.waitInFlight)
@@ -75,7 +75,7 @@ func (rq *request) awaitOutcome(rec Record) (claimed, error) {
 			// registered before it is read again.
 			rec = res.Record
 			stop()
-			wake, stop = rq.m.store.Watch(rec.ID)
+			wake, stop = watchRow(rq.m.store, rec.ID)
 			since = time.Now()
 			continue
 		}

@@ -2,7 +2,7 @@ package idempotency
 
 // The wait listener: one connection per store, outside its pool, that
 // hears the records' wake-ups (PostgreSQL's LISTEN/NOTIFY, sent by the pgx
-// store after a record with Fence.Wake commits) and wakes the waiting
+// store after a record with Fence.wake commits) and wakes the waiting
 // duplicates of their rows. It starts with the first waiter, proves at
 // every (re)connect that it hears a notification sent through the pool,
 // and says so with a WARN when it cannot: the waiters then poll

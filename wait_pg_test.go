@@ -286,8 +286,8 @@ func TestWaitInFlightRecordWakesByNotify(t *testing.T) {
 	t.Parallel()
 	wakes := &wakeCounter{}
 	pool := testdb.New(t, testdb.Tracer(wakes))
-	listening := waitStore(t, testdb.New(t), nil) // another process's store: NOTIFY is per database
-	_, stop := listening.Watch(0)                 // starts its listener
+	listening := waitStore(t, testdb.New(t), nil)     // another process's store: NOTIFY is per database
+	_, stop := idempotency.WatchForTest(listening, 0) // starts its listener
 	stop()
 	awaitListener(t, listening)
 
@@ -309,7 +309,7 @@ func TestWaitInFlightRecordWakesByNotify(t *testing.T) {
 	if err := pool.QueryRow(t.Context(), `SELECT id FROM idempotency_keys WHERE idem_key = $1`, key).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	wake, stop := listening.Watch(id)
+	wake, stop := idempotency.WatchForTest(listening, id)
 	defer stop()
 	g.open()
 	if w := <-done; w.Code != http.StatusCreated {
@@ -403,7 +403,7 @@ func TestWaitInFlightLostWakeUpCostsAPoll(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	s := waitStore(t, pool, nil)
-	_, stop := s.Watch(0)
+	_, stop := idempotency.WatchForTest(s, 0)
 	stop()
 	awaitListener(t, s) // the listener hears: only this outcome's wake-up is missing
 	var calls atomic.Int64

@@ -112,7 +112,3 @@ func (s *Store) probeCode(code string) string {
 	}
 	return sqlstate.MySQLProbe(uint16(n))
 }
-
-// Watch implements idempotency.Store: database/sql has no notifications,
-// so a waiting duplicate (RouteConfig.WaitInFlight) polls.
-func (s *Store) Watch(int64) (<-chan struct{}, func()) { return nil, func() {} }
