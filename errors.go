@@ -13,6 +13,7 @@ var (
 	ErrOutcomeUnknown    = errors.New("idempotency: the first call with this key may or may not have run")              // 409 idempotency_outcome_unknown: reconcile, never retry with a new key
 	ErrResponseNotStored = errors.New("idempotency: the first call with this key completed; its result was not stored") // 409 idempotency_response_not_stored
 	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
+	ErrKeyExpired        = errors.New("idempotency: the key is past its lifetime")                                      // 422 idempotency_key_expired: check the original's outcome first
 )
 
 // ErrTxEnded is returned by every call of a lent transaction

@@ -49,7 +49,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
-		&rec.Expired, &rec.LeaseOver,
+		&rec.Expired, &rec.LeaseOver, &rec.Tombstone,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
@@ -65,7 +65,7 @@ func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	if err := row.Scan(&rec.ID, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
-		&rec.Expired, &rec.LeaseOver, won); err != nil {
+		&rec.Expired, &rec.LeaseOver, &rec.Tombstone, won); err != nil {
 		return err
 	}
 	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
@@ -104,7 +104,7 @@ type nullRecord struct {
 	sealKeyID                        *string
 	createdAt, lockedAt, lockedUntil *time.Time
 	expiresAt                        *time.Time
-	expired, leaseOver               *bool
+	expired, leaseOver, tombstone    *bool
 }
 
 // dest returns the scan destinations in pgsql.Columns order.
@@ -113,7 +113,7 @@ func (n *nullRecord) dest() []any {
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
 		&n.code, &n.body, &n.raw, &n.headers, &n.sealKeyID,
 		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt,
-		&n.expired, &n.leaseOver,
+		&n.expired, &n.leaseOver, &n.tombstone,
 	}
 }
 
@@ -131,7 +131,7 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 		RequestHash: hex.EncodeToString(n.hash), Status: Status(*n.status), Attempt: *n.attempt,
 		Response:  resp,
 		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
-		Expired: *n.expired, LeaseOver: *n.leaseOver,
+		Expired: *n.expired, LeaseOver: *n.leaseOver, Tombstone: *n.tombstone,
 	}, true, nil
 }
 
@@ -192,7 +192,7 @@ var claimColumnOIDs = [...]uint32{
 	pgtype.Int8OID, pgtype.ByteaOID, pgtype.TextOID, pgtype.Int4OID,
 	pgtype.Int2OID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.TextOID,
 	pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID,
-	pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
+	pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
 }
 
 // defaultTypes are pgx's built-in types of claimColumnOIDs, each once: a
@@ -296,7 +296,7 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 			return false
 		}
 	}
-	for i, b := range []*bool{&rec.Expired, &rec.LeaseOver, won} {
+	for i, b := range []*bool{&rec.Expired, &rec.LeaseOver, &rec.Tombstone, won} {
 		if *b, ok = boolValue(values[13+i]); !ok {
 			return false
 		}

@@ -18,7 +18,7 @@ import (
 var neededColumns = []string{
 	"id", "idem_key", "scope_user_id", "scope_endpoint", "request_hash",
 	"response_code", "response_body", "response_body_raw", "response_headers",
-	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
+	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id", "retain_until",
 }
 
 // keyColumns are the unique key's columns, sorted.
