@@ -31,6 +31,7 @@ var faults = sync.OnceValue(func() []*fault {
 		linkFaults(),
 		bodyFaults(),
 		keyFaults(),
+		expiredFaults(),
 		{crashFault()},
 	} {
 		all = append(all, group...)
