@@ -92,10 +92,9 @@ type Record struct {
 	LockedAt    time.Time // when the current owner claimed it
 	LockedUntil time.Time // the current owner's lease end
 	ExpiresAt   time.Time // after this the key may be taken over as new
-	// Expired: expires_at < now; Tombstone: also retain_until > now and
-	// expires_at (ExpiredRefuse): refused, never taken over until retain_until.
-	Expired, Tombstone bool
-	LeaseOver          bool // locked_until < now: an in_flight owner's lease has run out
+	Expired     bool      // expires_at < now: the row may be taken over as a new key, unless
+	Tombstone   bool      // expired, retain_until not (ExpiredRefuse): refused, never taken over
+	LeaseOver   bool      // locked_until < now: an in_flight owner's lease has run out
 }
 
 // Fence returns the fencing token of the ownership this record describes.

@@ -214,9 +214,8 @@ func (s *MemoryStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool,
 	return true, nil
 }
 
-// Cleanup implements Store, purging the responses of tombstones and
-// deleting the rows whose time ran out first, at a cost proportional to
-// the rows it changes.
+// Cleanup implements Store, purging and deleting the rows whose time ran
+// out first, at a cost proportional to the rows it changes.
 func (s *MemoryStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if err := memoryCtxError(ctx, "cleanup"); err != nil {
 		return 0, err
