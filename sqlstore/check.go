@@ -89,6 +89,9 @@ func (s *Store) checkColumns(ctx context.Context) error {
 		}
 	}
 	if len(missing) > 0 {
+		if s.d.name == MySQL && slices.Contains(missing, "retain_until") { // round 4's column (#36): the migration adds it
+			return fmt.Errorf("%w: %s lacks %s: %s", idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "), round4Fix)
+		}
 		return fmt.Errorf("%w: %s lacks %s", idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "))
 	}
 	if s.d.name == MySQL {
