@@ -66,6 +66,10 @@ bench/ablation: ## pgbench ablation of the storage schema (#27): every candidate
 bench/load: ## Load benchmark of the example server on the local Postgres (DATABASE_URL); writes BENCHMARKS.md and bench/chart.svg (bash bench/load.sh -quick: ~1 min)
 	bash bench/load.sh
 
+.PHONY: bench/retention
+bench/retention: ## Cleanup at 30 days of retention (issue #36): ROWS (default 50 million) rows over 30 days in a database of its own, sizes, cleanup while pgbench inserts, the 30-day size computed (ROWS=5000000: ~15 minutes)
+	bash bench/retention.sh
+
 .PHONY: bench/load/seal
 bench/load/seal: ## Load benchmark of sealing off against on (issue #26): A and N, interleaved; prints a Markdown table (about 7 minutes)
 	bash bench/load.sh -seal

@@ -21,6 +21,7 @@ const (
 	answerUnavailable
 	answerInFlight
 	answerMismatch
+	answerKeyExpired
 	answerPreviousFailed
 	answerOutcomeUnknown
 	answerNotStored
@@ -63,6 +64,7 @@ var answers = [numAnswers]struct {
 	answerUnavailable:      {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonStoreUnavailable, ErrStoreUnavailable},
 	answerInFlight:         {409, "idempotency_in_flight", "idempotency_in_flight", "A request with this key is in flight; retry the same key", "5", 5000, false, countConflict, reasonInFlight, ErrInFlight},
 	answerMismatch:         {422, "idempotency_key_body_mismatch", "idempotency_key_body_mismatch", "Idempotency-Key was used for another request", "", 0, false, countConflict, reasonBodyMismatch, ErrMismatch},
+	answerKeyExpired:       {422, "idempotency_key_expired", "idempotency_key_expired", "This key is past its lifetime; check the original's outcome before sending the operation again with a new key", "", 0, false, countConflict, reasonKeyExpired, ErrKeyExpired},
 	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed, ErrPreviousFailed},
 	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown, ErrOutcomeUnknown},
 	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored, ErrResponseNotStored},
@@ -213,6 +215,8 @@ func expiresHeader(h http.Header, t time.Time) {
 // answerDuplicate answers a request whose key belongs to a live record.
 func (rq *request) answerDuplicate(rec Record) {
 	switch {
+	case tombstone(rec): // before the hash: the same body and another one alike
+		rq.answer(answerKeyExpired)
 	case rec.Response.SealKeyID != "":
 		rq.refuseSealed(rec)
 	case rec.RequestHash != rq.claim.RequestHash:

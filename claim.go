@@ -145,10 +145,17 @@ func (rq *request) countMiss() { rq.rm.miss.Inc(); rq.miss = true }
 
 func (rq *request) countHit() { rq.rm.hit.Inc(); rq.hit = true }
 
-// takeoverable reports a row that is a new key for a claim: expired, and
-// not in flight inside its lease.
+// takeoverable reports a row that is a new key for a claim: expired, not
+// a tombstone, and not in flight inside its lease.
 func takeoverable(rec Record) bool {
-	return rec.Expired && (rec.Status != StatusInFlight || rec.LeaseOver)
+	return rec.Expired && !rec.Tombstone && (rec.Status != StatusInFlight || rec.LeaseOver)
+}
+
+// tombstone reports a row answered 422 idempotency_key_expired: a
+// tombstone (the row's retain_until decides, whatever the route's
+// ExpiredPolicy), once no lease runs on it.
+func tombstone(rec Record) bool {
+	return rec.Tombstone && (rec.Status != StatusInFlight || rec.LeaseOver)
 }
 
 // storeClaim runs one claiming store call for the request.

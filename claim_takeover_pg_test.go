@@ -91,7 +91,7 @@ func TestTakeoverOfACrashedOwner(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), answerWait)
 			defer cancel()
 			if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second',
-				expires_at = now() - interval '1 second' WHERE idem_key = $1 AND status = 'in_flight'`, key); err != nil {
+				expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1 AND status = 'in_flight'`, key); err != nil {
 				t.Fatal(err)
 			}
 			if w := doWithin(t, "the request after the crash", answerWait, next, key, `{"qty":1}`); w.Code != http.StatusCreated || calls.Load() != 2 {

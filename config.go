@@ -15,13 +15,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Defaults and limits of Config and RouteConfig.
+// Defaults, limits and policies of Config and RouteConfig.
 const (
+	ExpiredRunAgain ExpiredPolicy = 0 // a key past its TTL is new again: the call runs
+	ExpiredRefuse   ExpiredPolicy = 1 // a tombstone until TTL + Grace: 422 idempotency_key_expired
+
 	DefaultLease            = 30 * time.Second
 	DefaultStoreTimeout     = 2 * time.Second
 	DefaultBodyTimeout      = 10 * time.Second
 	DefaultTTL              = 24 * time.Hour
-	MaxTTL                  = 7 * 24 * time.Hour
+	MaxTTL                  = 30 * 24 * time.Hour
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultMaxResponseBytes = 1 << 20
 	minTTL                  = time.Minute
@@ -34,6 +37,9 @@ const DefaultTxLockWait = 10 * time.Millisecond
 // DefaultProblemTypeBase is where the problem+json type URIs point by
 // default: README's list of the contract's error codes.
 const DefaultProblemTypeBase = "https://github.com/idemkit/idempotency/blob/main/README.md#"
+
+// ExpiredPolicy is what a key past its TTL gets (RouteConfig.Expired).
+type ExpiredPolicy int
 
 // Config configures a Middleware. The zero value is usable: every field has
 // a default.
@@ -122,9 +128,11 @@ type RouteConfig struct {
 	// unavailable (billing, account mutations). Defaults to false: the route fails
 	// closed with 503 and the handler does not run (orders).
 	FailOpen bool
-	// TTL is how long a key is remembered: at most 7 days, at least the larger of
-	// 1 minute and twice the lease. Defaults to 24h.
-	TTL time.Duration
+	// TTL is how long a key is remembered: at most 30 days, at least the larger of
+	// 1 minute and twice the lease; Grace, how long ExpiredRefuse keeps it after as a tombstone (at most 30 days). Defaults to 24h and TTL.
+	TTL, Grace time.Duration
+	// Expired is what a key past its TTL gets. Defaults to ExpiredRunAgain.
+	Expired ExpiredPolicy
 	// RequireKey answers 400 to requests without an Idempotency-Key. Defaults to
 	// false: such requests pass through.
 	RequireKey bool
@@ -236,6 +244,9 @@ func validTypeBase(base string) bool {
 // withDefaults returns rc with every unset field at its default.
 func (rc RouteConfig) withDefaults() RouteConfig {
 	rc.TTL = cmp.Or(rc.TTL, DefaultTTL)
+	if rc.Expired == ExpiredRefuse {
+		rc.Grace = cmp.Or(rc.Grace, rc.TTL)
+	}
 	rc.MaxBodyBytes = min(cmp.Or(rc.MaxBodyBytes, DefaultMaxBodyBytes), math.MaxInt64-1)
 	rc.MaxResponseBytes = cmp.Or(rc.MaxResponseBytes, DefaultMaxResponseBytes)
 	rc.TxLockWait = cmp.Or(rc.TxLockWait, DefaultTxLockWait)
@@ -258,6 +269,12 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) erro
 		return fmt.Errorf("idempotency: RouteConfig.TTL (%v) exceeds the maximum of %v", rc.TTL, MaxTTL)
 	case rc.TTL < floor:
 		return fmt.Errorf("idempotency: RouteConfig.TTL (%v) is below the minimum of %v (the larger of 1m and twice the lease)", rc.TTL, floor)
+	case rc.Expired != ExpiredRunAgain && rc.Expired != ExpiredRefuse:
+		return fmt.Errorf("idempotency: RouteConfig.Expired %d is neither ExpiredRunAgain nor ExpiredRefuse", rc.Expired)
+	case rc.Grace != 0 && rc.Expired != ExpiredRefuse:
+		return errors.New("idempotency: RouteConfig.Grace applies to ExpiredRefuse only")
+	case rc.Grace < 0 || rc.Grace > MaxTTL:
+		return fmt.Errorf("idempotency: RouteConfig.Grace (%v) must be positive and at most %v", rc.Grace, MaxTTL)
 	case rc.MaxBodyBytes < 0:
 		return fmt.Errorf("idempotency: RouteConfig.MaxBodyBytes must be positive, got %d", rc.MaxBodyBytes)
 	case rc.MaxResponseBytes < 0:

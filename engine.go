@@ -143,6 +143,7 @@ func (rq *request) admitClaim(key, scope, hash string, needScope bool) bool {
 		Endpoint:    rq.endpoint,
 		RequestHash: hash,
 		TTL:         rq.policy.ttl,
+		Grace:       rq.policy.grace,
 		Lease:       rq.m.cfg.Lease,
 		LockWait:    rq.policy.txLockWait,
 		Owner:       uuid.New(), // one per call: the store's retry of this claim knows its own row

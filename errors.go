@@ -15,6 +15,7 @@ var (
 	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
 	ErrUnsettled         = errors.New("idempotency: the call's downstream outcome is unknown")                          // a function's error wraps it like Unsettled: 503, the retry reconciles
 	ErrNotDone           = errors.New("idempotency: the downstream has no trace of the call")                           // a Reconcile hook's "not done": the handler runs
+	ErrKeyExpired        = errors.New("idempotency: the key is past its lifetime")                                      // 422 idempotency_key_expired: check the original's outcome first
 )
 
 // ErrTxEnded is returned by every call of a lent transaction

@@ -45,6 +45,8 @@ func TestErrorForms(t *testing.T) {
 			`{"type":"` + base + `idempotency_in_flight","title":"A request with this key is in flight; retry the same key","status":409,"error":"idempotency_in_flight","retry_after_ms":5000}`, "5", false},
 		{answerMismatch, 0, 422, `{"error":"idempotency_key_body_mismatch"}`,
 			`{"type":"` + base + `idempotency_key_body_mismatch","title":"Idempotency-Key was used for another request","status":422,"error":"idempotency_key_body_mismatch"}`, "", false},
+		{answerKeyExpired, 0, 422, `{"error":"idempotency_key_expired"}`,
+			`{"type":"` + base + `idempotency_key_expired","title":"This key is past its lifetime; check the original's outcome before sending the operation again with a new key","status":422,"error":"idempotency_key_expired"}`, "", false},
 		{answerPreviousFailed, 0, 409, `{"error":"idempotency_previous_failed"}`,
 			`{"type":"` + base + `idempotency_previous_failed","title":"The first request with this key failed","status":409,"error":"idempotency_previous_failed"}`, "", false},
 		{answerOutcomeUnknown, 0, 409, `{"error":"idempotency_outcome_unknown"}`,

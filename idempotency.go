@@ -89,6 +89,7 @@ func (m *Middleware) MustRoute(rc RouteConfig) func(http.Handler) http.Handler {
 type policy struct {
 	failOpen       bool
 	ttl            time.Duration
+	grace          time.Duration // ExpiredRefuse's: the row is a tombstone that long after ttl; 0 otherwise
 	maxResponse    int64
 	noStore        bool
 	txStore        TxStore // non-nil on transactional routes
@@ -114,6 +115,7 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 	return policy{
 		failOpen:       rc.FailOpen,
 		ttl:            rc.TTL,
+		grace:          rc.Grace,
 		maxResponse:    rc.MaxResponseBytes,
 		noStore:        rc.NoStore,
 		txStore:        ts,

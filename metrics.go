@@ -36,6 +36,7 @@ const (
 	reasonPreviousFailed = "previous_failed"
 	reasonOutcomeUnknown = "outcome_unknown"
 	reasonBodyMismatch   = "body_mismatch"
+	reasonKeyExpired     = "key_expired"
 	reasonNotStored      = "not_stored"
 
 	reasonMissingKey       = "missing_key"

@@ -80,7 +80,7 @@ func TestSealedPostgresExpiredRowIsNew(t *testing.T) {
 	if w := sealSend(old.closed, key, "s"); w.Code != http.StatusCreated {
 		t.Fatal(w.Code)
 	}
-	if _, err := pool.Exec(t.Context(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+	if _, err := pool.Exec(t.Context(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
 	}
 	rg := newSealRig(t, sealing(t, inner, sealKeysOf(t, "k2")), pool, idempotency.Config{})

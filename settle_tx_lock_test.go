@@ -188,7 +188,7 @@ func TestTxSimpleProtocolSetLocalAlone(t *testing.T) {
 	if a := <-owner; a != "201" {
 		t.Fatalf("owner: %q", a)
 	}
-	if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+	if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
 	handlerRuns(t, f, `SET LOCAL ROLE `+role)

@@ -579,7 +579,7 @@ func TestTxTakeoverOfExpiredKey(t *testing.T) {
 		t.Fatalf("first: %d %s", w.Code, w.Body)
 	}
 	if _, err := f.pool.Exec(context.Background(),
-		`UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+		`UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
 	execution := func(w *httptest.ResponseRecorder) int {

@@ -54,7 +54,7 @@ type ClaimRequest struct {
 	Scope       string        // user scope; "" means unscoped
 	Endpoint    string        // the route's scope_endpoint
 	RequestHash string        // 64 lower-case hex characters
-	TTL         time.Duration // how long the row lives: expires_at = now + TTL
+	TTL, Grace  time.Duration // expires_at = now + TTL; retain_until = expires_at + Grace
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
 	// LockWait bounds a transactional claim's wait on the key's row held by
 	// another transaction (0: DefaultTxLockWait).
@@ -94,7 +94,8 @@ type Record struct {
 	LockedAt    time.Time // when the current owner claimed it
 	LockedUntil time.Time // the current owner's lease end
 	ExpiresAt   time.Time // after this the key may be taken over as new
-	Expired     bool      // expires_at < now: the row may be taken over as a new key
+	Expired     bool      // expires_at < now: the row may be taken over as a new key, unless
+	Tombstone   bool      // expired, retain_until not (ExpiredRefuse): refused, never taken over
 	LeaseOver   bool      // locked_until < now: an in_flight owner's lease has run out
 	DeriveKeyID string    // ClaimRequest.DeriveKeyID of the claim that made the row
 }
@@ -142,8 +143,8 @@ type Store interface {
 	// Release deletes the row, only if f still owns it in_flight, else
 	// ErrNotOwner.
 	Release(ctx context.Context, f Fence) error
-	// Cleanup deletes at most limit rows whose expires_at has passed, never an
-	// in_flight row inside its lease, and returns how many it deleted.
+	// Cleanup purges the responses of at most limit tombstones and deletes at most limit rows
+	// past retain_until, never an in_flight row inside its lease; it returns the rows changed.
 	Cleanup(ctx context.Context, limit int) (int64, error)
 	// Probe runs SELECT 1 on a new connection outside any pool: nil when the
 	// database answered, a *StoreError with ReasonConnection only when it

@@ -23,6 +23,7 @@ type MemoryStore struct {
 	rows   map[int64]*memoryRow
 	scopes map[string]map[int64]*memoryRow // the rows of each scope, for erasure and export
 	expiry memoryExpiry                    // every row, the first cleanup may delete on top
+	purge  memoryPurge                     // tombstones-to-be holding a response, the first to expire on top
 	visits int                             // rows cleanup looked at (tests)
 	wakes  wakeups                         // waiting duplicates (Watch), woken by finish
 }
@@ -30,12 +31,14 @@ type MemoryStore struct {
 // memoryRow is a stored row with its place in the cleanup order.
 type memoryRow struct {
 	Record // Expired and LeaseOver are never set here
-	// due is when cleanup may delete the row: its expiry, or for an in_flight row
-	// the later of its expiry and its lease end (a running lease keeps a row). The
-	// row may go once due is before now.
-	due   time.Time
-	index int       // its index in MemoryStore.expiry
-	owner uuid.UUID // the current owner's token (ClaimRequest.Owner); uuid.Nil for none
+	// due is when cleanup may delete the row: its retain_until, or for an
+	// in_flight row the later of that and its lease end (a running lease keeps a
+	// row). The row may go once due is before now.
+	due     time.Time
+	index   int       // its index in MemoryStore.expiry
+	retain  time.Time // retain_until: ExpiresAt + ClaimRequest.Grace
+	purgeAt int       // its index in MemoryStore.purge, -1 when not there
+	owner   uuid.UUID // the current owner's token (ClaimRequest.Owner); uuid.Nil for none
 }
 
 // memoryKey is the unique (key, scope, endpoint) of a row.
@@ -84,7 +87,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		row := s.rows[id]
 		rec, mine := row.Record, memoryOwns(row, req.Owner, now)
 		s.mu.Unlock()
-		return ClaimResult{Won: mine, Record: memoryReadRecord(rec, now)}, nil
+		return ClaimResult{Won: mine, Record: memoryReadRecord(rec, now, row.retain)}, nil
 	}
 	if s.maxRows > 0 && len(s.rows) >= s.maxRows && !s.deleteFirstExpired(now) {
 		s.mu.Unlock()
@@ -105,11 +108,11 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		LockedUntil: now.Add(req.Lease),
 		ExpiresAt:   now.Add(req.TTL),
 		DeriveKeyID: req.DeriveKeyID,
-	}, owner: req.Owner}
+	}, retain: now.Add(req.TTL + req.Grace), purgeAt: -1, owner: req.Owner}
 	s.insert(k, row)
 	rec := row.Record
 	s.mu.Unlock()
-	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
+	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now, row.retain)}, nil
 }
 
 // Takeover implements Store, fenced as the Postgres store's.
@@ -121,7 +124,7 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	s.mu.Lock()
 	now := s.clock()
 	row, ok := s.rows[f.ID]
-	if !ok || !memoryFenceRow(row, f) || row.Attempt != f.Attempt || !row.ExpiresAt.Before(now) || memoryLeaseRunning(&row.Record, now) {
+	if !ok || !memoryFenceRow(row, f) || row.Attempt != f.Attempt || !row.retain.Before(now) || memoryLeaseRunning(&row.Record, now) {
 		s.mu.Unlock()
 		return ClaimResult{Lost: true}, nil
 	}
@@ -133,14 +136,16 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row.LockedAt = now
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = now.Add(req.TTL)
+	row.retain = now.Add(req.TTL + req.Grace)
 	row.owner = req.Owner
 	if row.DeriveKeyID == "" { // the row's derived keys stay those of its first claim
 		row.DeriveKeyID = req.DeriveKeyID
 	}
 	s.reorder(row)
+	s.unpurge(row)
 	rec := row.Record
 	s.mu.Unlock()
-	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now)}, nil
+	return ClaimResult{Won: true, Record: memoryReadRecord(rec, now, row.retain)}, nil
 }
 
 // maxTime returns the later of a and b.
@@ -158,6 +163,7 @@ func (s *MemoryStore) Complete(ctx context.Context, f Fence, _ Record, resp Resp
 		row.Status = StatusCompleted
 		row.Response = resp
 		s.reorder(row) // no longer held by its lease
+		s.toPurge(row)
 	})
 }
 
@@ -214,8 +220,8 @@ func (s *MemoryStore) ReleaseOwner(ctx context.Context, req ClaimRequest) (bool,
 	return true, nil
 }
 
-// Cleanup implements Store, deleting the rows whose time ran out first, at
-// a cost proportional to the rows it deletes.
+// Cleanup implements Store, purging and deleting the rows whose time ran
+// out first, at a cost proportional to the rows it changes.
 func (s *MemoryStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	if err := memoryCtxError(ctx, "cleanup"); err != nil {
 		return 0, err
@@ -227,11 +233,14 @@ func (s *MemoryStore) Cleanup(ctx context.Context, limit int) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
-	var n int64
+	var n, purged int64
+	for purged < int64(limit) && s.purgeFirstExpired(now) {
+		purged++
+	}
 	for n < int64(limit) && s.deleteFirstExpired(now) {
 		n++
 	}
-	return n, nil
+	return n + purged, nil
 }
 
 // deleteFirstExpired deletes the row whose time ran out first, when cleanup
@@ -262,7 +271,7 @@ func (s *MemoryStore) Erase(ctx context.Context, scope string) (ErasureResult, e
 	for _, row := range s.scopes[scope] {
 		switch {
 		case memoryLeaseRunning(&row.Record, now):
-			res.Skipped = append(res.Skipped, row.Record)
+			res.Skipped = append(res.Skipped, memoryReadRecord(row.Record, now, row.retain))
 		default:
 			s.delete(row)
 			res.Deleted++
@@ -271,9 +280,6 @@ func (s *MemoryStore) Erase(ctx context.Context, scope string) (ErasureResult, e
 	s.mu.Unlock()
 
 	memorySortOldestFirst(res.Skipped)
-	for i, rec := range res.Skipped {
-		res.Skipped[i] = memoryReadRecord(rec, now)
-	}
 	return res, nil
 }
 
@@ -290,14 +296,11 @@ func (s *MemoryStore) ExportScope(ctx context.Context, scope string) ([]Record, 
 	s.mu.Lock()
 	now := s.clock()
 	for _, row := range s.scopes[scope] {
-		recs = append(recs, row.Record)
+		recs = append(recs, memoryReadRecord(row.Record, now, row.retain))
 	}
 	s.mu.Unlock()
 
 	memorySortOldestFirst(recs)
-	for i, rec := range recs {
-		recs[i] = memoryReadRecord(rec, now)
-	}
 	return recs, nil
 }
 

@@ -35,7 +35,7 @@ func (s *MemoryStore) claimStale(ctx context.Context, f Fence, req ClaimRequest)
 	row.LockedUntil = now.Add(req.Lease)
 	row.owner = req.Owner
 	s.reorder(row)
-	return ClaimResult{Won: true, Record: memoryReadRecord(row.Record, now)}, nil
+	return ClaimResult{Won: true, Record: memoryReadRecord(row.Record, now, row.retain)}, nil
 }
 
 // stale implements reconcileStore.Stale.
@@ -48,16 +48,12 @@ func (s *MemoryStore) stale(ctx context.Context, endpoint string, limit int) ([]
 	now := s.clock()
 	for _, row := range s.rows {
 		if row.Endpoint == endpoint && row.Status == StatusInFlight && row.LockedUntil.Before(now) {
-			recs = append(recs, row.Record)
+			recs = append(recs, memoryReadRecord(row.Record, now, row.retain))
 		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(recs, func(a, b Record) int {
 		return cmp.Or(a.LockedUntil.Compare(b.LockedUntil), cmp.Compare(a.ID, b.ID))
 	})
-	recs = recs[:min(len(recs), max(limit, 0))]
-	for i, rec := range recs {
-		recs[i] = memoryReadRecord(rec, now)
-	}
-	return recs, nil
+	return recs[:min(len(recs), max(limit, 0))], nil
 }

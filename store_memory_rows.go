@@ -60,14 +60,14 @@ func (s *MemoryStore) insert(k memoryKey, row *memoryRow) {
 		s.scopes[row.Scope] = scope
 	}
 	scope[row.ID] = row
-	row.due = memoryDue(&row.Record)
+	row.due = memoryDue(row)
 	heap.Push(&s.expiry, row)
 }
 
 // reorder moves row to its place in the cleanup order after a change of
 // its status, expiry or lease. s.mu must be held.
 func (s *MemoryStore) reorder(row *memoryRow) {
-	row.due = memoryDue(&row.Record)
+	row.due = memoryDue(row)
 	heap.Fix(&s.expiry, row.index)
 }
 
@@ -81,14 +81,70 @@ func (s *MemoryStore) delete(row *memoryRow) {
 		delete(scope, row.ID)
 	}
 	heap.Remove(&s.expiry, row.index)
+	s.unpurge(row)
 }
 
 // memoryDue returns when cleanup may delete row: see memoryRow.due.
-func memoryDue(row *Record) time.Time {
+func memoryDue(row *memoryRow) time.Time {
 	if row.Status == StatusInFlight {
-		return maxTime(row.ExpiresAt, row.LockedUntil)
+		return maxTime(row.retain, row.LockedUntil)
 	}
-	return row.ExpiresAt
+	return row.retain
+}
+
+// toPurge queues a completed row that becomes a tombstone at its expiry
+// (retain_until after expires_at) for cleanup to purge its response then.
+// s.mu must be held.
+func (s *MemoryStore) toPurge(row *memoryRow) {
+	if row.retain.After(row.ExpiresAt) && row.purgeAt < 0 {
+		heap.Push(&s.purge, row)
+	}
+}
+
+// unpurge takes row out of the purge queue, if it is there. s.mu must be
+// held.
+func (s *MemoryStore) unpurge(row *memoryRow) {
+	if row.purgeAt >= 0 {
+		heap.Remove(&s.purge, row.purgeAt)
+	}
+}
+
+// purgeFirstExpired purges the response of the queued tombstone that
+// expired first, when it has expired, keeping its status code, and
+// reports whether it did. s.mu must be held.
+func (s *MemoryStore) purgeFirstExpired(now time.Time) bool {
+	if len(s.purge) == 0 || !s.purge[0].ExpiresAt.Before(now) {
+		return false
+	}
+	s.visits++
+	row := heap.Pop(&s.purge).(*memoryRow)
+	row.Response = Response{Status: row.Response.Status}
+	return true
+}
+
+// memoryPurge is a min-heap of rows by expiry, then id (container/heap).
+type memoryPurge []*memoryRow
+
+func (h memoryPurge) Len() int { return len(h) }
+func (h memoryPurge) Less(i, j int) bool {
+	return cmp.Or(h[i].ExpiresAt.Compare(h[j].ExpiresAt), cmp.Compare(h[i].ID, h[j].ID)) < 0
+}
+func (h memoryPurge) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].purgeAt, h[j].purgeAt = i, j
+}
+func (h *memoryPurge) Push(x any) {
+	row := x.(*memoryRow)
+	row.purgeAt = len(*h)
+	*h = append(*h, row)
+}
+func (h *memoryPurge) Pop() any {
+	old := *h
+	row := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	row.purgeAt = -1
+	return row
 }
 
 // memoryExpiry is a min-heap of rows by due time, then id
@@ -127,11 +183,13 @@ func memoryLeaseRunning(row *Record, now time.Time) bool {
 	return row.Status == StatusInFlight && !row.LockedUntil.Before(now)
 }
 
-// memoryReadRecord returns a copy of a stored row as a read at now sees it: the
-// flags computed against now, the response deep-copied and the times
-// without their monotonic reading, as a database would return them.
-func memoryReadRecord(rec Record, now time.Time) Record {
+// memoryReadRecord returns a copy of a stored row, retained until retain,
+// as a read at now sees it: the flags computed against now, the response
+// deep-copied and the times without their monotonic reading, as a
+// database would return them.
+func memoryReadRecord(rec Record, now, retain time.Time) Record {
 	rec.Expired = rec.ExpiresAt.Before(now)
+	rec.Tombstone = rec.Expired && retain.After(rec.ExpiresAt) && !retain.Before(now)
 	rec.LeaseOver = rec.LockedUntil.Before(now)
 	rec.Response = memoryCloneResponse(rec.Response)
 	rec.CreatedAt = rec.CreatedAt.Round(0)

@@ -108,13 +108,13 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 
 // claimArgs are pgsql.ClaimSQL's parameters for req, in order.
 func claimArgs(req ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), req.DeriveKeyID}
+	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), req.DeriveKeyID, req.Grace}
 }
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	return s.claimExisting(ctx, "takeover", pgsql.TakeoverSQL,
-		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint, req.DeriveKeyID)
+		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint, req.DeriveKeyID, req.Grace)
 }
 
 // claimExisting runs a fenced UPDATE ... RETURNING that makes the caller the
@@ -353,37 +353,44 @@ func (s *PostgresStore) ExportScope(ctx context.Context, scope string) ([]Record
 	return recs, nil
 }
 
-// Cleanup implements Store in one pipelined transaction.
+// Cleanup implements Store: a purge batch, then a delete batch.
 func (s *PostgresStore) Cleanup(ctx context.Context, limit int) (int64, error) {
-	// It reads at most limit deletable rows, earliest expiry first, without
-	// locking them (pgsql.ExpiredBatchSQL), then deletes them with one DELETE
-	// per scope (pgsql.DeleteExpiredSQL). Each DELETE checks the predicate
-	// again, so a row taken over since the read stays. Two cleaners running at
-	// once may read the same rows: the second waits for the first's delete and
-	// then deletes none of them, so its batch may count fewer rows than it read
+	// Each batch reads at most limit rows, earliest first, without locking
+	// them (pgsql.PurgeBatchSQL: tombstones holding a response;
+	// pgsql.ExpiredBatchSQL: rows past retain_until), then changes them
+	// with one statement per scope (pgsql.PurgeScopeSQL,
+	// pgsql.DeleteExpiredSQL). Each checks the predicate again, so a row
+	// taken over since the read stays. Two cleaners running at once may read
+	// the same rows: the second waits for the first's statement and then
+	// changes none of them, so its batch may count fewer rows than it read
 	// (the next batch or run goes on).
 	if limit <= 0 {
 		return 0, nil
 	}
-	var n int64
-	err := retrySerialization(ctx, func() error {
-		return s.withConn(ctx, func(c pgConn) (err error) {
-			n, err = cleanupBatch(ctx, c, limit)
-			return err
+	var total int64
+	for _, step := range [...][2]string{{pgsql.PurgeBatchSQL, pgsql.PurgeScopeSQL}, {pgsql.ExpiredBatchSQL, pgsql.DeleteExpiredSQL}} {
+		var n int64
+		err := retrySerialization(ctx, func() error {
+			return s.withConn(ctx, func(c pgConn) (err error) {
+				n, err = cleanupBatch(ctx, c, step[0], step[1], limit)
+				return err
+			})
 		})
-	})
-	if err != nil {
-		return 0, pgStoreError("cleanup", err)
+		if err != nil {
+			return total, pgStoreError("cleanup", err)
+		}
+		total += n
 	}
-	return n, nil
+	return total, nil
 }
 
 // pgKeyEndpoint is a row's key within its scope.
 type pgKeyEndpoint struct{ key, endpoint string }
 
-// cleanupBatch runs one batch of Cleanup on c.
-func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
-	rows, err := c.Query(ctx, pgsql.ExpiredBatchSQL, int64(limit))
+// cleanupBatch runs one batch of Cleanup on c: the rows read reads, changed
+// by change, one scope at a time.
+func cleanupBatch(ctx context.Context, c pgConn, read, change string, limit int) (int64, error) {
+	rows, err := c.Query(ctx, read, int64(limit))
 	if err != nil {
 		return 0, err
 	}
@@ -410,7 +417,7 @@ func cleanupBatch(ctx context.Context, c pgConn, limit int) (int64, error) {
 		for i, r := range rows {
 			keys[i], endpoints[i] = r.key, r.endpoint
 		}
-		batch.Queue(pgsql.DeleteExpiredSQL, sc, keys, endpoints)
+		batch.Queue(change, sc, keys, endpoints)
 	}
 	results := c.SendBatch(ctx, batch)
 	var n int64

@@ -49,7 +49,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID,
-		&rec.Expired, &rec.LeaseOver,
+		&rec.Expired, &rec.LeaseOver, &rec.Tombstone,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
@@ -65,7 +65,7 @@ func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	if err := row.Scan(&rec.ID, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID,
-		&rec.Expired, &rec.LeaseOver, won); err != nil {
+		&rec.Expired, &rec.LeaseOver, &rec.Tombstone, won); err != nil {
 		return err
 	}
 	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
@@ -105,7 +105,7 @@ type nullRecord struct {
 	createdAt, lockedAt, lockedUntil *time.Time
 	expiresAt                        *time.Time
 	deriveKeyID                      *string
-	expired, leaseOver               *bool
+	expired, leaseOver, tombstone    *bool
 }
 
 // dest returns the scan destinations in pgsql.Columns order.
@@ -114,7 +114,7 @@ func (n *nullRecord) dest() []any {
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
 		&n.code, &n.body, &n.raw, &n.headers, &n.sealKeyID,
 		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt, &n.deriveKeyID,
-		&n.expired, &n.leaseOver,
+		&n.expired, &n.leaseOver, &n.tombstone,
 	}
 }
 
@@ -132,7 +132,7 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 		RequestHash: hex.EncodeToString(n.hash), Status: Status(*n.status), Attempt: *n.attempt,
 		Response:  resp,
 		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
-		DeriveKeyID: *n.deriveKeyID, Expired: *n.expired, LeaseOver: *n.leaseOver,
+		DeriveKeyID: *n.deriveKeyID, Expired: *n.expired, LeaseOver: *n.leaseOver, Tombstone: *n.tombstone,
 	}, true, nil
 }
 
@@ -193,7 +193,7 @@ var claimColumnOIDs = [...]uint32{
 	pgtype.Int8OID, pgtype.ByteaOID, pgtype.TextOID, pgtype.Int4OID,
 	pgtype.Int2OID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.TextOID,
 	pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID,
-	pgtype.TextOID, pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
+	pgtype.TextOID, pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
 }
 
 // defaultTypes are pgx's built-in types of claimColumnOIDs, each once: a
@@ -301,7 +301,7 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 		return false
 	}
 	rec.DeriveKeyID = string(values[13])
-	for i, b := range []*bool{&rec.Expired, &rec.LeaseOver, won} {
+	for i, b := range []*bool{&rec.Expired, &rec.LeaseOver, &rec.Tombstone, won} {
 		if *b, ok = boolValue(values[14+i]); !ok {
 			return false
 		}

@@ -237,7 +237,7 @@ func (e *acquireError) Unwrap() error { return e.err }
 var pgNeededColumns = []string{
 	"id", "idem_key", "scope_user_id", "scope_endpoint", "request_hash",
 	"response_code", "response_body", "response_body_raw", "response_headers",
-	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
+	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id", "retain_until",
 }
 
 // pgRound4Columns are the columns migration 000002_round4 adds.

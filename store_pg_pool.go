@@ -189,6 +189,8 @@ var pgStatements = map[string]string{
 	"pgsql.ReleaseOwnerSQL":        pgsql.ReleaseOwnerSQL,
 	"pgsql.ExpiredBatchSQL":        pgsql.ExpiredBatchSQL,
 	"pgsql.DeleteExpiredSQL":       pgsql.DeleteExpiredSQL,
+	"pgsql.PurgeBatchSQL":          pgsql.PurgeBatchSQL,
+	"pgsql.PurgeScopeSQL":          pgsql.PurgeScopeSQL,
 	"pgsql.DeleteScopeSQL":         pgsql.DeleteScopeSQL,
 	"pgsql.ExportScopeSQL":         pgsql.ExportScopeSQL,
 	"pgsql.TxSessionSQL":           pgsql.TxSessionSQL,

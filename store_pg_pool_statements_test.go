@@ -52,7 +52,7 @@ func TestPostgresStatementsListed(t *testing.T) {
 
 // sqlstoreOnly are the statements of internal/pgsql that only sqlstore's
 // PostgreSQL dialect sends (it does not promise Citus).
-var sqlstoreOnly = []string{"pgsql.CleanupSQL", "pgsql.EraseDeleteSQL", "pgsql.EraseKeptSQL"}
+var sqlstoreOnly = []string{"pgsql.CleanupSQL", "pgsql.PurgeSQL", "pgsql.EraseDeleteSQL", "pgsql.EraseKeptSQL"}
 
 // TestPostgresStatementsCitusRules pins, on the SQL text, the rules a
 // table distributed by scope_user_id (Citus) needs (docs/scaling.md, "Scale-out

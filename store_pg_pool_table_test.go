@@ -97,7 +97,7 @@ func TestPostgresTxQualifiedTable(t *testing.T) {
 	}
 	// The row expires: a second claim loses, reads it and takes it over,
 	// then records it failed after undoing to the savepoint.
-	if _, err := pool.Exec(ctx, `UPDATE `+schemaOf(pool)+`.idempotency_keys SET expires_at = now() - interval '1s'`); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schemaOf(pool)+`.idempotency_keys SET expires_at = now() - interval '1s', retain_until = now() - interval '1s'`); err != nil {
 		t.Fatal(err)
 	}
 	tx, res, err = s.BeginClaim(ctx, &req)

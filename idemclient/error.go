@@ -28,6 +28,10 @@ const (
 	CodeResponseNotStored = "idempotency_response_not_stored"
 	// CodeKeyBodyMismatch (422): the key was used for another request.
 	CodeKeyBodyMismatch = "idempotency_key_body_mismatch"
+	// CodeKeyExpired (422): the key is past its lifetime (the server keeps
+	// it as a tombstone). Never retried, and never retried with a new key
+	// before the original's outcome is checked.
+	CodeKeyExpired = "idempotency_key_expired"
 	// CodeStoreUnavailable (503): the server could not reach its key
 	// store. Retried with the same key after Retry-After.
 	CodeStoreUnavailable = "idempotency_store_unavailable"

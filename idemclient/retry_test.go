@@ -46,6 +46,7 @@ func TestRetryableStatus(t *testing.T) {
 		{413, CodeBodyTooLarge, false, false},
 		{422, CodeKeyBodyMismatch, false, false},
 		{422, CodeKeyBodyMismatch, true, false},
+		{422, CodeKeyExpired, true, false},
 		{401, "unauthorized", false, false},
 		{404, "not_found", false, false},
 		{500, "fill_engine_error", false, false},

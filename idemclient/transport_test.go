@@ -194,6 +194,7 @@ func TestTransportNeverRetries(t *testing.T) {
 		{"409 not stored", reply(409, `{"error":"idempotency_response_not_stored","original_status":201}`), CodeResponseNotStored},
 		{"409 in flight without Retry-After", reply(409, `{"error":"idempotency_in_flight"}`), CodeInFlight},
 		{"422", reply(422, `{"error":"idempotency_key_body_mismatch"}`), CodeKeyBodyMismatch},
+		{"422 key expired", reply(422, `{"error":"idempotency_key_expired"}`), CodeKeyExpired},
 		{"400", reply(400, `{"error":"invalid_order"}`), "invalid_order"},
 		{"413", reply(413, `{"error":"idempotency_body_too_large"}`), CodeBodyTooLarge},
 		{"500", reply(500, `{"error":"fill_engine_error"}`), "fill_engine_error"},

@@ -128,6 +128,7 @@ var answers = map[string]struct {
 	"idempotency_scope_invalid":       {codeInvalidArgument, false},
 	"idempotency_previous_failed":     {codeFailedPrecondition, false},
 	"idempotency_outcome_unknown":     {codeFailedPrecondition, false},
+	"idempotency_key_expired":         {codeFailedPrecondition, false},
 	"idempotency_response_not_stored": {codeFailedPrecondition, false},
 	"idempotency_store_unavailable":   {codeUnavailable, true},
 	"idempotency_response_too_large":  {codeInternal, false},

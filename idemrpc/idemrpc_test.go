@@ -20,6 +20,7 @@ func TestAnswerOfMapsTheKind(t *testing.T) {
 		{idempotency.ErrorAnswer{Kind: "idempotency_in_flight", Type: "urn:x", RetryAfterMS: 5000}, codeAborted, "IDEMPOTENCY_IN_FLIGHT", 5 * time.Second},
 		{idempotency.ErrorAnswer{Kind: "idempotency_store_unavailable"}, codeUnavailable, "IDEMPOTENCY_STORE_UNAVAILABLE", time.Second},
 		{idempotency.ErrorAnswer{Kind: "idempotency_key_required", Type: "https://x/idempotency_in_flight"}, codeInvalidArgument, "IDEMPOTENCY_KEY_REQUIRED", 0},
+		{idempotency.ErrorAnswer{Kind: "idempotency_key_expired"}, codeFailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED", 0},
 		{idempotency.ErrorAnswer{Kind: "something_else"}, codeInternal, "IDEMPOTENCY_INTERNAL", 0},
 	} {
 		a := AnswerOf(&c.ea)

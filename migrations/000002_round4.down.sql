@@ -1,7 +1,6 @@
 -- POSTGRES-ONLY
 -- Back to 000001's table: round 4's columns go (one statement, as Citus requires).
 ALTER TABLE idempotency_keys
-    -- [derive, #35]
-    DROP COLUMN IF EXISTS derive_key_id
-    -- [end derive]
+    DROP COLUMN IF EXISTS derive_key_id,
+    DROP COLUMN IF EXISTS retain_until
 ;

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -53,8 +54,11 @@ VALUES (?, 'POST /orders', REPEAT('0', 64), 'completed', 201, ?, ?,
 	wantRows(t, db, "version 2", rows)
 	wantDeriveKeyID(t, db, d.Name, "varchar NO ''")
 
+	wantRetain(t, db, d.Name, true)
+
 	step(t, m, -1)
 	wantVersion(t, m, 1)
+	wantRetain(t, db, d.Name, false)
 	wantColumns(t, db, d.Name, "longtext")
 	wantStatusCheck(t, db, "version 1")
 	wantRows(t, db, "version 1", rows)
@@ -66,6 +70,33 @@ VALUES (?, 'POST /orders', REPEAT('0', 64), 'completed', 201, ?, ?,
 	wantStatusCheck(t, db, "version 2 again")
 	wantRows(t, db, "version 2 again", rows)
 	wantDeriveKeyID(t, db, d.Name, "varchar NO ''")
+	wantRetain(t, db, d.Name, true)
+	var backfilled int
+	if err := db.QueryRowContext(bounded(t), `SELECT COUNT(*) FROM idempotency_keys WHERE retain_until = expires_at`).Scan(&backfilled); err != nil || backfilled != len(rows) {
+		t.Fatalf("rows with retain_until = expires_at after up: %d (%v), want all %d backfilled", backfilled, err, len(rows))
+	}
+}
+
+// wantRetain checks round 4's retain_until (issue #36): DATETIME(6) NOT
+// NULL under idx_idem_keys_retain when present, else neither.
+func wantRetain(t *testing.T, db *sql.DB, schema string, present bool) {
+	t.Helper()
+	var typ, nullable string
+	var precision sql.NullInt64
+	err := db.QueryRowContext(bounded(t), `SELECT data_type, is_nullable, datetime_precision FROM information_schema.columns
+WHERE table_schema = ? AND table_name = 'idempotency_keys' AND column_name = 'retain_until'`, schema).Scan(&typ, &nullable, &precision)
+	switch {
+	case !present && errors.Is(err, sql.ErrNoRows):
+	case !present:
+		t.Fatalf("retain_until after down: %s (%v), want no column", typ, err)
+	case err != nil || typ != "datetime" || nullable != "NO" || precision.Int64 != 6:
+		t.Fatalf("retain_until: %s nullable %s precision %v (%v), want datetime(6) NOT NULL", typ, nullable, precision, err)
+	}
+	var n int
+	if err := db.QueryRowContext(bounded(t), `SELECT COUNT(*) FROM information_schema.statistics
+WHERE table_schema = ? AND table_name = 'idempotency_keys' AND index_name = 'idx_idem_keys_retain' AND column_name = 'retain_until'`, schema).Scan(&n); err != nil || (n == 1) != present {
+		t.Fatalf("idx_idem_keys_retain on retain_until: %d (%v), want present %v", n, err, present)
+	}
 }
 
 // migrator opens golang-migrate on MySQLFS for dsn, as MigrateMySQL does,

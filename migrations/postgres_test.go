@@ -18,8 +18,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// latest is the version of the last PostgreSQL migration.
-const latest = 2
+// latest is the PostgreSQL migrations' last version: 000001, then
+// round 4's 000002 (its ALTER TABLE) and the statements that cannot share
+// that file (Citus): 000003 the retain_until backfill, 000004 and 000005
+// its indexes.
+const latest = 5
 
 // TestPostgresMigrations runs the PostgreSQL migrations up and down on a
 // real database: their history, their lock, and what a cancelled or
@@ -145,14 +148,49 @@ func TestPostgresMigrations(t *testing.T) {
 		}
 	})
 
+	t.Run("Round4BackfillsRetainUntil", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.NewEmpty(t)
+		m, err := pgmigrate.New(ctx, pool, migrations.FS)
+		if err != nil {
+			t.Fatalf("pgmigrate.New: %v", err)
+		}
+		defer func() {
+			if err := m.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}()
+		if err := m.Run(ctx, func(m *migrate.Migrate) error { return m.Migrate(1) }); err != nil {
+			t.Fatalf("migrate to version 1: %v", err)
+		}
+		_, err = pool.Exec(ctx, `INSERT INTO idempotency_keys (idem_key, scope_endpoint, request_hash, locked_until, expires_at)
+			VALUES ('k', 'e', '', now(), now() + interval '1 hour')`)
+		if err != nil {
+			t.Fatalf("a version-1 row: %v", err)
+		}
+		if err := m.Up(ctx); err != nil {
+			t.Fatalf("Up from version 1: %v", err)
+		}
+		var same bool
+		if err := pool.QueryRow(ctx, `SELECT retain_until = expires_at FROM idempotency_keys WHERE idem_key = 'k'`).Scan(&same); err != nil || !same {
+			t.Fatalf("the version-1 row's retain_until = expires_at: %v (%v), want true", same, err)
+		}
+		// A binary of version 1 writes no retain_until: the default, read as
+		// "deleted at expiry" (pgsql.ExpiredBatchSQL reads expires_at too).
+		_, err = pool.Exec(ctx, `INSERT INTO idempotency_keys (idem_key, scope_endpoint, request_hash, locked_until, expires_at)
+			VALUES ('old-binary', 'e', '', now(), now() + interval '1 hour')`)
+		if err != nil {
+			t.Fatalf("a row written as version 1 writes it: %v", err)
+		}
+	})
+
 	t.Run("SentinelComment", func(t *testing.T) {
 		t.Parallel()
-		for _, name := range []string{
-			"000001_create_idempotency_keys.up.sql",
-			"000001_create_idempotency_keys.down.sql",
-			"000002_round4.up.sql",
-			"000002_round4.down.sql",
-		} {
+		names, err := fs.Glob(migrations.FS, "*.sql")
+		if err != nil || len(names) != 2*latest {
+			t.Fatalf("embedded migrations %v (%v), want %d files", names, err, 2*latest)
+		}
+		for _, name := range names {
 			b, err := fs.ReadFile(migrations.FS, name)
 			if err != nil {
 				t.Fatalf("embedded %s: %v", name, err)
@@ -191,14 +229,19 @@ func TestPostgresMigrations(t *testing.T) {
 			}
 		}
 
-		// The primary key and idx_idem_keys_expires, and no other index:
-		// each costs every claim an insertion (docs/storage.md).
+		// The primary key, idx_idem_keys_expires, idx_idem_keys_retain and the
+		// partial idx_idem_keys_purge, and no other index: each costs every
+		// claim an insertion (docs/storage.md; the partial one only a claim
+		// of an ExpiredRefuse route, at its record).
 		var nIndexes int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'idempotency_keys'`).Scan(&nIndexes); err != nil || nIndexes != 2 {
-			t.Errorf("idempotency_keys has %d indexes (err %v), want 2: the primary key and idx_idem_keys_expires", nIndexes, err)
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'idempotency_keys'`).Scan(&nIndexes); err != nil || nIndexes != 4 {
+			t.Errorf("idempotency_keys has %d indexes (err %v), want 4: the primary key, idx_idem_keys_expires, idx_idem_keys_retain, idx_idem_keys_purge", nIndexes, err)
 		}
 		indexes := map[string]string{
 			"idx_idem_keys_expires": "CREATE INDEX idx_idem_keys_expires ON %s.idempotency_keys USING btree (expires_at)",
+			"idx_idem_keys_retain":  "CREATE INDEX idx_idem_keys_retain ON %s.idempotency_keys USING btree (retain_until)",
+			"idx_idem_keys_purge": "CREATE INDEX idx_idem_keys_purge ON %s.idempotency_keys USING btree (expires_at) WHERE ((retain_until > expires_at) AND " +
+				"((response_body IS NOT NULL) OR (response_body_raw IS NOT NULL) OR (response_headers IS NOT NULL) OR (seal_key_id IS NOT NULL)))",
 		}
 		for name, want := range indexes {
 			var schema, def string
@@ -246,6 +289,7 @@ func TestPostgresMigrations(t *testing.T) {
 			{"expires_at", "timestamp with time zone", "NO", nil},
 			{"owner_token", "uuid", "YES", nil},
 			{"derive_key_id", "text", "NO", str("''::text")}, // 000002_round4
+			{"retain_until", "timestamp with time zone", "NO", str("'-infinity'::timestamp with time zone")},
 		}
 		if len(cols) != len(want) {
 			t.Fatalf("idempotency_keys has %d columns, want %d: %+v", len(cols), len(want), cols)

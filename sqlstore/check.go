@@ -19,7 +19,7 @@ var neededColumns = []string{
 	"id", "idem_key", "scope_user_id", "scope_endpoint", "request_hash",
 	"response_code", "response_body", "response_body_raw", "response_headers",
 	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
-	"derive_key_id", // migration 000002_round4
+	"derive_key_id", "retain_until", // migration 000002_round4
 }
 
 // keyColumns are the unique key's columns, sorted.
@@ -90,6 +90,9 @@ func (s *Store) checkColumns(ctx context.Context) error {
 		}
 	}
 	if len(missing) > 0 {
+		if s.d.name == MySQL && slices.Contains(missing, "retain_until") { // round 4's column (#36): the migration adds it
+			return fmt.Errorf("%w: %s lacks %s: %s", idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "), round4Fix)
+		}
 		return fmt.Errorf("%w: %s lacks %s: apply the migrations (idempotency migrate up; round 4's columns, such as derive_key_id, come with 000002_round4)",
 			idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "))
 	}

@@ -49,6 +49,7 @@ type rowValues struct {
 	body, raw, headers   []byte
 	sealKeyID            sql.NullString
 	expired, leaseOver   bool
+	tombstone            bool
 	created, locked      time.Time
 	lockedUntil, expires time.Time
 }
@@ -76,7 +77,7 @@ func scanClaim(row interface{ Scan(...any) error }, req idempotency.ClaimRequest
 }
 
 // scanRow reads head (the columns before request_hash), the stored
-// columns from request_hash on, the two flags and tail into rec.
+// columns from request_hash on, the three flags and tail into rec.
 func scanRow(row interface{ Scan(...any) error }, rec *idempotency.Record, head []any, tail ...any) error {
 	var v rowValues
 	var status string
@@ -84,14 +85,14 @@ func scanRow(row interface{ Scan(...any) error }, rec *idempotency.Record, head 
 	dest := append(head, &hash, &status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
 		dbTime{&v.created}, dbTime{&v.locked}, dbTime{&v.lockedUntil}, dbTime{&v.expires}, &rec.DeriveKeyID,
-		&v.expired, &v.leaseOver)
+		&v.expired, &v.leaseOver, &v.tombstone)
 	if err := row.Scan(append(dest, tail...)...); err != nil {
 		return err
 	}
 	rec.RequestHash = hashText(hash)
 	rec.Status = idempotency.Status(status)
 	rec.CreatedAt, rec.LockedAt, rec.LockedUntil, rec.ExpiresAt = v.created, v.locked, v.lockedUntil, v.expires
-	rec.Expired, rec.LeaseOver = v.expired, v.leaseOver
+	rec.Expired, rec.LeaseOver, rec.Tombstone = v.expired, v.leaseOver, v.tombstone
 	resp, err := decodeResponse(v.code, v.body, v.raw, v.headers, v.sealKeyID)
 	rec.Response = resp
 	return err

@@ -9,7 +9,8 @@ import (
 )
 
 // Cleanup implements idempotency.Store: one batch of at most limit
-// expired rows, never an in_flight row whose lease runs.
+// tombstones whose responses it purges, then one of at most limit rows past
+// retain_until it deletes, never an in_flight row whose lease runs.
 func (s *Store) Cleanup(ctx context.Context, limit int) (int64, error) {
 	var n int64
 	err := s.withConn(ctx, func(c *sql.Conn) error {
@@ -97,11 +98,19 @@ func (s *Store) scanListed(row interface{ Scan(...any) error }, rec *idempotency
 	return scanRecord(row, rec, nil, extra...)
 }
 
-// cleanupOn deletes one batch on c.
+// cleanupOn purges one batch and deletes one on c.
 func (s *Store) cleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64, error) {
-	r, err := c.ExecContext(ctx, s.st.cleanup, limit)
-	if err != nil {
-		return 0, err
+	var total int64
+	for _, stmt := range []string{s.st.purge, s.st.cleanup} {
+		r, err := c.ExecContext(ctx, stmt, limit)
+		if err != nil {
+			return total, err
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return total, err
+		}
+		total += n
 	}
-	return r.RowsAffected()
+	return total, nil
 }

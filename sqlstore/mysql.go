@@ -17,9 +17,10 @@ import (
 const mysqlNow = `UTC_TIMESTAMP(6)`
 
 // mysqlColumns are a row's columns, in the order scanRecord reads them,
-// with the two flags computed against the server's clock.
+// with the three flags computed against the server's clock (pgsql.Flags).
 const mysqlColumns = mysqlStored + `,
-	expires_at < ` + mysqlNow + ` AS expired, locked_until < ` + mysqlNow + ` AS lease_over`
+	expires_at < ` + mysqlNow + ` AS expired, locked_until < ` + mysqlNow + ` AS lease_over,
+	(expires_at < ` + mysqlNow + ` AND retain_until > expires_at AND retain_until >= ` + mysqlNow + `) AS tombstone`
 
 // mysqlStored are a row's stored columns.
 const mysqlStored = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
@@ -35,11 +36,12 @@ func mysqlStatements(table string) statements {
 		// statement, never the transaction; never INSERT IGNORE (it turns
 		// truncation and invalid values into warnings) nor REPLACE.
 		// ? key, scope, endpoint, hash, lease µs, TTL µs, owner token,
-		// derive key id.
+		// derive key id, TTL + grace µs.
 		insert: q(`INSERT INTO T_
 	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id)
-VALUES (?, ?, ?, ?, 'in_flight', 1, NOW_, NOW_, NOW_ + INTERVAL ? MICROSECOND, NOW_ + INTERVAL ? MICROSECOND, ?, ?)`),
+	 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id, retain_until)
+VALUES (?, ?, ?, ?, 'in_flight', 1, NOW_, NOW_, NOW_ + INTERVAL ? MICROSECOND, NOW_ + INTERVAL ? MICROSECOND, ?, ?,
+	NOW_ + INTERVAL ? MICROSECOND)`),
 		// The key's row, and whether it is the caller's own live claim
 		// (? owner token; NULL never matches). ? key, scope, endpoint.
 		readKey: q(`SELECT COLS_,
@@ -48,15 +50,16 @@ FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?`),
 		// The row a claim or takeover just made, by id: fresh, so neither
 		// expired nor past its lease (constants: a later clock could
 		// already say otherwise for a tiny TTL). ? id, scope.
-		readID: q(`SELECT STORED_, FALSE, FALSE, TRUE AS won FROM T_ WHERE id = ? AND scope_user_id = ?`),
-		// ? hash, lease µs, TTL µs, owner, derive key id, id, scope,
-		// attempt. The row's derive key id stays, set only where "".
+		readID: q(`SELECT STORED_, FALSE, FALSE, FALSE, TRUE AS won FROM T_ WHERE id = ? AND scope_user_id = ?`),
+		// ? hash, lease µs, TTL µs, owner, derive key id, TTL + grace µs,
+		// id, scope, attempt. The row's derive key id stays, set only
+		// where ""; a row past retain_until: a tombstone after its grace.
 		takeover: q(`UPDATE T_ SET
 	attempt = attempt + 1, request_hash = ?, status = 'in_flight',
 	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL,
 	created_at = NOW_, locked_at = NOW_, locked_until = NOW_ + INTERVAL ? MICROSECOND, expires_at = NOW_ + INTERVAL ? MICROSECOND,
-	owner_token = ?, derive_key_id = IF(derive_key_id = '', ?, derive_key_id)
-WHERE id = ? AND scope_user_id = ? AND attempt = ? AND expires_at < NOW_
+	owner_token = ?, derive_key_id = IF(derive_key_id = '', ?, derive_key_id), retain_until = NOW_ + INTERVAL ? MICROSECOND
+WHERE id = ? AND scope_user_id = ? AND attempt = ? AND expires_at < NOW_ AND retain_until < NOW_
 	AND NOT (status = 'in_flight' AND locked_until >= NOW_)`),
 		// ? code, JSON body, raw body, headers, seal key id, id, scope, attempt.
 		complete: q(`UPDATE T_ SET status = 'completed',
@@ -76,8 +79,15 @@ ORDER BY locked_until, id LIMIT ?`),
 		// ? key, scope, endpoint, owner.
 		releaseOwner: q(`DELETE FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?
 	AND status = 'in_flight' AND owner_token = ?`),
-		// One batch, earliest expiry first. ? limit.
-		cleanup: q(`DELETE FROM T_ WHERE expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)
+		// One batch, earliest first, through idx_idem_keys_retain. ? limit.
+		cleanup: q(`DELETE FROM T_ WHERE retain_until < NOW_ AND expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)
+ORDER BY retain_until LIMIT ?`),
+		// One batch of tombstones' responses, earliest expiry first, through
+		// idx_idem_keys_expires (pgsql.Purgeable: MySQL has no partial index,
+		// so a batch reads the tombstones purged before too). ? limit.
+		purge: q(`UPDATE T_ SET response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL
+WHERE expires_at < NOW_ AND retain_until > expires_at AND NOT (status = 'in_flight' AND locked_until >= NOW_)
+	AND (response_body IS NOT NULL OR response_body_raw IS NOT NULL OR response_headers IS NOT NULL OR seal_key_id IS NOT NULL)
 ORDER BY expires_at LIMIT ?`),
 		now: q(`SELECT NOW_`),
 		// ? scope, now.

@@ -37,6 +37,7 @@ func pgStatements(table string) statements {
 		release:           q(pgsql.ReleaseSQL),
 		releaseOwner:      q(pgsql.ReleaseOwnerSQL),
 		cleanup:           q(pgsql.CleanupSQL),
+		purge:             q(pgsql.PurgeSQL),
 		now:               pgsql.NowSQL,
 		eraseDelete:       q(pgsql.EraseDeleteSQL),
 		eraseKept:         q(pgsql.EraseKeptSQL),
@@ -49,7 +50,16 @@ func pgStatements(table string) statements {
 
 // pgClaimArgs are pgsql.ClaimSQL's and pgsql.TxClaimSQL's arguments for req.
 func (s *Store) pgClaimArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), req.DeriveKeyID}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), req.DeriveKeyID, pgGrace(req.Grace)}
+}
+
+// pgGrace is a grace as an interval's text in milliseconds, rounded up: 0
+// is none (pgInterval's least is 1 ms).
+func pgGrace(d time.Duration) string {
+	if d <= 0 {
+		return "0ms"
+	}
+	return pgInterval(d)
 }
 
 // newPostgres finishes New for the PostgreSQL dialect: the schema is

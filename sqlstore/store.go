@@ -63,7 +63,7 @@ var (
 // statements are a dialect's statements for one qualified table.
 type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
-	cleanup, now, eraseDelete, eraseKept, export                             string
+	cleanup, purge, now, eraseDelete, eraseKept, export                      string
 	savepoint, rollbackSavepoint, endLease                                   string
 	reconcileClaim, stale                                                    string // reconcile.go
 	txInsert                                                                 string // PostgreSQL: a transactional claim's INSERT

@@ -116,7 +116,7 @@ func TestResealUnderLoad(t *testing.T) {
 	wg.Go(func() { // takeovers of expired keys, completed by the old replica
 		for round := 1; ; round++ {
 			for _, k := range taken {
-				if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, k); err != nil {
+				if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1`, k); err != nil {
 					t.Error(err)
 					return
 				}
@@ -213,7 +213,7 @@ func TestResealFencedAgainstTakeover(t *testing.T) {
 	if a := app.send(key); a.status != 201 || a.replayed {
 		t.Fatalf("first execution: %+v", a)
 	}
-	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
 	second := make(chan answer, 1)

@@ -33,9 +33,10 @@ const releaseKeySQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $1 AND idem_key = $2 AND scope_endpoint = $3 AND id = $4 AND attempt = $5
 	AND (status = 'failed' OR (status = 'in_flight' AND locked_until < {now}))`
 
-// cleanupWhere is what Store.Cleanup deletes: expired, and not in flight
+// cleanupWhere is what Store.Cleanup deletes: past retain_until (expires_at, or
+// its grace after it for a tombstone), and not in flight
 // inside its lease.
-const cleanupWhere = `expires_at < {now} AND NOT (status = 'in_flight' AND locked_until >= {now})`
+const cleanupWhere = `retain_until < {now} AND expires_at < {now} AND NOT (status = 'in_flight' AND locked_until >= {now})`
 
 // statsSQL counts the table in one scan, with the database's clock last.
 const statsSQL = `SELECT COUNT(*),

@@ -41,6 +41,10 @@ func (s staleStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (id
 		return idempotency.ClaimResult{Record: idempotency.Record{Key: req.Key, RequestHash: req.RequestHash,
 			Status: idempotency.StatusInFlight, LeaseOver: true}}, nil
 	}
+	if strings.HasPrefix(req.Key, "tomb-") { // a tombstone (ExpiredRefuse): another request's hash
+		return idempotency.ClaimResult{Record: idempotency.Record{Key: req.Key, RequestHash: strings.Repeat("0", 64),
+			Status: idempotency.StatusCompleted, Expired: true, Tombstone: true, LeaseOver: true}}, nil
+	}
 	return s.Store.Claim(ctx, req)
 }
 
@@ -92,6 +96,9 @@ func TestMoreAnswers(t *testing.T) {
 
 		_, err = call(ctx, transfer, "stale-"+uuid.NewString(), map[string]any{"a": 1})
 		wantAnswer(t, w.name+": stale in flight", err, connect.CodeFailedPrecondition, "IDEMPOTENCY_OUTCOME_UNKNOWN", 0)
+
+		_, err = call(ctx, transfer, "tomb-"+uuid.NewString(), map[string]any{"a": 1})
+		wantAnswer(t, w.name+": a tombstone", err, connect.CodeFailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED", 0)
 
 		big := uuid.NewString()
 		if _, err := call(ctx, small, big, map[string]any{"a": "more than four bytes"}); err != nil {

@@ -30,6 +30,10 @@ func (s staleStore) Claim(ctx context.Context, req idempotency.ClaimRequest) (id
 		return idempotency.ClaimResult{Record: idempotency.Record{Key: req.Key, RequestHash: req.RequestHash,
 			Status: idempotency.StatusInFlight, LeaseOver: true}}, nil
 	}
+	if strings.HasPrefix(req.Key, "tomb-") { // a tombstone (ExpiredRefuse): another request's hash
+		return idempotency.ClaimResult{Record: idempotency.Record{Key: req.Key, RequestHash: strings.Repeat("0", 64),
+			Status: idempotency.StatusCompleted, Expired: true, Tombstone: true, LeaseOver: true}}, nil
+	}
 	return s.Store.Claim(ctx, req)
 }
 
@@ -146,6 +150,9 @@ func TestAnswers(t *testing.T) {
 
 	_, err = invoke(withKey(ctx, "stale-"+uuid.NewString()), cc, "Transfer", request("a", codes.OK))
 	wantAnswer(t, "stale in flight", err, codes.FailedPrecondition, "IDEMPOTENCY_OUTCOME_UNKNOWN", 0)
+
+	_, err = invoke(withKey(ctx, "tomb-"+uuid.NewString()), cc, "Transfer", request("a", codes.OK))
+	wantAnswer(t, "a tombstone", err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED", 0)
 
 	big := uuid.NewString()
 	if _, err := invoke(withKey(ctx, big), cc, "Small", request("more than four bytes", codes.OK)); err != nil {

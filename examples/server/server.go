@@ -21,7 +21,7 @@ import (
 // TTLs of the two wrapped routes, by tier.
 const (
 	ordersTTL  = maxOrdersTTL       // Tier 1: orders
-	billingTTL = idempotency.MaxTTL // Tier 2: billing, 7 days
+	billingTTL = 7 * 24 * time.Hour // Tier 2: billing, 7 days (round 4 raised MaxTTL to 30 days; the example keeps its window)
 )
 
 // janitorInterval is how often expired idempotency keys are deleted.

@@ -35,12 +35,15 @@ const StoredColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at, derive_key_id`
 
-// Flags are the two flags scanRecord reads after the stored columns,
-// computed against the database's clock. Never in a RETURNING list:
+// Flags are the three flags scanRecord reads after the stored columns,
+// computed against the database's clock: expired, past its lease, and a
+// tombstone (expired, kept until a later retain_until, which has not
+// passed). Never in a RETURNING list:
 // Citus refuses a function that is not IMMUTABLE there (now() is not), so
 // a statement that writes returns the stored columns and an outer SELECT
 // over its CTE computes the flags, on the coordinator.
-const Flags = `expires_at < now() AS expired, locked_until < now() AS lease_over`
+const Flags = `expires_at < now() AS expired, locked_until < now() AS lease_over,
+	(expires_at < now() AND retain_until > expires_at AND retain_until >= now()) AS tombstone`
 
 // Columns are the columns every statement returning rows returns, in the
 // order scanRecord reads them.
@@ -72,15 +75,16 @@ const ClaimColumns = ClaimStoredColumns + `,
 // NULL token (none given, or a row of another writer) never matches.
 //
 // $1 key, $2 scope, $3 endpoint, $4 request hash (hex), $5 TTL, $6 lease,
-// $7 owner token (NULL for none), $8 derive key id (empty for none).
+// $7 owner token (NULL for none), $8 derive key id (empty for none), $9
+// grace (retain_until = expires_at + grace).
 const ClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys
 		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id)
+		 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id, retain_until)
 	VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1,
-		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid, $8)
+		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid, $8, now() + $5::interval + $9::interval)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
-	RETURNING ` + ClaimStoredColumns + `
+	RETURNING ` + ClaimStoredColumns + `, retain_until
 )
 SELECT ` + ClaimColumns + `, true AS won FROM ins
 UNION ALL
@@ -90,7 +94,8 @@ FROM idempotency_keys
 WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 	AND NOT EXISTS (SELECT 1 FROM ins)`
 
-// TakeoverSQL turns an expired row into a fresh claim, fenced on attempt.
+// TakeoverSQL turns an expired row into a fresh claim, fenced on attempt:
+// a row past its retain_until, which for a tombstone is after its grace.
 // An in_flight row whose lease still runs is left to its owner even when
 // expired (instances with different TTL and lease settings can produce one).
 // The new owner's token replaces the old one (NULL when it gave none). The
@@ -105,7 +110,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // (store_pg_pool_statements_test.go pins it).
 //
 // $1 id, $2 attempt, $3 scope, $4 request hash (hex), $5 TTL, $6 lease,
-// $7 owner token, $8 key, $9 endpoint, $10 derive key id.
+// $7 owner token, $8 key, $9 endpoint, $10 derive key id, $11 grace.
 const TakeoverSQL = TakenCTE + `
 SELECT ` + Columns + ` FROM taken`
 
@@ -127,10 +132,11 @@ const TakenCTE = `WITH taken AS (
 		locked_until = now() + $6::interval,
 		expires_at = now() + $5::interval,
 		owner_token = $7::uuid,
-		derive_key_id = CASE WHEN derive_key_id = '' THEN $10 ELSE derive_key_id END
-	WHERE scope_user_id = $3 AND idem_key = $8 AND scope_endpoint = $9 AND id = $1 AND attempt = $2 AND expires_at < now()
+		derive_key_id = CASE WHEN derive_key_id = '' THEN $10 ELSE derive_key_id END,
+		retain_until = now() + $5::interval + $11::interval
+	WHERE scope_user_id = $3 AND idem_key = $8 AND scope_endpoint = $9 AND id = $1 AND attempt = $2 AND expires_at < now() AND retain_until < now()
 		AND NOT (status = 'in_flight' AND locked_until >= now())
-	RETURNING ` + StoredColumns + `
+	RETURNING ` + StoredColumns + `, retain_until
 )`
 
 // CompleteSQL records the response, fenced on the owner's attempt. The
@@ -171,15 +177,66 @@ const ReleaseOwnerSQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
 	AND status = 'in_flight' AND owner_token = $4::uuid`
 
-// ExpiredBatchSQL reads one batch of rows cleanup may delete: expired,
-// and not in_flight inside their lease; earliest expiry first (never by
-// id: ids made on different Citus nodes are not ordered by time). It takes
-// no row lock: FOR UPDATE SKIP LOCKED fails on Citus when it spans shards.
+// Cleanup runs two kinds of batch. PurgeSQL purges the responses of
+// tombstones past expires_at; ExpiredBatchSQL and DeleteExpiredSQL (or
+// CleanupSQL in one statement) delete rows past retain_until. Neither
+// touches an in_flight row whose lease runs.
+
+// Purgeable is the predicate of a tombstone whose response cleanup purges:
+// expired, retained past expires_at, not in_flight in its lease, and still
+// holding a response. idx_idem_keys_purge is partial on the same
+// condition, so a batch never reads a row purged before.
+const Purgeable = `expires_at < now() AND retain_until > expires_at
+	AND NOT (status = 'in_flight' AND locked_until >= now())
+	AND (response_body IS NOT NULL OR response_body_raw IS NOT NULL OR response_headers IS NOT NULL OR seal_key_id IS NOT NULL)`
+
+// PurgeBatchSQL reads one batch of at most $1 tombstones whose response
+// cleanup purges, earliest expiry first, as ExpiredBatchSQL reads rows to
+// delete; PurgeScopeSQL purges those of one scope.
+//
+// $1 batch size.
+const PurgeBatchSQL = `SELECT scope_user_id, idem_key, scope_endpoint FROM idempotency_keys
+WHERE ` + Purgeable + `
+ORDER BY expires_at
+LIMIT $1`
+
+// PurgeScopeSQL nulls the response body, raw body, headers and seal key
+// id of the rows of one scope PurgeBatchSQL read, keeping the key, scope,
+// endpoint, request hash, status and response code (DESIGN.md "Keys in
+// time"). It repeats the predicate, as DeleteExpiredSQL does.
+//
+// $1 scope, $2 keys, $3 their endpoints.
+const PurgeScopeSQL = `UPDATE idempotency_keys SET
+	response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL
+WHERE scope_user_id = $1
+	AND (idem_key, scope_endpoint) IN (SELECT * FROM unnest($2::text[], $3::text[]))
+	AND ` + Purgeable
+
+// PurgeSQL is PurgeBatchSQL and its update in one statement, for a store
+// outside Citus (sqlstore's PostgreSQL dialect), as CleanupSQL is.
+//
+// $1 batch size.
+const PurgeSQL = `WITH batch AS (
+` + PurgeBatchSQL + `
+)
+UPDATE idempotency_keys t SET
+	response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL
+FROM batch b
+WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
+	AND t.expires_at < now() AND t.retain_until > t.expires_at
+	AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`
+
+// ExpiredBatchSQL reads one batch of rows cleanup may delete: past
+// retain_until (expires_at, or expires_at + grace for a tombstone), and not
+// in_flight inside their lease; earliest first, through
+// idx_idem_keys_retain (never by id: ids made on different Citus nodes are
+// not ordered by time). It takes no row lock: FOR UPDATE SKIP LOCKED fails
+// on Citus when it spans shards.
 //
 // $1 batch size.
 const ExpiredBatchSQL = `SELECT scope_user_id, idem_key, scope_endpoint FROM idempotency_keys
-WHERE expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
-ORDER BY expires_at
+WHERE retain_until < now() AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
+ORDER BY retain_until
 LIMIT $1`
 
 // DeleteExpiredSQL deletes the rows of one scope that ExpiredBatchSQL
@@ -192,7 +249,7 @@ LIMIT $1`
 const DeleteExpiredSQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $1
 	AND (idem_key, scope_endpoint) IN (SELECT * FROM unnest($2::text[], $3::text[]))
-	AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
+	AND retain_until < now() AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())`
 
 // CleanupSQL is ExpiredBatchSQL and its delete in one statement, for a
 // store outside Citus (sqlstore's PostgreSQL dialect): the delete repeats
@@ -204,7 +261,7 @@ const CleanupSQL = `WITH batch AS (
 )
 DELETE FROM idempotency_keys t USING batch b
 WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
-	AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`
+	AND t.retain_until < now() AND t.expires_at < now() AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`
 
 // EraseDeleteSQL and EraseKeptSQL are DeleteScopeSQL in two statements,
 // both at one instant read before them ($2), for a store whose driver
@@ -293,7 +350,7 @@ FROM (SELECT current_setting('role'), current_setting('search_path'), current_se
 const TxColumns = `request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
 	created_at, locked_at, locked_until, expires_at, derive_key_id,
-	false AS expired, false AS lease_over`
+	false AS expired, false AS lease_over, false AS tombstone`
 
 // TxClaimSQL is a transactional route's claim: the INSERT alone, without
 // ClaimSQL's read of an existing row. Inside the route's transaction the
@@ -306,12 +363,12 @@ const TxColumns = `request_hash, status, attempt,
 // nothing.
 //
 // $1 key, $2 scope, $3 endpoint, $4 request hash (hex), $5 TTL, $6 lease,
-// $7 owner token (NULL for none), $8 derive key id (empty for none).
+// $7 owner token (NULL for none), $8 derive key id (empty for none), $9 grace.
 const TxClaimSQL = `INSERT INTO idempotency_keys
 	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id)
+	 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id, retain_until)
 VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1,
-	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid, $8)
+	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid, $8, now() + $5::interval + $9::interval)
 ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 RETURNING id, ` + TxColumns + `, true AS won`
 
@@ -327,7 +384,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3`
 // transaction, with the same UPDATE (TakenCTE): the row it returns is
 // fresh, so its flags are constants, as in TxColumns.
 const TxTakeoverSQL = TakenCTE + `
-SELECT ` + StoredColumns + `, false AS expired, false AS lease_over FROM taken`
+SELECT ` + StoredColumns + `, false AS expired, false AS lease_over, false AS tombstone FROM taken`
 
 // TxRestoreSQL puts back, for the rest of the transaction, the claim's
 // statement_timeout (first: the statements after it run under it), the

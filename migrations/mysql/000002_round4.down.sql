@@ -5,9 +5,14 @@
 -- Every body and header the library records in these columns is UTF-8, so the conversion keeps them.
 ALTER TABLE idempotency_keys
     MODIFY response_body    LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    MODIFY response_headers LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL
-;
+    MODIFY response_headers LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL;
 
 -- [derive, #35]
 ALTER TABLE idempotency_keys DROP COLUMN derive_key_id;
 -- [end derive]
+
+-- BEGIN retain_until (issue #36): the column and its index go.
+ALTER TABLE idempotency_keys
+    DROP KEY idx_idem_keys_retain,
+    DROP COLUMN retain_until;
+-- END retain_until.

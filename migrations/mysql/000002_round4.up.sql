@@ -38,3 +38,17 @@ ALTER TABLE idempotency_keys
 ALTER TABLE idempotency_keys
     ADD COLUMN derive_key_id VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '';
 -- [end derive]
+
+-- BEGIN retain_until (issue #36, tombstones; settled item 20).
+-- retain_until is when cleanup may delete the row: expires_at, or under RouteConfig.ExpiredRefuse
+-- expires_at + Grace, the row being a tombstone in between. DATETIME(6) in UTC, as every time column
+-- here. The constant default is what a row written by a binary older than round 4 gets (settled item
+-- 10): every statement reads retain_until together with expires_at, so it means "no tombstone,
+-- deleted at expiry". The existing rows are backfilled to their expiry. idx_idem_keys_retain is
+-- cleanup's delete order; its purge of tombstones' responses reads idx_idem_keys_expires.
+ALTER TABLE idempotency_keys
+    ADD COLUMN retain_until DATETIME(6) NOT NULL DEFAULT '1000-01-01 00:00:00.000000';
+UPDATE idempotency_keys SET retain_until = expires_at;
+ALTER TABLE idempotency_keys
+    ADD KEY idx_idem_keys_retain (retain_until);
+-- END retain_until.

@@ -26,7 +26,7 @@ var (
 	// (in memory it is not, and never answers its 500).
 	ordersRoute = idempotency.RouteConfig{TTL: 24 * time.Hour, Transactional: true}
 	// Tier 2: fail-open, 7 days.
-	billingRoute = idempotency.RouteConfig{TTL: idempotency.MaxTTL, FailOpen: true}
+	billingRoute = idempotency.RouteConfig{TTL: 7 * 24 * time.Hour, FailOpen: true} // the example server's billing route
 )
 
 // The example's own limits (examples/server/orders.go, billing.go).

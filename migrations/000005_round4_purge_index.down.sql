@@ -1,0 +1,2 @@
+-- POSTGRES-ONLY
+DROP INDEX idx_idem_keys_purge;
