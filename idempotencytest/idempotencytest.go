@@ -55,7 +55,8 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
 // (ClaimRequest.Owner, Store.ReleaseOwner), Takeover, and
-// maintenance (Cleanup, Erase, ExportScope) and the outage probe (Probe). Every subtest runs in parallel
+// maintenance (Cleanup, Erase, ExportScope), the outage probe (Probe) and
+// reconcile (Unsettled, Reconcile, ReconcileStale). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
 // schema or database), and release it with t.Cleanup.
@@ -71,4 +72,5 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	runTakeover(t, setup)
 	runMaintenance(t, setup)
 	runProbe(t, setup)
+	runReconcile(t, setup)
 }
