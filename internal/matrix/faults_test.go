@@ -31,6 +31,7 @@ var faults = sync.OnceValue(func() []*fault {
 		linkFaults(),
 		bodyFaults(),
 		keyFaults(),
+		reconcileFaults(),
 		{crashFault()},
 	} {
 		all = append(all, group...)
