@@ -95,6 +95,8 @@ type Config struct {
 	// Registerer receives the metrics. Defaults to nil: counted, registered
 	// nowhere (never the global registry).
 	Registerer prometheus.Registerer
+	// DeriveKeys keys package downstream's ids. Defaults to nil (refused).
+	DeriveKeys DeriveKeys
 }
 
 // RouteConfig is one route's or Operation's policy. The zero value is a

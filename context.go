@@ -11,6 +11,7 @@ const (
 	keyCtxKey ctxKey = iota
 	txCtxKey
 	requestCtxKey
+	deriveCtxKey
 )
 
 // RequestFromContext returns the HTTP request a route is deciding, for

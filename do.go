@@ -176,10 +176,10 @@ func validCallKey(key string, min int) bool {
 }
 
 // pass runs fn with no claim.
-func (oc *opCall) pass(key string) {
+func (oc *opCall) pass(keyed bool) {
 	ctx := oc.ctx
-	if key != "" {
-		ctx = withKey(ctx, key)
+	if keyed {
+		ctx = oc.withKey(ctx, oc.bypassRecord())
 	}
 	oc.info.Bypassed = true
 	oc.out = oc.fn(ctx)

@@ -55,9 +55,10 @@ type request struct {
 // engine calls it from the call's goroutine, and delivers exactly once:
 // send, deliver or replay, or through pass.
 type transport interface {
-	// pass runs the handler with no claim (a pass-through, a bypass), with key in
-	// its context when it is not "", and delivers its result.
-	pass(key string)
+	// pass runs the handler with no claim (a pass-through, a bypass), with
+	// the key (and Derivation) of rec in its context when keyed, and
+	// delivers its result.
+	pass(keyed bool)
 	// handle runs the handler under ctx and holds its result: for the record up to
 	// limit bytes when limit > 0, and whole until the commit when held (a
 	// transactional run). It may panic: the handler's panic.
@@ -91,10 +92,17 @@ func (m *Middleware) startClock() time.Time {
 	return time.Now()
 }
 
-// withKey returns ctx carrying a call's key (KeyFromContext), for a
-// handler that runs under it.
-func withKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, keyCtxKey, key)
+// withKey returns ctx carrying a call's key (KeyFromContext) and, from
+// rec, its Derivation, for a handler that runs under it.
+func (rq *request) withKey(ctx context.Context, rec Record) context.Context {
+	return withDerivation(context.WithValue(ctx, keyCtxKey, rec.Key), rq.m.cfg.DeriveKeys, rec)
+}
+
+// bypassRecord is the call's own claim as a Record, for a handler that
+// runs with its key but no row (a fail-open bypass).
+func (rq *request) bypassRecord() Record {
+	c := &rq.claim
+	return Record{Key: c.Key, Scope: c.Scope, Endpoint: c.Endpoint, DeriveKeyID: c.DeriveKeyID}
 }
 
 // maxScopeBytes bounds a key's user scope and its endpoint, so that (key,
@@ -131,6 +139,7 @@ func (rq *request) admitClaim(key, scope, hash string, needScope bool) bool {
 		Lease:       rq.m.cfg.Lease,
 		LockWait:    rq.policy.txLockWait,
 		Owner:       uuid.New(), // one per call: the store's retry of this claim knows its own row
+		DeriveKeyID: rq.activeDeriveKeyID(),
 	}
 	rq.rm = rq.m.metricsFor(rq.label)
 	return true

@@ -90,7 +90,7 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := x.ctx, context.CancelFunc(func() {})
 	if x.owned {
-		ctx = withKey(ctx, x.claim.Key)
+		ctx = x.withKey(ctx, x.own)
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
 	}
 	ctx = x.withMark(ctx)

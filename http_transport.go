@@ -10,10 +10,10 @@ import (
 // response writer.
 
 // pass runs the handler with no claim.
-func (rq *httpRequest) pass(key string) {
+func (rq *httpRequest) pass(keyed bool) {
 	r := rq.r
-	if key != "" {
-		r = r.WithContext(withKey(r.Context(), key))
+	if keyed {
+		r = r.WithContext(rq.withKey(r.Context(), rq.bypassRecord()))
 	}
 	rq.rt.next.ServeHTTP(rq.w, r)
 }

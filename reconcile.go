@@ -151,8 +151,7 @@ func (rq *request) reconcileRefused(own Record, err error) string {
 // (detached from the caller's cancellation); start is when the reconcile
 // began. The kind is done, not done or unknown; an error is unknown.
 func (rq *request) askReconcile(base context.Context, own Record, start time.Time) (any, string, error) {
-	ctx := withKey(context.WithoutCancel(base), own.Key)
-	// ctx = withDerivation(ctx, rq.m.cfg.DeriveKeys, own) // TODO(merge): downstream.Key(ctx, ...) inside the hook
+	ctx := rq.withKey(context.WithoutCancel(base), own) // downstream.Key works inside the hook
 	ctx, cancel := context.WithTimeout(ctx, rq.policy.reconcileWait)
 	defer cancel()
 	info := ReconcileInfo{Key: own.Key, Scope: own.Scope, Endpoint: own.Endpoint, RequestHash: own.RequestHash,

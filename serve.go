@@ -91,7 +91,7 @@ func (rq *request) bypass(f failure, reason string, err error) {
 	rq.logClaimFailure(level, msg, reason, err)
 	rq.m.metrics.bypasses.WithLabelValues(rq.label, reasonStoreUnavailable).Inc()
 	rq.observeUnrun(OutcomeBypassed, reasonStoreUnavailable)
-	rq.t.pass(rq.claim.Key)
+	rq.t.pass(true)
 }
 
 // logLimiter lets one log line a second through, and counts the others.
@@ -173,7 +173,7 @@ func (rq *request) switchedOff() {
 // shape; the adapter has named such a call.
 func (rq *request) passThrough() {
 	if rq.policy.txStore == nil {
-		rq.t.pass("")
+		rq.t.pass(false)
 		return
 	}
 	rq.run(nil, time.Time{}, nil)

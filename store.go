@@ -61,7 +61,8 @@ type ClaimRequest struct {
 	// Owner is the claiming call's random token, stored by Claim and Takeover
 	// (uuid.Nil: none): a Claim that finds the row in_flight, inside its lease
 	// with this Owner reports it won; Store.ReleaseOwner frees such a row.
-	Owner uuid.UUID
+	Owner       uuid.UUID
+	DeriveKeyID string // Config.DeriveKeys' active key id; a Takeover keeps a row's non-empty one
 }
 
 // Response is a handler's answer as recorded for replay.
@@ -94,6 +95,7 @@ type Record struct {
 	ExpiresAt   time.Time // after this the key may be taken over as new
 	Expired     bool      // expires_at < now: the row may be taken over as a new key
 	LeaseOver   bool      // locked_until < now: an in_flight owner's lease has run out
+	DeriveKeyID string    // ClaimRequest.DeriveKeyID of the claim that made the row
 }
 
 // Fence returns the fencing token of the ownership this record describes.
@@ -125,8 +127,8 @@ type Store interface {
 	// lease, holding non-zero req.Owner): a claim whose reply was lost goes on.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// Takeover turns the expired row f into a fresh in_flight claim of req
-	// (new hash, TTL and lease; attempt+1; response cleared), only if the row
-	// still has f.Attempt, is expired, and is not in_flight inside its lease.
+	// (new hash, TTL, lease; attempt+1; no response; DeriveKeyID kept), only
+	// if the row still has f.Attempt, is expired, not in_flight in its lease.
 	// Losing returns Lost set, Won unset and the zero Record.
 	Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error)
 	// Complete records resp and marks the row completed, only if f still owns

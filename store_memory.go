@@ -103,6 +103,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 		LockedAt:    now,
 		LockedUntil: now.Add(req.Lease),
 		ExpiresAt:   now.Add(req.TTL),
+		DeriveKeyID: req.DeriveKeyID,
 	}, owner: req.Owner}
 	s.insert(k, row)
 	rec := row.Record
@@ -132,6 +133,9 @@ func (s *MemoryStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (
 	row.LockedUntil = now.Add(req.Lease)
 	row.ExpiresAt = now.Add(req.TTL)
 	row.owner = req.Owner
+	if row.DeriveKeyID == "" { // the row's derived keys stay those of its first claim
+		row.DeriveKeyID = req.DeriveKeyID
+	}
 	s.reorder(row)
 	rec := row.Record
 	s.mu.Unlock()

@@ -86,13 +86,13 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 
 // claimArgs are pgsql.ClaimSQL's parameters for req, in order.
 func claimArgs(req ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner)}
+	return []any{req.Key, req.Scope, req.Endpoint, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), req.DeriveKeyID}
 }
 
 // Takeover implements Store with one fenced UPDATE.
 func (s *PostgresStore) Takeover(ctx context.Context, f Fence, req ClaimRequest) (ClaimResult, error) {
 	return s.claimExisting(ctx, "takeover", pgsql.TakeoverSQL,
-		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint)
+		f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint, req.DeriveKeyID)
 }
 
 // claimExisting runs a fenced UPDATE ... RETURNING that makes the caller the

@@ -48,7 +48,7 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 	dest := []any{
 		&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
-		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
+		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID,
 		&rec.Expired, &rec.LeaseOver,
 	}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
@@ -64,7 +64,7 @@ func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	var v rowValues
 	if err := row.Scan(&rec.ID, &v.hash, &v.status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
-		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt,
+		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID,
 		&rec.Expired, &rec.LeaseOver, won); err != nil {
 		return err
 	}
@@ -104,6 +104,7 @@ type nullRecord struct {
 	sealKeyID                        *string
 	createdAt, lockedAt, lockedUntil *time.Time
 	expiresAt                        *time.Time
+	deriveKeyID                      *string
 	expired, leaseOver               *bool
 }
 
@@ -112,7 +113,7 @@ func (n *nullRecord) dest() []any {
 	return []any{
 		&n.id, &n.key, &n.scope, &n.endpoint, &n.hash, &n.status, &n.attempt,
 		&n.code, &n.body, &n.raw, &n.headers, &n.sealKeyID,
-		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt,
+		&n.createdAt, &n.lockedAt, &n.lockedUntil, &n.expiresAt, &n.deriveKeyID,
 		&n.expired, &n.leaseOver,
 	}
 }
@@ -131,7 +132,7 @@ func (n *nullRecord) record() (rec Record, ok bool, err error) {
 		RequestHash: hex.EncodeToString(n.hash), Status: Status(*n.status), Attempt: *n.attempt,
 		Response:  resp,
 		CreatedAt: *n.createdAt, LockedAt: *n.lockedAt, LockedUntil: *n.lockedUntil, ExpiresAt: *n.expiresAt,
-		Expired: *n.expired, LeaseOver: *n.leaseOver,
+		DeriveKeyID: *n.deriveKeyID, Expired: *n.expired, LeaseOver: *n.leaseOver,
 	}, true, nil
 }
 
@@ -192,7 +193,7 @@ var claimColumnOIDs = [...]uint32{
 	pgtype.Int8OID, pgtype.ByteaOID, pgtype.TextOID, pgtype.Int4OID,
 	pgtype.Int2OID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.TextOID,
 	pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID,
-	pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
+	pgtype.TextOID, pgtype.BoolOID, pgtype.BoolOID, pgtype.BoolOID,
 }
 
 // defaultTypes are pgx's built-in types of claimColumnOIDs, each once: a
@@ -296,8 +297,12 @@ func decodeClaimRow(rows pgx.Rows, rec *Record, v *rowValues, won *bool) bool {
 			return false
 		}
 	}
+	if values[13] == nil {
+		return false
+	}
+	rec.DeriveKeyID = string(values[13])
 	for i, b := range []*bool{&rec.Expired, &rec.LeaseOver, won} {
-		if *b, ok = boolValue(values[13+i]); !ok {
+		if *b, ok = boolValue(values[14+i]); !ok {
 			return false
 		}
 	}

@@ -240,6 +240,9 @@ var pgNeededColumns = []string{
 	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
 }
 
+// pgRound4Columns are the columns migration 000002_round4 adds.
+var pgRound4Columns = []string{"derive_key_id"}
+
 // pgByteaColumns are the columns the store reads and writes as bytes: an
 // older version of migration 000001 made the hash TEXT and the body and
 // headers JSONB.
@@ -293,6 +296,15 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: the idempotency_keys table lacks %s: it was made by an older, unreleased version of migration 000001; "+
 			"reset it as docs/stores.md \"Upgrading an old version-1 database\" says", ErrSchemaOutdated, strings.Join(missing, ", "))
+	}
+	for _, c := range pgRound4Columns {
+		if !slices.Contains(cols, c) {
+			missing = append(missing, "column "+c)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: the idempotency_keys table lacks %s: apply migration 000002_round4 "+
+			"(migrations.Migrate, or idempotency migrate up)", ErrSchemaOutdated, strings.Join(missing, ", "))
 	}
 	return s.checkPrivileges(ctx)
 }

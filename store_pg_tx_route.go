@@ -78,7 +78,7 @@ func (t *pgRouteTx) Takeover(ctx context.Context, f Fence, req ClaimRequest) (Cl
 	var rec Record
 	p := t.pipe(ctx,
 		pgStep{sql: pgSetLocal("lock_timeout", pgInterval(cmpWait(req.LockWait))), alone: true},
-		pgStep{sql: pgsql.TxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint}},
+		pgStep{sql: pgsql.TxTakeoverSQL, args: []any{f.ID, f.Attempt, f.Scope, req.RequestHash, req.TTL, req.Lease, ownerArg(req.Owner), f.Key, f.Endpoint, req.DeriveKeyID}},
 		pgStep{sql: pgsql.SavepointSQL},
 		pgStep{sql: pgSetLocal("lock_timeout", t.session.lock), alone: true})
 	_, err := p.Exec()

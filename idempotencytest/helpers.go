@@ -268,6 +268,9 @@ func sameRecord(t testing.TB, what string, got, want idempotency.Record) bool {
 	if got.Attempt != want.Attempt {
 		add("Attempt", got.Attempt, want.Attempt)
 	}
+	if got.DeriveKeyID != want.DeriveKeyID {
+		add("DeriveKeyID", got.DeriveKeyID, want.DeriveKeyID)
+	}
 	for _, tm := range []struct {
 		field     string
 		got, want time.Time

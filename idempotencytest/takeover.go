@@ -69,6 +69,8 @@ func runTakeover(t *testing.T, setup setupFunc) {
 			})
 		}
 
+		t.Run("KeepsDeriveKeyID", func(t *testing.T) { takeoverKeepsDeriveKeyID(t, setup) })
+
 		t.Run("NotWhileUnexpired", func(t *testing.T) { takeoverNotWhileUnexpired(t, setup) })
 
 		t.Run("NotWhileInFlightLeaseRuns", func(t *testing.T) { takeoverNotWhileInFlightLeaseRuns(t, setup) })
@@ -274,5 +276,47 @@ func flagsExpiryWithoutLeaseOver(t *testing.T, setup setupFunc) {
 	rec := WaitFor(t, s, req, "expired", isExpired)
 	if rec.LeaseOver {
 		t.Errorf("row with TTL %v and lease %v: LeaseOver = true, want false", req.TTL, req.Lease)
+	}
+}
+
+// takeoverKeepsDeriveKeyID: a claim stores its derive key id and every
+// read returns it; a takeover keeps the row's (a re-execution derives the
+// ids the first run sent, whatever key is active now), and sets the new
+// claim's only on a row that named none.
+func takeoverKeepsDeriveKeyID(t *testing.T, setup setupFunc) {
+	for _, first := range []string{"key-a", ""} {
+		t.Run(fmt.Sprintf("First=%q", first), func(t *testing.T) { takeoverKeepsDeriveKeyIDOf(t, setup, first) })
+	}
+}
+
+// takeoverKeepsDeriveKeyIDOf is takeoverKeepsDeriveKeyID for a row first
+// claimed under the derive key id first.
+func takeoverKeepsDeriveKeyIDOf(t *testing.T, setup setupFunc, first string) {
+	{
+		s, ctx := setup(t)
+		req := newRequest("user-1")
+		req.TTL, req.Lease, req.DeriveKeyID = tiny, tiny, first
+		old := MustClaim(t, s, req)
+		if old.DeriveKeyID != first {
+			t.Errorf("claim stored derive key id %q: the claim returned %q", first, old.DeriveKeyID)
+		}
+		if got := Read(t, s, req).DeriveKeyID; got != first {
+			t.Errorf("claim stored derive key id %q: a read returned %q", first, got)
+		}
+		old = WaitFor(t, s, req, "expired", isExpired)
+		next := req
+		next.TTL, next.Lease, next.DeriveKeyID = longTTL, longLease, "key-b"
+		res, err := s.Takeover(ctx, old.Fence(), next)
+		if err != nil || !res.Won {
+			t.Fatalf("Takeover: won %v, %v", res.Won, err)
+		}
+		want := first
+		if want == "" {
+			want = "key-b"
+		}
+		if res.Record.DeriveKeyID != want {
+			t.Errorf("takeover of a row claimed under %q: DeriveKeyID %q, want %q", first, res.Record.DeriveKeyID, want)
+		}
+		sameRecord(t, "row after the takeover", Read(t, s, req), res.Record)
 	}
 }

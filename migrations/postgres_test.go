@@ -18,6 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// latest is the version of the last PostgreSQL migration.
+const latest = 2
+
 // TestPostgresMigrations runs the PostgreSQL migrations up and down on a
 // real database: their history, their lock, and what a cancelled or
 // failed run leaves behind.
@@ -57,14 +60,14 @@ func TestPostgresMigrations(t *testing.T) {
 		if !tableExists(t, pool, "idempotency_keys") {
 			t.Fatal("no idempotency_keys after Migrate")
 		}
-		if v, dirty := version(t, pool); v != 1 || dirty {
-			t.Fatalf("history: version %d dirty %v, want 1 clean", v, dirty)
+		if v, dirty := version(t, pool); v != latest || dirty {
+			t.Fatalf("history: version %d dirty %v, want %d clean", v, dirty, latest)
 		}
 		if err := migrations.Migrate(ctx, pool); err != nil {
 			t.Fatalf("second Migrate: %v", err)
 		}
-		if v, dirty := version(t, pool); v != 1 || dirty {
-			t.Fatalf("history after the second Migrate: version %d dirty %v, want 1 clean", v, dirty)
+		if v, dirty := version(t, pool); v != latest || dirty {
+			t.Fatalf("history after the second Migrate: version %d dirty %v, want %d clean", v, dirty, latest)
 		}
 		if tableExists(t, pool, "schema_migrations") {
 			t.Fatal("Migrate created schema_migrations, the host's history table")
@@ -115,8 +118,8 @@ func TestPostgresMigrations(t *testing.T) {
 			v     uint
 			dirty bool
 		)
-		if err := m.Run(ctx, func(m *migrate.Migrate) (err error) { v, dirty, err = m.Version(); return err }); err != nil || v != 1 || dirty {
-			t.Fatalf("Version = %d %v %v, want 1 clean", v, dirty, err)
+		if err := m.Run(ctx, func(m *migrate.Migrate) (err error) { v, dirty, err = m.Version(); return err }); err != nil || v != latest || dirty {
+			t.Fatalf("Version = %d %v %v, want %d clean", v, dirty, err, latest)
 		}
 		if err := m.Run(ctx, func(m *migrate.Migrate) error { return m.Down() }); err != nil {
 			t.Fatalf("Down: %v", err)
@@ -147,6 +150,8 @@ func TestPostgresMigrations(t *testing.T) {
 		for _, name := range []string{
 			"000001_create_idempotency_keys.up.sql",
 			"000001_create_idempotency_keys.down.sql",
+			"000002_round4.up.sql",
+			"000002_round4.down.sql",
 		} {
 			b, err := fs.ReadFile(migrations.FS, name)
 			if err != nil {
@@ -240,6 +245,7 @@ func TestPostgresMigrations(t *testing.T) {
 			{"locked_until", "timestamp with time zone", "NO", nil},
 			{"expires_at", "timestamp with time zone", "NO", nil},
 			{"owner_token", "uuid", "YES", nil},
+			{"derive_key_id", "text", "NO", str("''::text")}, // 000002_round4
 		}
 		if len(cols) != len(want) {
 			t.Fatalf("idempotency_keys has %d columns, want %d: %+v", len(cols), len(want), cols)
@@ -289,8 +295,8 @@ func TestPostgresMigrations(t *testing.T) {
 			}
 		}
 		for i, p := range pools[:4] {
-			if v, dirty := version(t, p); v != 1 || dirty {
-				t.Errorf("schema %d: version %d dirty %v, want 1 clean", i, v, dirty)
+			if v, dirty := version(t, p); v != latest || dirty {
+				t.Errorf("schema %d: version %d dirty %v, want %d clean", i, v, dirty, latest)
 			}
 		}
 	})
@@ -360,8 +366,8 @@ func TestPostgresMigrations(t *testing.T) {
 			if err := migrations.Migrate(ctx, pool); err != nil {
 				t.Fatalf("Migrate once the lock is free: %v", err)
 			}
-			if v, dirty := version(t, pool); v != 1 || dirty {
-				t.Fatalf("version %d dirty %v, want 1 clean", v, dirty)
+			if v, dirty := version(t, pool); v != latest || dirty {
+				t.Fatalf("version %d dirty %v, want %d clean", v, dirty, latest)
 			}
 		}
 	})

@@ -19,6 +19,7 @@ var neededColumns = []string{
 	"id", "idem_key", "scope_user_id", "scope_endpoint", "request_hash",
 	"response_code", "response_body", "response_body_raw", "response_headers",
 	"status", "attempt", "created_at", "locked_at", "locked_until", "expires_at", "owner_token", "seal_key_id",
+	"derive_key_id", // migration 000002_round4
 }
 
 // keyColumns are the unique key's columns, sorted.
@@ -89,7 +90,8 @@ func (s *Store) checkColumns(ctx context.Context) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: %s lacks %s", idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "))
+		return fmt.Errorf("%w: %s lacks %s: apply the migrations (idempotency migrate up; round 4's columns, such as derive_key_id, come with 000002_round4)",
+			idempotency.ErrSchemaOutdated, s.table, strings.Join(missing, ", "))
 	}
 	if s.d.name == MySQL {
 		if err := s.checkRollbackOnTimeout(ctx); err != nil {

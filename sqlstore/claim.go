@@ -29,7 +29,7 @@ type execer interface {
 // insertArgs are the MySQL insert statement's arguments for req
 // (PostgreSQL's: pgClaimArgs).
 func (s *Store) insertArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req)}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req), req.DeriveKeyID}
 }
 
 // Claim implements idempotency.Store: a plain INSERT of the in_flight row;
@@ -141,14 +141,14 @@ func (s *Store) Takeover(ctx context.Context, f idempotency.Fence, req idempoten
 func (s *Store) takeoverOn(ctx context.Context, x execer, f idempotency.Fence, req idempotency.ClaimRequest, bounded string) (idempotency.ClaimResult, error) {
 	var rec idempotency.Record
 	if s.d.name == PostgreSQL { // UPDATE ... RETURNING: id is not indexed there
-		args := []any{f.ID, f.Attempt, f.Scope, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), f.Key, f.Endpoint}
+		args := []any{f.ID, f.Attempt, f.Scope, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), f.Key, f.Endpoint, req.DeriveKeyID}
 		err := scanColumns(x.QueryRowContext(ctx, s.st.takeover, args...), &rec)
 		if errors.Is(err, sql.ErrNoRows) {
 			return idempotency.ClaimResult{Lost: true}, nil
 		}
 		return idempotency.ClaimResult{Won: err == nil, Record: rec}, err
 	}
-	args := append([]any{s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req)}, s.fenceArgs(f)...)
+	args := append([]any{s.hashArg(req.RequestHash), mysqlMicros(req.Lease), mysqlMicros(req.TTL), s.ownerArg(req), req.DeriveKeyID}, s.fenceArgs(f)...)
 	r, err := x.ExecContext(ctx, bounded+s.st.takeover, args...)
 	if err != nil {
 		return idempotency.ClaimResult{}, err

@@ -83,7 +83,7 @@ func scanRow(row interface{ Scan(...any) error }, rec *idempotency.Record, head 
 	var hash []byte
 	dest := append(head, &hash, &status, &rec.Attempt,
 		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
-		dbTime{&v.created}, dbTime{&v.locked}, dbTime{&v.lockedUntil}, dbTime{&v.expires},
+		dbTime{&v.created}, dbTime{&v.locked}, dbTime{&v.lockedUntil}, dbTime{&v.expires}, &rec.DeriveKeyID,
 		&v.expired, &v.leaseOver)
 	if err := row.Scan(append(dest, tail...)...); err != nil {
 		return err

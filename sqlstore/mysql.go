@@ -24,7 +24,7 @@ const mysqlColumns = mysqlStored + `,
 // mysqlStored are a row's stored columns.
 const mysqlStored = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
-	created_at, locked_at, locked_until, expires_at`
+	created_at, locked_at, locked_until, expires_at, derive_key_id`
 
 // mysqlStatements are the MySQL dialect's statements for one table.
 func mysqlStatements(table string) statements {
@@ -34,11 +34,12 @@ func mysqlStatements(table string) statements {
 		// A plain INSERT: a duplicate fails with 1062, which ends only the
 		// statement, never the transaction; never INSERT IGNORE (it turns
 		// truncation and invalid values into warnings) nor REPLACE.
-		// ? key, scope, endpoint, hash, lease µs, TTL µs, owner token.
+		// ? key, scope, endpoint, hash, lease µs, TTL µs, owner token,
+		// derive key id.
 		insert: q(`INSERT INTO T_
 	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	 created_at, locked_at, locked_until, expires_at, owner_token)
-VALUES (?, ?, ?, ?, 'in_flight', 1, NOW_, NOW_, NOW_ + INTERVAL ? MICROSECOND, NOW_ + INTERVAL ? MICROSECOND, ?)`),
+	 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id)
+VALUES (?, ?, ?, ?, 'in_flight', 1, NOW_, NOW_, NOW_ + INTERVAL ? MICROSECOND, NOW_ + INTERVAL ? MICROSECOND, ?, ?)`),
 		// The key's row, and whether it is the caller's own live claim
 		// (? owner token; NULL never matches). ? key, scope, endpoint.
 		readKey: q(`SELECT COLS_,
@@ -48,12 +49,13 @@ FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?`),
 		// expired nor past its lease (constants: a later clock could
 		// already say otherwise for a tiny TTL). ? id, scope.
 		readID: q(`SELECT STORED_, FALSE, FALSE, TRUE AS won FROM T_ WHERE id = ? AND scope_user_id = ?`),
-		// ? hash, lease µs, TTL µs, owner, id, scope, attempt.
+		// ? hash, lease µs, TTL µs, owner, derive key id, id, scope,
+		// attempt. The row's derive key id stays, set only where "".
 		takeover: q(`UPDATE T_ SET
 	attempt = attempt + 1, request_hash = ?, status = 'in_flight',
 	response_code = NULL, response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL,
 	created_at = NOW_, locked_at = NOW_, locked_until = NOW_ + INTERVAL ? MICROSECOND, expires_at = NOW_ + INTERVAL ? MICROSECOND,
-	owner_token = ?
+	owner_token = ?, derive_key_id = IF(derive_key_id = '', ?, derive_key_id)
 WHERE id = ? AND scope_user_id = ? AND attempt = ? AND expires_at < NOW_
 	AND NOT (status = 'in_flight' AND locked_until >= NOW_)`),
 		// ? code, JSON body, raw body, headers, seal key id, id, scope, attempt.

@@ -49,7 +49,7 @@ func pgStatements(table string) statements {
 
 // pgClaimArgs are pgsql.ClaimSQL's and pgsql.TxClaimSQL's arguments for req.
 func (s *Store) pgClaimArgs(req idempotency.ClaimRequest) []any {
-	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req)}
+	return []any{req.Key, req.Scope, req.Endpoint, s.hashArg(req.RequestHash), pgInterval(req.TTL), pgInterval(req.Lease), s.ownerArg(req), req.DeriveKeyID}
 }
 
 // newPostgres finishes New for the PostgreSQL dialect: the schema is

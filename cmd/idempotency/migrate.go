@@ -86,12 +86,7 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 		return c.printVersion(before, dirty)
 	}
 
-	err = m.Run(mctx, func(mg *migrate.Migrate) error {
-		if action == "up" {
-			return mg.Up()
-		}
-		return mg.Down()
-	})
+	err = m.Run(mctx, func(mg *migrate.Migrate) error { return pgmigrate.Stepwise(mg, action == "up") })
 	changed := !errors.Is(err, migrate.ErrNoChange)
 	if err != nil && changed {
 		return c.dbError(ctx, "migrate "+action, err)

@@ -41,7 +41,7 @@ func serveConnect(e *env, rc idempotency.RouteConfig, h behaviour) (caller, erro
 			}
 			return connect.NewResponse(wrapperspb.Bytes(out)), nil
 		}, connect.WithInterceptors(ic)))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(scopeHTTP(mux))
 	e.t.Cleanup(srv.Close)
 	e.addr = srv.Listener.Addr().String()
 	return connectClient(e, e.addr), nil
@@ -57,6 +57,9 @@ func connectClient(e *env, addr string) caller {
 		req := connect.NewRequest(wrapperspb.Bytes(body))
 		if key != "" {
 			req.Header().Set(idemconnect.KeyHeader, key)
+		}
+		if s := scopeOf(ctx); s != "" {
+			req.Header().Set(scopeHeader, s)
 		}
 		resp, err := client.CallUnary(ctx, req)
 		if err == nil {

@@ -33,7 +33,7 @@ func serveGRPC(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(ic))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(scopeGRPC, ic))
 	srv.RegisterService(&grpc.ServiceDesc{ServiceName: "matrix.Orders", HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{{MethodName: "Place", Handler: func(srvi any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
 			in := new(testpb.SimpleRequest)
@@ -69,6 +69,9 @@ func grpcClient(e *env, addr string) caller {
 	return func(ctx context.Context, key string, body []byte) answer {
 		if key != "" {
 			ctx = metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, key)
+		}
+		if s := scopeOf(ctx); s != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, scopeHeader, s)
 		}
 		var hdr metadata.MD
 		out := new(testpb.SimpleResponse)

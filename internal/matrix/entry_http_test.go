@@ -32,7 +32,7 @@ func serveHTTP(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 		w.WriteHeader(status)
 		_, _ = w.Write(out)
 	})))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(scopeHTTP(mux))
 	e.t.Cleanup(srv.Close)
 	e.addr = srv.Listener.Addr().String()
 	return httpClient(e, e.addr), nil
@@ -54,6 +54,9 @@ func httpClient(e *env, addr string) caller {
 		req.GetBody = nil
 		if key != "" {
 			req.Header.Set(idempotency.HeaderKey, key)
+		}
+		if s := scopeOf(ctx); s != "" {
+			req.Header.Set(scopeHeader, s)
 		}
 		resp, err := client.Do(req)
 		if err != nil {

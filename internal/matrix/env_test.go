@@ -220,8 +220,18 @@ func (e *env) send(key string) answer {
 // answered a second after its deadline is reported as hung, and left to
 // end when the cell's cleanup closes the proxy.
 func (e *env) sendBody(key string, body []byte) answer {
+	return e.sendCtx(context.Background(), key, body)
+}
+
+// sendAs is send on behalf of the user scope (scopeOf).
+func (e *env) sendAs(scope, key string) answer {
+	return e.sendCtx(withScope(context.Background(), scope), key, []byte(`{"amount":10}`))
+}
+
+// sendCtx is sendBody with the values of parent (its scope).
+func (e *env) sendCtx(parent context.Context, key string, body []byte) answer {
 	limit := e.bound() + 5*time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	ctx, cancel := context.WithTimeout(parent, limit)
 	start := time.Now()
 	done := make(chan answer, 1)
 	go func() {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/sqlstore"
@@ -19,6 +20,7 @@ import (
 func keyFaults() []*fault {
 	return []*fault{
 		{name: "short unscoped key", run: runShortKey},
+		{name: "short scoped key", run: runScopedKey},
 		{name: "kill-switch off", run: runKillSwitch},
 		{name: "kill-switch, Do follows it", na: func(c column) string {
 			if c.entry != entryDo {
@@ -32,9 +34,6 @@ func keyFaults() []*fault {
 // runShortKey builds the entry point unscoped with MinKeyLength 4: the
 // construction must fail. If it does not, a 4-byte key sent by two
 // "clients" meets one record.
-// TODO(merge): with W4's RouteConfig.Scoped, add the scoped case: a
-// scoped entry point accepts a short key, and a call with an empty scope
-// is refused (idempotency_scope_invalid) before any store call.
 func runShortKey(t *testing.T, c cell) {
 	e, err := tryEnv(t, c, envOpts{route: func(rc *idempotency.RouteConfig) {
 		rc.MinKeyLength = 4
@@ -50,6 +49,54 @@ func runShortKey(t *testing.T, c cell) {
 	b := e.send("abcd")
 	if a.handler && b.handler && b.replayed {
 		e.failf("two callers of the short key \"abcd\" met one record: the second got the first's answer")
+	}
+}
+
+// runScopedKey builds the entry point Scoped with MinKeyLength 4 (item 7):
+// it must be built; two users' calls with the same short key each run
+// once and never meet; a call with no scope is refused with
+// idempotency_scope_invalid before any store call (no row in the ""
+// scope, no run).
+func runScopedKey(t *testing.T, c cell) {
+	e := newEnv(t, c, envOpts{
+		route: func(rc *idempotency.RouteConfig) {
+			rc.Scoped = true
+			rc.MinKeyLength = 4
+			if c.entry == entryHTTP {
+				rc.KeyFormat = idempotency.KeyOpaque
+			}
+		},
+		cfg: func(cfg *idempotency.Config) { cfg.Scope = scopeOf },
+	})
+	const key = "abcd"
+	a, b := e.sendAsUnrun("alice", key), e.sendAsUnrun("bob", key)
+	e.expect("alice's call", a, "")
+	e.expect("bob's call, same key", b, "")
+	if b.replayed {
+		e.failf("bob's call with alice's key %q was answered with alice's record", key)
+	}
+	if n := e.executions(key); n != 2 {
+		e.failf("key %q in two scopes: %d executions, want 2 (one per user)", key, n)
+	}
+	again := e.sendAsUnrun("alice", key)
+	if !again.handler || !again.replayed {
+		e.failf("alice's retry: %v, want her replay", again)
+	}
+	none := e.sendAs("", key)
+	e.expect("a call without a scope", none, "idempotency_scope_invalid")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := e.se.store.ExportScope(ctx, "")
+	if err != nil {
+		e.failf("export the unscoped rows: %v", err)
+	}
+	for _, r := range rows {
+		if r.Key == key {
+			e.failf("the call without a scope reached the store: a row for %q in the \"\" scope", key)
+		}
+	}
+	if n := e.executions(key); n != 2 {
+		e.failf("after the unscoped call: %d executions of %q, want still 2", n, key)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"sync"
 	"time"
 
@@ -120,7 +121,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, migrations fs.FS) (*Migrator, 
 // Up applies every up migration not yet applied. Having nothing to apply is
 // success. See Run for how ctx bounds it.
 func (g *Migrator) Up(ctx context.Context) error {
-	err := g.Run(ctx, func(m *migrate.Migrate) error { return m.Up() })
+	err := g.Run(ctx, func(m *migrate.Migrate) error { return Stepwise(m, true) })
 	if errors.Is(err, migrate.ErrNoChange) {
 		return nil
 	}
@@ -486,4 +487,62 @@ func (c *ownedConn) Close() error {
 		c.err = c.Conn.Close()
 	})
 	return c.err
+}
+
+// Stepwise applies every pending up migration (up) or rolls every applied
+// one back (down) as m.Up and m.Down do, but one Steps call per migration:
+// golang-migrate reads the migrations after the one it runs ahead of it,
+// each into a pipe its own goroutine writes, and a run that fails (a lock
+// wait past the timeout) leaves those goroutines blocked for good. One
+// step reads only the migration it runs. It returns migrate.ErrNoChange
+// when nothing was pending, and stops, without error, once a step changed
+// nothing (a GracefulStop: Run reports its context's end).
+func Stepwise(m *migrate.Migrate, up bool) error {
+	n := -1
+	if up {
+		n = 1
+	}
+	changed := false
+	for {
+		before, none, err := version(m)
+		if err != nil {
+			return err
+		}
+		if none && !up {
+			return noChange(changed)
+		}
+		err = m.Steps(n)
+		var short migrate.ErrShortLimit
+		switch {
+		case errors.As(err, &short), errors.Is(err, migrate.ErrNoChange), errors.Is(err, os.ErrNotExist):
+			return noChange(changed)
+		case err != nil:
+			return err
+		}
+		after, afterNone, err := version(m)
+		if err != nil {
+			return err
+		}
+		if after == before && afterNone == none {
+			return nil // stopped
+		}
+		changed = true
+	}
+}
+
+// version is m's version, none true when no migration is applied.
+func version(m *migrate.Migrate) (v uint, none bool, err error) {
+	v, _, err = m.Version()
+	if errors.Is(err, migrate.ErrNilVersion) {
+		return 0, true, nil
+	}
+	return v, false, err
+}
+
+// noChange is migrate.ErrNoChange unless a step changed something.
+func noChange(changed bool) error {
+	if changed {
+		return nil
+	}
+	return migrate.ErrNoChange
 }

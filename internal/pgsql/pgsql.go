@@ -33,7 +33,7 @@ func Qualify(sql, table string) string {
 // it compares (scanRecord).
 const StoredColumns = `id, idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
-	created_at, locked_at, locked_until, expires_at`
+	created_at, locked_at, locked_until, expires_at, derive_key_id`
 
 // Flags are the two flags scanRecord reads after the stored columns,
 // computed against the database's clock. Never in a RETURNING list:
@@ -52,7 +52,7 @@ const Columns = StoredColumns + `,
 // strings fewer.
 const ClaimStoredColumns = `id, request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
-	created_at, locked_at, locked_until, expires_at`
+	created_at, locked_at, locked_until, expires_at, derive_key_id`
 
 // ClaimColumns are ClaimStoredColumns and Flags.
 const ClaimColumns = ClaimStoredColumns + `,
@@ -72,13 +72,13 @@ const ClaimColumns = ClaimStoredColumns + `,
 // NULL token (none given, or a row of another writer) never matches.
 //
 // $1 key, $2 scope, $3 endpoint, $4 request hash (hex), $5 TTL, $6 lease,
-// $7 owner token (NULL for none).
+// $7 owner token (NULL for none), $8 derive key id (empty for none).
 const ClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys
 		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-		 created_at, locked_at, locked_until, expires_at, owner_token)
+		 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id)
 	VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1,
-		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
+		now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid, $8)
 	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 	RETURNING ` + ClaimStoredColumns + `
 )
@@ -94,6 +94,8 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // An in_flight row whose lease still runs is left to its owner even when
 // expired (instances with different TTL and lease settings can produce one).
 // The new owner's token replaces the old one (NULL when it gave none). The
+// row's derive key id stays (a re-execution sends the same derived keys),
+// set only where the first claim stored none. The
 // flags are computed over the CTE, as in ClaimSQL.
 //
 // Every fenced statement finds its row by the primary key (scope_user_id,
@@ -103,7 +105,7 @@ WHERE idem_key = $1 AND scope_user_id = $2 AND scope_endpoint = $3
 // (store_pg_pool_statements_test.go pins it).
 //
 // $1 id, $2 attempt, $3 scope, $4 request hash (hex), $5 TTL, $6 lease,
-// $7 owner token, $8 key, $9 endpoint.
+// $7 owner token, $8 key, $9 endpoint, $10 derive key id.
 const TakeoverSQL = TakenCTE + `
 SELECT ` + Columns + ` FROM taken`
 
@@ -124,7 +126,8 @@ const TakenCTE = `WITH taken AS (
 		locked_at = now(),
 		locked_until = now() + $6::interval,
 		expires_at = now() + $5::interval,
-		owner_token = $7::uuid
+		owner_token = $7::uuid,
+		derive_key_id = CASE WHEN derive_key_id = '' THEN $10 ELSE derive_key_id END
 	WHERE scope_user_id = $3 AND idem_key = $8 AND scope_endpoint = $9 AND id = $1 AND attempt = $2 AND expires_at < now()
 		AND NOT (status = 'in_flight' AND locked_until >= now())
 	RETURNING ` + StoredColumns + `
@@ -289,7 +292,7 @@ FROM (SELECT current_setting('role'), current_setting('search_path'), current_se
 // not now(): RETURNING).
 const TxColumns = `request_hash, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
-	created_at, locked_at, locked_until, expires_at,
+	created_at, locked_at, locked_until, expires_at, derive_key_id,
 	false AS expired, false AS lease_over`
 
 // TxClaimSQL is a transactional route's claim: the INSERT alone, without
@@ -303,12 +306,12 @@ const TxColumns = `request_hash, status, attempt,
 // nothing.
 //
 // $1 key, $2 scope, $3 endpoint, $4 request hash (hex), $5 TTL, $6 lease,
-// $7 owner token (NULL for none).
+// $7 owner token (NULL for none), $8 derive key id (empty for none).
 const TxClaimSQL = `INSERT INTO idempotency_keys
 	(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
-	 created_at, locked_at, locked_until, expires_at, owner_token)
+	 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id)
 VALUES ($1, $2, $3, decode($4, 'hex'), 'in_flight', 1,
-	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid)
+	now(), now(), now() + $6::interval, now() + $5::interval, $7::uuid, $8)
 ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
 RETURNING id, ` + TxColumns + `, true AS won`
 

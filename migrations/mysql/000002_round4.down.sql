@@ -6,3 +6,8 @@
 ALTER TABLE idempotency_keys
     MODIFY response_body    LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
     MODIFY response_headers LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL
+;
+
+-- [derive, #35]
+ALTER TABLE idempotency_keys DROP COLUMN derive_key_id;
+-- [end derive]

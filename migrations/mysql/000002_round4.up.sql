@@ -30,3 +30,11 @@ ALTER TABLE idempotency_keys
     MODIFY response_body     LONGBLOB NULL,
     MODIFY response_body_raw LONGBLOB NULL,
     MODIFY response_headers  LONGBLOB NULL;
+
+-- [derive, #35] derive_key_id: the id of Config.DeriveKeys' key that was active when the row was
+-- claimed; every derived key of the row (package downstream) is computed under it, so a keyring
+-- rotation never changes the ids a retry sends downstream. NOT NULL DEFAULT '' ('' = no key), read
+-- as a plain string; ASCII and binary-compared, like seal_key_id. The takeover keeps it.
+ALTER TABLE idempotency_keys
+    ADD COLUMN derive_key_id VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '';
+-- [end derive]

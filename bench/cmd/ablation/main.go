@@ -164,7 +164,7 @@ func build(beforeDir, afterDir string) (cands []candidate, err error) {
 	ff80 := combined + "\nALTER TABLE idempotency_keys SET (fillfactor = 80);\n"
 
 	// The statements, bound to pgbench variables.
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner", "''"}
 	claim := func(sql, key string) string {
 		return pgbscript.OneLine(pgbscript.Bind(sql, append([]string{key}, claimArgs[1:]...)))
 	}
@@ -309,7 +309,7 @@ func completeParams(sql string) []string {
 // constraints checked, the record, COMMIT and the session's state read in
 // another.
 func txScript(c map[string]string, writes string, natural bool) string {
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner"}
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner", "''"}
 	claimPipe := "\\startpipeline\nBEGIN;\n" + pgbscript.OneLine(pgbscript.Bind(c["pgTxBoundsSQL"], []string{"'30000ms'"})) + ";\n" +
 		"SET LOCAL lock_timeout = '10ms';\n" + pgbscript.OneLine(pgbscript.Bind(c["pgTxClaimSQL"], claimArgs)) + ";\n" +
 		pgbscript.OneLine(c["pgSavepointSQL"]) + ";\nSET LOCAL lock_timeout = '0';\n\\endpipeline\n"

@@ -1,0 +1,7 @@
+-- POSTGRES-ONLY
+-- Back to 000001's table: round 4's columns go (one statement, as Citus requires).
+ALTER TABLE idempotency_keys
+    -- [derive, #35]
+    DROP COLUMN IF EXISTS derive_key_id
+    -- [end derive]
+;
