@@ -51,9 +51,10 @@ func newVenueRoute(mw *idempotency.Middleware, rc idempotency.RouteConfig) *venu
 	return v
 }
 
-// reconcileCfg is the middleware configuration of these tests: a short
-// store timeout so that a hook's deadline is short too.
-var reconcileCfg = idempotency.Config{Lease: 5 * time.Second, StoreTimeout: 500 * time.Millisecond}
+// reconcileCfg is the middleware configuration of these tests: a store
+// timeout a loaded machine meets, and a lease that leaves a hook's
+// deadline room below it.
+var reconcileCfg = idempotency.Config{Lease: 10 * time.Second, StoreTimeout: 2 * time.Second}
 
 // found is a hook's done answer: the venue's order.
 var found = idempotency.Response{Status: http.StatusCreated,
@@ -242,7 +243,6 @@ func TestReconcileOneAtATime(t *testing.T) {
 	}
 	rc := idempotency.RouteConfig{Name: "orders", Reconcile: hook, ReconcileTimeout: 2 * time.Second}
 	cfg := reconcileCfg
-	cfg.StoreTimeout = time.Second
 	var routes []*venueRoute
 	for _, s := range stores {
 		routes = append(routes, newVenueRoute(newMiddleware(t, s, cfg), rc))
@@ -339,10 +339,10 @@ func TestUnsettledTransactionalRollsBack(t *testing.T) {
 // and a hook on a NoStore route; ReconcileStale refuses a limit below 1
 // and a RouteConfig without a hook, changing nothing.
 func TestReconcileConfig(t *testing.T) {
-	mw := newMiddleware(t, idempotency.NewMemoryStore(), reconcileCfg) // lease 5s, store timeout 500ms
+	mw := newMiddleware(t, idempotency.NewMemoryStore(), reconcileCfg) // lease 10s, store timeout 2s
 	hook := func(context.Context, idempotency.ReconcileInfo) (any, error) { return nil, idempotency.ErrNotDone }
 	for name, rc := range map[string]idempotency.RouteConfig{
-		"timeout at lease less store timeout": {Reconcile: hook, ReconcileTimeout: 4500 * time.Millisecond},
+		"timeout at lease less store timeout": {Reconcile: hook, ReconcileTimeout: 8 * time.Second},
 		"negative timeout":                    {Reconcile: hook, ReconcileTimeout: -time.Second},
 		"timeout without a hook":              {ReconcileTimeout: time.Second},
 		"NoStore":                             {Reconcile: hook, NoStore: true},
@@ -351,7 +351,7 @@ func TestReconcileConfig(t *testing.T) {
 			t.Errorf("%s: the route was built", name)
 		}
 	}
-	if _, err := mw.Route(idempotency.RouteConfig{Reconcile: hook, ReconcileTimeout: 4400 * time.Millisecond}); err != nil {
+	if _, err := mw.Route(idempotency.RouteConfig{Reconcile: hook, ReconcileTimeout: 7900 * time.Millisecond}); err != nil {
 		t.Errorf("a timeout below the lease less the store timeout was refused: %v", err)
 	}
 	if _, _, _, err := mw.ReconcileStale(t.Context(), "orders", idempotency.RouteConfig{}, 10); err == nil {
