@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
@@ -49,9 +51,10 @@ func newVenueRoute(mw *idempotency.Middleware, rc idempotency.RouteConfig) *venu
 	return v
 }
 
-// reconcileCfg is the middleware configuration of these tests: a short
-// store timeout so that a hook's deadline is short too.
-var reconcileCfg = idempotency.Config{Lease: 5 * time.Second, StoreTimeout: 500 * time.Millisecond}
+// reconcileCfg is the middleware configuration of these tests: a store
+// timeout a loaded machine meets, and a lease that leaves a hook's
+// deadline room below it.
+var reconcileCfg = idempotency.Config{Lease: 10 * time.Second, StoreTimeout: 2 * time.Second}
 
 // found is a hook's done answer: the venue's order.
 var found = idempotency.Response{Status: http.StatusCreated,
@@ -240,7 +243,6 @@ func TestReconcileOneAtATime(t *testing.T) {
 	}
 	rc := idempotency.RouteConfig{Name: "orders", Reconcile: hook, ReconcileTimeout: 2 * time.Second}
 	cfg := reconcileCfg
-	cfg.StoreTimeout = time.Second
 	var routes []*venueRoute
 	for _, s := range stores {
 		routes = append(routes, newVenueRoute(newMiddleware(t, s, cfg), rc))
@@ -330,4 +332,90 @@ func TestUnsettledTransactionalRollsBack(t *testing.T) {
 	if w := do(h, key, `{}`); w.Code != http.StatusCreated || rows(key) != 1 || runs.Load() != 2 {
 		t.Fatalf("retry: %d, %d rows, %d runs; want the handler run again and its write committed", w.Code, rows(key), runs.Load())
 	}
+}
+
+// TestReconcileConfig: construction refuses a ReconcileTimeout not below
+// the lease less the store timeout, a negative one, one without a hook,
+// and a hook on a NoStore route; ReconcileStale refuses a limit below 1
+// and a RouteConfig without a hook, changing nothing.
+func TestReconcileConfig(t *testing.T) {
+	mw := newMiddleware(t, idempotency.NewMemoryStore(), reconcileCfg) // lease 10s, store timeout 2s
+	hook := func(context.Context, idempotency.ReconcileInfo) (any, error) { return nil, idempotency.ErrNotDone }
+	for name, rc := range map[string]idempotency.RouteConfig{
+		"timeout at lease less store timeout": {Reconcile: hook, ReconcileTimeout: 8 * time.Second},
+		"negative timeout":                    {Reconcile: hook, ReconcileTimeout: -time.Second},
+		"timeout without a hook":              {ReconcileTimeout: time.Second},
+		"NoStore":                             {Reconcile: hook, NoStore: true},
+	} {
+		if _, err := mw.Route(rc); err == nil {
+			t.Errorf("%s: the route was built", name)
+		}
+	}
+	if _, err := mw.Route(idempotency.RouteConfig{Reconcile: hook, ReconcileTimeout: 7900 * time.Millisecond}); err != nil {
+		t.Errorf("a timeout below the lease less the store timeout was refused: %v", err)
+	}
+	if _, _, _, err := mw.ReconcileStale(t.Context(), "orders", idempotency.RouteConfig{}, 10); err == nil {
+		t.Error("ReconcileStale without a hook was accepted")
+	}
+	if _, _, _, err := mw.ReconcileStale(t.Context(), "orders", idempotency.RouteConfig{Reconcile: hook}, 0); err == nil {
+		t.Error("ReconcileStale with a limit of 0 was accepted")
+	}
+}
+
+// TestReconcileLoggedAndObserved: every reconcile logs its outcome (INFO
+// for done, WARN with the error for unknown) and counts in
+// idempotency_reconcile_duration_seconds by endpoint and outcome.
+func TestReconcileLoggedAndObserved(t *testing.T) {
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	cfg := reconcileCfg
+	cfg.Registerer, cfg.Logger = reg, slog.New(slog.NewJSONHandler(&logs, nil))
+	answer := error(nil)
+	v := newVenueRoute(newMiddleware(t, idempotency.NewMemoryStore(), cfg), idempotency.RouteConfig{Name: "orders",
+		Reconcile: func(context.Context, idempotency.ReconcileInfo) (any, error) { return found, answer }})
+	done, unknown := uuid.NewString(), uuid.NewString()
+	do(v.h, done, `{}`)
+	do(v.h, done, `{}`)
+	answer = errors.New("venue: 502")
+	do(v.h, unknown, `{}`)
+	do(v.h, unknown, `{}`)
+	for _, want := range []string{`"level":"INFO","msg":"idempotency: reconciled a stale key"`, `"outcome":"done"`,
+		`"level":"WARN","msg":"idempotency: reconciled a stale key"`, `"outcome":"unknown"`, `"error":"venue: 502"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no %s in the log:\n%s", want, logs.String())
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() == "idempotency_reconcile_duration_seconds" {
+			for _, m := range f.GetMetric() {
+				counts[m.GetLabel()[0].GetValue()+"/"+m.GetLabel()[1].GetValue()] = m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	if counts["orders/done"] != 1 || counts["orders/unknown"] != 1 {
+		t.Errorf("reconcile metric %v, want one done and one unknown for orders", counts)
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

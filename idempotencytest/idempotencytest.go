@@ -55,8 +55,9 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
 // (ClaimRequest.Owner, Store.ReleaseOwner), Takeover, tombstones
-// (ClaimRequest.Grace), and
-// maintenance (Cleanup, Erase, ExportScope) and the outage probe (Probe). Every subtest runs in parallel
+// (ClaimRequest.Grace), maintenance (Cleanup, Erase, ExportScope), the
+// outage probe (Probe) and reconcile (Unsettled, Reconcile,
+// ReconcileStale). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
 // schema or database), and release it with t.Cleanup.
@@ -73,4 +74,5 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	runTombstone(t, setup)
 	runMaintenance(t, setup)
 	runProbe(t, setup)
+	runReconcile(t, setup)
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idempotency"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -31,11 +32,16 @@ const (
 	TrailerPrefix = ":trailer:"
 )
 
-// Record is a handler's answer as the engine stores it: code, and msg
+// Record is a handler's answer as the engine stores it: Unavailable with
+// an ErrorInfo of reason ReasonUnsettled ends the call Unsettled (nothing
+// stored, the retry reconciles); any other code, and msg
 // when code is OK (a message that does not marshal fails the key rather
 // than replay something else), or the status message and details; h holds
 // the allow-listed headers and trailers (TrailerPrefix) and is kept.
 func Record(code uint32, msg proto.Message, message string, details []*anypb.Any, h http.Header) idempotency.Response {
+	if code == codeUnavailable && unsettled(details) {
+		return idempotency.Response{Status: HTTPStatus(code), Header: http.Header{outcomeHeader: {"unsettled"}}}
+	}
 	body, name := []byte{}, ""
 	if code == codeOK {
 		var err error
@@ -109,4 +115,40 @@ func (s Stored) Response() (proto.Message, error) {
 		return nil, fmt.Errorf("the stored %s does not decode: %v", s.name, err)
 	}
 	return msg, nil
+}
+
+// ReasonUnsettled is the ErrorInfo reason of a handler's Unavailable
+// status that says its downstream outcome is unknown, as
+// idempotency.Unsettled says it over HTTP.
+const ReasonUnsettled = "IDEMPOTENCY_UNSETTLED"
+
+// errorInfoURL is the type URL of a google.rpc.ErrorInfo detail.
+const errorInfoURL = "type.googleapis.com/google.rpc.ErrorInfo"
+
+// unsettled reports an ErrorInfo detail of reason ReasonUnsettled, read
+// from its wire form (reason is field 1).
+func unsettled(details []*anypb.Any) bool {
+	for _, d := range details {
+		if d.GetTypeUrl() != errorInfoURL {
+			continue
+		}
+		for b := d.GetValue(); len(b) > 0; {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				break
+			}
+			b = b[n:]
+			if num == 1 && typ == protowire.BytesType {
+				v, m := protowire.ConsumeBytes(b)
+				if m >= 0 && string(v) == ReasonUnsettled {
+					return true
+				}
+			}
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				break
+			}
+			b = b[n:]
+		}
+	}
+	return false
 }

@@ -36,3 +36,18 @@ func answerError(err error) error {
 	}
 	return ce
 }
+
+// Unsettled is the error a handler returns when its downstream outcome is
+// unknown (a timeout, a dropped connection, a 5xx of a broker):
+// CodeUnavailable with an ErrorInfo of reason IDEMPOTENCY_UNSETTLED.
+// Nothing is recorded; the caller gets Unavailable
+// IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo of 1s, and its retry
+// reconciles the key (the method's Route.Reconcile), as
+// idempotency.Unsettled does over HTTP.
+func Unsettled(message string) *connect.Error {
+	ce := connect.NewError(connect.CodeUnavailable, errors.New(message))
+	if d, err := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: idemrpc.ReasonUnsettled, Domain: Domain}); err == nil {
+		ce.AddDetail(d)
+	}
+	return ce
+}

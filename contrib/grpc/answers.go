@@ -37,3 +37,17 @@ func answerStatus(err error) error {
 	}
 	return st.Err()
 }
+
+// Unsettled is the status a handler returns when its downstream outcome is
+// unknown (a timeout, a dropped connection, a 5xx of a broker):
+// Unavailable with an ErrorInfo of reason IDEMPOTENCY_UNSETTLED. Nothing
+// is recorded; the caller gets Unavailable IDEMPOTENCY_STORE_UNAVAILABLE
+// with a RetryInfo of 1s, and its retry reconciles the key (the method's
+// Route.Reconcile), as idempotency.Unsettled does over HTTP.
+func Unsettled(message string) error {
+	st := status.New(codes.Unavailable, message)
+	if withInfo, err := st.WithDetails(protoadapt.MessageV1Of(errInfo(idemrpc.ReasonUnsettled, nil))); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}

@@ -29,6 +29,9 @@ func serveConnect(e *env, rc idempotency.RouteConfig, h behaviour) (caller, erro
 	mux.Handle(rpcMethod, connect.NewUnaryHandler(rpcMethod,
 		func(ctx context.Context, req *connect.Request[wrapperspb.BytesValue]) (*connect.Response[wrapperspb.BytesValue], error) {
 			status, out := h(ctx, &hctx{key: req.Header().Get(idemconnect.KeyHeader), body: req.Msg.GetValue()})
+			if status == statusUnsettled {
+				return nil, idemconnect.Unsettled("handler: the venue's outcome is unknown")
+			}
 			if status >= 300 {
 				code := connect.CodeInternal
 				if status == 503 {

@@ -31,6 +31,9 @@ func serveDo(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) {
 		v, info, err := idempotency.Do(ctx, op, idempotency.Call{Key: key, Request: body},
 			func(ctx context.Context) (json.RawMessage, error) {
 				status, out := h(ctx, &hctx{key: key, body: body})
+				if status == statusUnsettled {
+					return nil, fmt.Errorf("handler: %w", idempotency.ErrUnsettled)
+				}
 				if status >= 300 {
 					return nil, &handlerError{status, out}
 				}

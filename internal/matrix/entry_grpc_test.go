@@ -94,6 +94,8 @@ func rpcHandlerError(st int, body []byte) error {
 	switch {
 	case st < 300:
 		return nil
+	case st == statusUnsettled:
+		return idemgrpc.Unsettled("handler: the venue's outcome is unknown")
 	case st == 503:
 		return status.Error(codes.Unavailable, "handler: "+string(body))
 	case st >= 500:

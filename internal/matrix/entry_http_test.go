@@ -24,6 +24,10 @@ func serveHTTP(e *env, rc idempotency.RouteConfig, h behaviour) (caller, error) 
 	mux.Handle("POST /orders", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		status, out := h(r.Context(), &hctx{key: r.Header.Get(idempotency.HeaderKey), body: body})
+		if status == statusUnsettled {
+			idempotency.Unsettled(w, r)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		_, _ = w.Write(out)

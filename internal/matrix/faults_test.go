@@ -33,6 +33,7 @@ var faults = sync.OnceValue(func() []*fault {
 		keyFaults(),
 		waitFaults(),
 		expiredFaults(),
+		reconcileFaults(),
 		{crashFault()},
 		{deriveCrashFault()},
 		venueFaults(),
