@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemkit/idempotency/internal/seal"
 )
 
@@ -111,6 +112,11 @@ func (w *sealingStore) Complete(ctx context.Context, f Fence, owner Record, resp
 
 // Fail implements Store.
 func (w *sealingStore) Fail(ctx context.Context, f Fence) error { return w.inner.Fail(ctx, f) }
+
+// Renew implements Store.
+func (w *sealingStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error {
+	return w.inner.Renew(ctx, f, owner, lease)
+}
 
 // Release implements Store.
 func (w *sealingStore) Release(ctx context.Context, f Fence) error { return w.inner.Release(ctx, f) }

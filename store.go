@@ -139,6 +139,8 @@ type Store interface {
 	// Release deletes the row, only if f still owns it in_flight, else
 	// ErrNotOwner.
 	Release(ctx context.Context, f Fence) error
+	// Renew sets f's lease to end lease from now while f owns it in flight inside its lease with token owner, else ErrNotOwner.
+	Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error
 	// Cleanup deletes at most limit rows whose expires_at has passed, never an
 	// in_flight row inside its lease, and returns how many it deleted.
 	Cleanup(ctx context.Context, limit int) (int64, error)

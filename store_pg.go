@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/idemkit/idempotency/internal/pgsql"
@@ -140,6 +141,20 @@ func (s *PostgresStore) Fail(ctx context.Context, f Fence) error {
 // Release implements Store with one fenced DELETE.
 func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
 	return pgOwnerError("release", s.fenced(ctx, pgsql.ReleaseSQL, f))
+}
+
+// Renew implements Store with one fenced UPDATE.
+func (s *PostgresStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error {
+	if owner == uuid.Nil {
+		return ErrNotOwner
+	}
+	c, err := s.conn(ctx)
+	if err != nil {
+		return pgStoreError("renew", err)
+	}
+	defer c.release()
+	args := []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, lease, ownerArg(owner)}
+	return pgOwnerError("renew", execFenced(ctx, c, pgsql.RenewSQL, args))
 }
 
 // fenced runs a statement whose five parameters are f (id, attempt,

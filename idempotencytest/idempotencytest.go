@@ -54,7 +54,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
-// (ClaimRequest.Owner, Store.ReleaseOwner), Takeover, and
+// (ClaimRequest.Owner, Store.ReleaseOwner), Renew, Takeover, and
 // maintenance (Cleanup, Erase, ExportScope) and the outage probe (Probe). Every subtest runs in parallel
 // and calls newStore once, so newStore must return an empty store that
 // shares no rows with any other store it returns (for Postgres, its own
@@ -68,6 +68,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	runClaim(t, setup)
 	runFinish(t, setup)
 	runOwner(t, setup)
+	runRenew(t, setup)
 	runTakeover(t, setup)
 	runMaintenance(t, setup)
 	runProbe(t, setup)

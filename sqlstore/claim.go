@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 )
 
@@ -203,6 +205,18 @@ func (s *Store) Fail(ctx context.Context, f idempotency.Fence) error {
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, f idempotency.Fence) error {
 	return s.fenced(ctx, "release", s.st.release, s.fenceArgs(f)...)
+}
+
+// Renew implements idempotency.Store.
+func (s *Store) Renew(ctx context.Context, f idempotency.Fence, owner uuid.UUID, lease time.Duration) error {
+	o := s.ownerArg(idempotency.ClaimRequest{Owner: owner})
+	if o == nil {
+		return idempotency.ErrNotOwner
+	}
+	if s.d.name == PostgreSQL { // pgsql.RenewSQL
+		return s.fenced(ctx, "renew", s.st.renew, f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, pgInterval(lease), o)
+	}
+	return s.fenced(ctx, "renew", s.st.renew, append(append([]any{mysqlMicros(lease)}, s.fenceArgs(f)...), o)...)
 }
 
 // fenced runs one fenced statement; no row changed is ErrNotOwner.

@@ -64,6 +64,11 @@ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		release: q(`DELETE FROM T_ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
 		// endLease ends an in_flight row's lease now; fail's arguments.
 		endLease: q(`UPDATE T_ SET locked_until = ` + mysqlNow + ` WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ?`),
+		// renew extends a Heartbeat claim's lease while it runs, fenced on the
+		// attempt and the owner token (pgsql.RenewSQL). ? lease µs, id, scope,
+		// attempt, owner.
+		renew: q(`UPDATE T_ SET locked_until = NOW_ + INTERVAL ? MICROSECOND
+WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ? AND owner_token = ? AND locked_until >= NOW_`),
 		// ? key, scope, endpoint, owner.
 		releaseOwner: q(`DELETE FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?
 	AND status = 'in_flight' AND owner_token = ?`),

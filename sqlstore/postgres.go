@@ -32,6 +32,7 @@ func pgStatements(table string) statements {
 		complete:          q(pgsql.CompleteSQL),
 		fail:              q(pgsql.FailSQL),
 		endLease:          q(pgsql.EndLeaseSQL),
+		renew:             q(pgsql.RenewSQL),
 		release:           q(pgsql.ReleaseSQL),
 		releaseOwner:      q(pgsql.ReleaseOwnerSQL),
 		cleanup:           q(pgsql.CleanupSQL),

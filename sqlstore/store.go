@@ -64,7 +64,7 @@ var (
 type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
 	cleanup, now, eraseDelete, eraseKept, export                             string
-	savepoint, rollbackSavepoint, endLease                                   string
+	savepoint, rollbackSavepoint, endLease, renew                            string
 	txInsert                                                                 string // PostgreSQL: a transactional claim's INSERT
 }
 
