@@ -39,8 +39,8 @@ const DefaultProblemTypeBase = "https://github.com/idemkit/idempotency/blob/main
 // a default.
 type Config struct {
 	// Lease is how long a claim owns its key; a handler gets Lease minus
-	// StoreTimeout to run, so its outcome is recorded within the lease. Must
-	// exceed StoreTimeout. Defaults to 30s.
+	// StoreTimeout to run (MaxRun with RouteConfig.Heartbeat), so its outcome is
+	// recorded within the lease. Must exceed StoreTimeout. Defaults to 30s.
 	Lease time.Duration
 	// StoreTimeout bounds every store call; a store that does not answer in time
 	// is unavailable. Defaults to 2s.
@@ -158,6 +158,8 @@ type RouteConfig struct {
 	// ReleaseOnError releases a transactional route's key when the handler
 	// fails (>= 500, panic), its writes rolled back. Defaults to false.
 	ReleaseOnError bool
+	Heartbeat      bool          // renew the lease while the handler runs, cancelled if it is lost (503); not Transactional. Defaults to false.
+	MaxRun         time.Duration // required with Heartbeat: the handler's deadline after its claim, above the lease, at most TTL/2
 	// Codec, on an Operation, encodes the values Do stores. Defaults to
 	// encoding/json.
 	Codec Codec
@@ -267,6 +269,28 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) erro
 		return errors.New("idempotency: RouteConfig.Transactional requires a fail-closed route (FailOpen false)")
 	case rc.Transactional && rc.NoStore:
 		return errors.New("idempotency: RouteConfig.Transactional cannot be combined with NoStore")
+	}
+	return rc.validateHeartbeat(lease)
+}
+
+// validateHeartbeat checks Heartbeat and MaxRun: a handler may run past
+// its lease only where the lease can be renewed (not in a transaction,
+// whose claim commits only with the record), and must record before the
+// key expires (MaxRun at most TTL/2).
+func (rc *RouteConfig) validateHeartbeat(lease time.Duration) error {
+	switch {
+	case !rc.Heartbeat && rc.MaxRun != 0:
+		return errors.New("idempotency: RouteConfig.MaxRun needs RouteConfig.Heartbeat")
+	case !rc.Heartbeat:
+		return nil
+	case rc.Transactional:
+		return errors.New("idempotency: RouteConfig.Heartbeat cannot be combined with Transactional: a transaction's claim cannot be renewed")
+	case rc.MaxRun == 0:
+		return errors.New("idempotency: RouteConfig.Heartbeat needs RouteConfig.MaxRun")
+	case rc.MaxRun <= lease:
+		return fmt.Errorf("idempotency: RouteConfig.MaxRun (%v) must exceed Config.Lease (%v)", rc.MaxRun, lease)
+	case rc.MaxRun > rc.TTL/2:
+		return fmt.Errorf("idempotency: RouteConfig.MaxRun (%v) must be at most half of RouteConfig.TTL (%v), so the record lands before the key expires", rc.MaxRun, rc.TTL)
 	}
 	return nil
 }

@@ -88,6 +88,8 @@ type policy struct {
 	txStore        TxStore // non-nil on transactional routes
 	txLockWait     time.Duration
 	releaseOnError bool
+	heartbeat      bool          // RouteConfig.Heartbeat: the lease is renewed while the handler runs
+	maxRun         time.Duration // RouteConfig.MaxRun: a Heartbeat handler's deadline after its claim
 }
 
 // newPolicy validates rc, defaults filled, and returns its policy.
@@ -107,6 +109,8 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 		txStore:        ts,
 		txLockWait:     rc.TxLockWait,
 		releaseOnError: rc.ReleaseOnError,
+		heartbeat:      rc.Heartbeat,
+		maxRun:         rc.MaxRun,
 	}, nil
 }
 

@@ -43,6 +43,7 @@ const (
 	reasonBodyTooLarge     = "body_too_large"
 	reasonBodyUnreadable   = "body_unreadable"
 	reasonStoreUnavailable = "store_unavailable"
+	reasonLeaseLost        = "lease_lost" // a Heartbeat handler's lease was lost: 503
 	reasonDisabled         = "disabled"
 )
 
@@ -110,7 +111,7 @@ type storeOps map[string]prometheus.Observer
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
 	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
-		"begin", "commit", "end_lease", "cleanup", "erase", opProbe} {
+		"begin", "commit", "end_lease", "cleanup", "erase", opProbe, opRenew} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops

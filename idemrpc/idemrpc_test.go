@@ -1,9 +1,14 @@
 package idemrpc
 
 import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 )
 
@@ -26,5 +31,38 @@ func TestAnswerOfMapsTheKind(t *testing.T) {
 		if a.Code != c.code || a.Reason != c.reason || a.RetryDelay != c.retry {
 			t.Errorf("%s: %+v, want code %d, reason %s, retry %v", c.ea.Kind, a, c.code, c.reason, c.retry)
 		}
+	}
+}
+
+// lostLeaseStore is a MemoryStore whose every renewal finds the key taken.
+type lostLeaseStore struct{ *idempotency.MemoryStore }
+
+func (lostLeaseStore) Renew(context.Context, idempotency.Fence, uuid.UUID, time.Duration) error {
+	return idempotency.ErrNotOwner
+}
+
+// TestAnswerOfLeaseLost: a Heartbeat call whose lease was lost, as Do
+// returns it, is Unavailable with the reason IDEMPOTENCY_LEASE_LOST and
+// the store outage's retry delay.
+func TestAnswerOfLeaseLost(t *testing.T) {
+	mw, err := idempotency.New(lostLeaseStore{idempotency.NewMemoryStore()},
+		idempotency.Config{Lease: 300 * time.Millisecond, StoreTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := mw.Operation("grpc:/pkg.Svc/Charge", idempotency.RouteConfig{Heartbeat: true, MaxRun: time.Minute, MinKeyLength: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = idempotency.Do(context.Background(), op, idempotency.Call{Key: "a-key-of-sixteen-bytes"}, func(ctx context.Context) (int, error) {
+		<-ctx.Done()
+		return 0, nil
+	})
+	var ea *idempotency.ErrorAnswer
+	if !errors.As(err, &ea) {
+		t.Fatalf("Do: %v, want an *ErrorAnswer", err)
+	}
+	if a := AnswerOf(ea); a.Code != codeUnavailable || a.Reason != ReasonLeaseLost || a.RetryDelay != time.Second {
+		t.Errorf("AnswerOf a lost lease: %+v, want Unavailable, %s, retry 1s", a, ReasonLeaseLost)
 	}
 }
