@@ -32,6 +32,7 @@ var faults = sync.OnceValue(func() []*fault {
 		bodyFaults(),
 		keyFaults(),
 		{crashFault()},
+		heartbeatFaults(),
 	} {
 		all = append(all, group...)
 	}
