@@ -18,7 +18,8 @@ import (
 // handler's context is cancelled with ErrLeaseLost (before the lease
 // lapses on a cut link), nothing is recorded, and the call answers 503
 // idempotency_store_unavailable (gRPC and Connect: Unavailable with
-// IDEMPOTENCY_LEASE_LOST). The key never runs twice.
+// IDEMPOTENCY_LEASE_LOST). The key never runs twice. A process killed
+// mid-handler stops renewing: its key is stale one lease later (runCrash).
 
 const (
 	naHeartbeatTx  = "a transactional route refuses Heartbeat at construction"
@@ -38,6 +39,12 @@ func heartbeatFaults() []*fault {
 	return []*fault{
 		{name: "heartbeat, link cut", na: na, run: func(t *testing.T, c cell) { runHeartbeatLost(t, c, true) }},
 		{name: "heartbeat, ownership lost", na: na, run: func(t *testing.T, c cell) { runHeartbeatLost(t, c, false) }},
+		{name: "heartbeat, kill -9", na: both(func(c column) string {
+			if c.v.tx {
+				return naHeartbeatTx
+			}
+			return ""
+		}, needsDB(naMemoryCr)), run: func(t *testing.T, c cell) { runCrash(t, c, true) }},
 	}
 }
 
