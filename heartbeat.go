@@ -72,7 +72,7 @@ func (h *heartbeat) run() {
 		}
 		sent := time.Now()
 		_, err := timedCall(h.x.m, context.WithoutCancel(h.x.ctx), opRenew, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, h.x.m.store.Renew(ctx, h.x.fence, h.x.claim.Owner, lease)
+			return struct{}{}, h.x.m.store.Renew(ctx, h.x.fence, h.x.claim)
 		})
 		switch {
 		case err == nil:

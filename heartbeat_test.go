@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -32,12 +31,12 @@ type renewStore struct {
 	renews, recorded atomic.Int64
 }
 
-func (s *renewStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error {
+func (s *renewStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
 	s.renews.Add(1)
 	if s.renew != nil {
 		return s.renew(ctx)
 	}
-	return s.MemoryStore.Renew(ctx, f, owner, lease)
+	return s.MemoryStore.Renew(ctx, f, req)
 }
 
 func (s *renewStore) Complete(ctx context.Context, f Fence, owner Record, resp Response) error {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/idemkit/idempotency/internal/seal"
 )
 
@@ -114,8 +113,8 @@ func (w *sealingStore) Complete(ctx context.Context, f Fence, owner Record, resp
 func (w *sealingStore) Fail(ctx context.Context, f Fence) error { return w.inner.Fail(ctx, f) }
 
 // Renew implements Store.
-func (w *sealingStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error {
-	return w.inner.Renew(ctx, f, owner, lease)
+func (w *sealingStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
+	return w.inner.Renew(ctx, f, req)
 }
 
 // Release implements Store.

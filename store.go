@@ -139,7 +139,7 @@ type Store interface {
 	// Release deletes the row, only if f still owns it in_flight, else
 	// ErrNotOwner.
 	Release(ctx context.Context, f Fence) error
-	Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error // lease from now, only while f owns the row in_flight inside its lease with owner's token, else ErrNotOwner
+	Renew(ctx context.Context, f Fence, req ClaimRequest) error // req.Lease from now, only while f owns the row in_flight inside its lease with req.Owner's token, else ErrNotOwner
 	// Cleanup deletes at most limit rows whose expires_at has passed, never an
 	// in_flight row inside its lease, and returns how many it deleted.
 	Cleanup(ctx context.Context, limit int) (int64, error)

@@ -170,17 +170,17 @@ func (s *MemoryStore) Release(ctx context.Context, f Fence) error {
 }
 
 // Renew implements Store, fenced as the Postgres store's.
-func (s *MemoryStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error {
+func (s *MemoryStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
 	if err := memoryCtxError(ctx, "renew"); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	row, now := s.owned(f), s.clock()
-	if row == nil || !memoryOwns(row, owner, now) {
+	if row == nil || !memoryOwns(row, req.Owner, now) {
 		return ErrNotOwner
 	}
-	row.LockedUntil = now.Add(lease)
+	row.LockedUntil = now.Add(req.Lease)
 	s.reorder(row) // held by its lease for longer
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/idemkit/idempotency/internal/pgsql"
@@ -144,8 +143,8 @@ func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
 }
 
 // Renew implements Store with one fenced UPDATE.
-func (s *PostgresStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lease time.Duration) error {
-	if owner == uuid.Nil {
+func (s *PostgresStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
+	if req.Owner == uuid.Nil {
 		return ErrNotOwner
 	}
 	c, err := s.conn(ctx)
@@ -153,7 +152,7 @@ func (s *PostgresStore) Renew(ctx context.Context, f Fence, owner uuid.UUID, lea
 		return pgStoreError("renew", err)
 	}
 	defer c.release()
-	args := []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, lease, ownerArg(owner)}
+	args := []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, req.Lease, ownerArg(req.Owner)}
 	return pgOwnerError("renew", execFenced(ctx, c, pgsql.RenewSQL, args))
 }
 

@@ -31,7 +31,7 @@ func renewExtendsItsOwnLease(t *testing.T, setup setupFunc) {
 	s, ctx := setup(t)
 	req := ownedRequest("user-1", longTTL, 2*time.Second)
 	rec := MustClaim(t, s, req)
-	if err := s.Renew(ctx, rec.Fence(), req.Owner, longLease); err != nil {
+	if err := s.Renew(ctx, rec.Fence(), renewal(req.Owner, longLease)); err != nil {
 		t.Fatalf("Renew of its own claim: %v", err)
 	}
 	got := Read(t, s, unowned(req))
@@ -58,10 +58,10 @@ func renewRefusesAnyoneElse(t *testing.T, setup setupFunc) {
 	other := rec.Fence()
 	other.ID += 1000
 	for name, call := range map[string]func() error{
-		"another owner token": func() error { return s.Renew(ctx, rec.Fence(), uuid.New(), longLease) },
-		"no owner token":      func() error { return s.Renew(ctx, rec.Fence(), uuid.Nil, longLease) },
-		"another attempt":     func() error { return s.Renew(ctx, stale, req.Owner, longLease) },
-		"another row id":      func() error { return s.Renew(ctx, other, req.Owner, longLease) },
+		"another owner token": func() error { return s.Renew(ctx, rec.Fence(), renewal(uuid.New(), longLease)) },
+		"no owner token":      func() error { return s.Renew(ctx, rec.Fence(), renewal(uuid.Nil, longLease)) },
+		"another attempt":     func() error { return s.Renew(ctx, stale, renewal(req.Owner, longLease)) },
+		"another row id":      func() error { return s.Renew(ctx, other, renewal(req.Owner, longLease)) },
 	} {
 		if err := call(); !errors.Is(err, idempotency.ErrNotOwner) {
 			t.Errorf("Renew with %s: %v, want ErrNotOwner", name, err)
@@ -70,7 +70,7 @@ func renewRefusesAnyoneElse(t *testing.T, setup setupFunc) {
 	if err := s.Complete(ctx, rec.Fence(), rec, jsonResponse()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Renew(ctx, rec.Fence(), req.Owner, longLease); !errors.Is(err, idempotency.ErrNotOwner) {
+	if err := s.Renew(ctx, rec.Fence(), renewal(req.Owner, longLease)); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Renew of a completed row: %v, want ErrNotOwner", err)
 	}
 	if got := Read(t, s, unowned(req)); !got.LockedUntil.Equal(rec.LockedUntil) {
@@ -84,7 +84,7 @@ func renewNeverRevivesALapsedLease(t *testing.T, setup setupFunc) {
 	req := ownedRequest("user-1", longTTL, tiny)
 	rec := MustClaim(t, s, req)
 	WaitFor(t, s, unowned(req), "lease over", isLeaseOver)
-	if err := s.Renew(ctx, rec.Fence(), req.Owner, longLease); !errors.Is(err, idempotency.ErrNotOwner) {
+	if err := s.Renew(ctx, rec.Fence(), renewal(req.Owner, longLease)); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Fatalf("Renew after the lease ran out: %v, want ErrNotOwner", err)
 	}
 	if got := Read(t, s, unowned(req)); !got.LeaseOver {
@@ -104,13 +104,18 @@ func renewRefusesAfterTakeover(t *testing.T, setup setupFunc) {
 	if err != nil || !res.Won {
 		t.Fatalf("Takeover: won %v, %v", res.Won, err)
 	}
-	if err := s.Renew(ctx, rec.Fence(), req.Owner, longLease); !errors.Is(err, idempotency.ErrNotOwner) {
+	if err := s.Renew(ctx, rec.Fence(), renewal(req.Owner, longLease)); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("the first owner's Renew after a takeover: %v, want ErrNotOwner", err)
 	}
-	if err := s.Renew(ctx, res.Record.Fence(), req.Owner, longLease); !errors.Is(err, idempotency.ErrNotOwner) {
+	if err := s.Renew(ctx, res.Record.Fence(), renewal(req.Owner, longLease)); !errors.Is(err, idempotency.ErrNotOwner) {
 		t.Errorf("Renew of the new attempt with the first owner's token: %v, want ErrNotOwner", err)
 	}
-	if err := s.Renew(ctx, res.Record.Fence(), next.Owner, longLease); err != nil {
+	if err := s.Renew(ctx, res.Record.Fence(), renewal(next.Owner, longLease)); err != nil {
 		t.Errorf("the new owner's Renew: %v", err)
 	}
+}
+
+// renewal is a Renew request: owner's token and the lease to set.
+func renewal(owner uuid.UUID, lease time.Duration) idempotency.ClaimRequest {
+	return idempotency.ClaimRequest{Owner: owner, Lease: lease}
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 )
 
@@ -37,7 +36,7 @@ func TestAnswerOfMapsTheKind(t *testing.T) {
 // lostLeaseStore is a MemoryStore whose every renewal finds the key taken.
 type lostLeaseStore struct{ *idempotency.MemoryStore }
 
-func (lostLeaseStore) Renew(context.Context, idempotency.Fence, uuid.UUID, time.Duration) error {
+func (lostLeaseStore) Renew(context.Context, idempotency.Fence, idempotency.ClaimRequest) error {
 	return idempotency.ErrNotOwner
 }
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
-	"github.com/google/uuid"
 	"github.com/idemkit/idempotency"
 )
 
@@ -208,15 +206,15 @@ func (s *Store) Release(ctx context.Context, f idempotency.Fence) error {
 }
 
 // Renew implements idempotency.Store.
-func (s *Store) Renew(ctx context.Context, f idempotency.Fence, owner uuid.UUID, lease time.Duration) error {
-	o := s.ownerArg(idempotency.ClaimRequest{Owner: owner})
+func (s *Store) Renew(ctx context.Context, f idempotency.Fence, req idempotency.ClaimRequest) error {
+	o := s.ownerArg(req)
 	if o == nil {
 		return idempotency.ErrNotOwner
 	}
 	if s.d.name == PostgreSQL { // pgsql.RenewSQL
-		return s.fenced(ctx, "renew", s.st.renew, f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, pgInterval(lease), o)
+		return s.fenced(ctx, "renew", s.st.renew, f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, pgInterval(req.Lease), o)
 	}
-	return s.fenced(ctx, "renew", s.st.renew, append(append([]any{mysqlMicros(lease)}, s.fenceArgs(f)...), o)...)
+	return s.fenced(ctx, "renew", s.st.renew, append(append([]any{mysqlMicros(req.Lease)}, s.fenceArgs(f)...), o)...)
 }
 
 // fenced runs one fenced statement; no row changed is ErrNotOwner.
