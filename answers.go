@@ -26,6 +26,7 @@ const (
 	answerOutcomeUnknown
 	answerNotStored
 	answerResponseTooLarge
+	answerLeaseLost
 	numAnswers
 )
 
@@ -68,6 +69,7 @@ var answers = [numAnswers]struct {
 	answerPreviousFailed:   {409, "idempotency_previous_failed", "idempotency_previous_failed", "The first request with this key failed", "", 0, false, countConflict, reasonPreviousFailed, ErrPreviousFailed},
 	answerOutcomeUnknown:   {409, "idempotency_outcome_unknown", "idempotency_outcome_unknown", "The first request with this key may or may not have run; reconcile", "", 0, false, countConflict, reasonOutcomeUnknown, ErrOutcomeUnknown},
 	answerNotStored:        {409, "idempotency_response_not_stored", "idempotency_response_not_stored", "The first request completed; its response was too large to store", "", 0, false, countConflict, reasonNotStored, ErrResponseNotStored},
+	answerLeaseLost:        {503, "idempotency_store_unavailable", "idempotency_store_unavailable", "Idempotency store unavailable; retry the same key", "1", 0, false, countRejection, reasonLeaseLost, ErrLeaseLost},
 	answerResponseTooLarge: {500, "idempotency_response_too_large", "idempotency_response_too_large", "Response over the transactional route's buffer; rolled back", "", 0, false, countTooLarge, "", nil},
 }
 

@@ -45,8 +45,8 @@ type ExpiredPolicy int
 // a default.
 type Config struct {
 	// Lease is how long a claim owns its key; a handler gets Lease minus
-	// StoreTimeout to run, so its outcome is recorded within the lease. Must
-	// exceed StoreTimeout. Defaults to 30s.
+	// StoreTimeout to run (MaxRun with RouteConfig.Heartbeat), so its outcome is
+	// recorded within the lease. Must exceed StoreTimeout. Defaults to 30s.
 	Lease time.Duration
 	// StoreTimeout bounds every store call; a store that does not answer in time
 	// is unavailable. Defaults to 2s.
@@ -168,6 +168,8 @@ type RouteConfig struct {
 	// ReleaseOnError releases a transactional route's key when the handler
 	// fails (>= 500, panic), its writes rolled back. Defaults to false.
 	ReleaseOnError bool
+	Heartbeat      bool          // renew the lease while the handler runs, cancelled if it is lost (503); not Transactional. Defaults to false.
+	MaxRun         time.Duration // required with Heartbeat: the handler's deadline after its claim, above the lease, at most TTL/2
 	// Codec, on an Operation, encodes the values Do stores. Defaults to
 	// encoding/json.
 	Codec Codec
@@ -297,7 +299,10 @@ func (rc *RouteConfig) validate(lease, storeTimeout time.Duration, s Store) erro
 	if err := rc.validateReconcile(lease, storeTimeout); err != nil {
 		return err
 	}
-	return rc.validateWait(lease)
+	if err := rc.validateWait(lease); err != nil {
+		return err
+	}
+	return rc.validateHeartbeat(lease)
 }
 
 // validateWait checks WaitInFlight: a wait must end inside the owner's
@@ -315,6 +320,28 @@ func (rc *RouteConfig) validateWait(lease time.Duration) error {
 		return errors.New("idempotency: RouteConfig.WaitInFlight does not apply to Transactional routes (their duplicates wait TxLockWait on the row)")
 	case rc.NoStore:
 		return errors.New("idempotency: RouteConfig.WaitInFlight cannot be combined with NoStore: no answer is stored to wait for")
+	}
+	return nil
+}
+
+// validateHeartbeat checks Heartbeat and MaxRun: a handler may run past
+// its lease only where the lease can be renewed (not in a transaction,
+// whose claim commits only with the record), and must record before the
+// key expires (MaxRun at most TTL/2).
+func (rc *RouteConfig) validateHeartbeat(lease time.Duration) error {
+	switch {
+	case !rc.Heartbeat && rc.MaxRun != 0:
+		return errors.New("idempotency: RouteConfig.MaxRun needs RouteConfig.Heartbeat")
+	case !rc.Heartbeat:
+		return nil
+	case rc.Transactional:
+		return errors.New("idempotency: RouteConfig.Heartbeat cannot be combined with Transactional: a transaction's claim cannot be renewed")
+	case rc.MaxRun == 0:
+		return errors.New("idempotency: RouteConfig.Heartbeat needs RouteConfig.MaxRun")
+	case rc.MaxRun <= lease:
+		return fmt.Errorf("idempotency: RouteConfig.MaxRun (%v) must exceed Config.Lease (%v)", rc.MaxRun, lease)
+	case rc.MaxRun > rc.TTL/2:
+		return fmt.Errorf("idempotency: RouteConfig.MaxRun (%v) must be at most half of RouteConfig.TTL (%v), so the record lands before the key expires", rc.MaxRun, rc.TTL)
 	}
 	return nil
 }

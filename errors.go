@@ -7,15 +7,16 @@ import "errors"
 // errors.Is (ErrInvalidKey and ErrStoreUnavailable are the key's and the
 // store's). The comment gives the HTTP contract's status and code.
 var (
-	ErrInFlight          = errors.New("idempotency: a call with this key is in flight")                                 // 409 idempotency_in_flight: retry the same key after RetryAfterMS
-	ErrMismatch          = errors.New("idempotency: the key was used for another request")                              // 422 idempotency_key_body_mismatch
-	ErrPreviousFailed    = errors.New("idempotency: the first call with this key failed")                               // 409 idempotency_previous_failed
-	ErrOutcomeUnknown    = errors.New("idempotency: the first call with this key may or may not have run")              // 409 idempotency_outcome_unknown: reconcile, never retry with a new key
-	ErrResponseNotStored = errors.New("idempotency: the first call with this key completed; its result was not stored") // 409 idempotency_response_not_stored
-	ErrInvalidScope      = errors.New("idempotency: the scope or endpoint cannot be stored")                            // 400 idempotency_scope_invalid
-	ErrUnsettled         = errors.New("idempotency: the call's downstream outcome is unknown")                          // a function's error wraps it like Unsettled: 503, the retry reconciles
-	ErrNotDone           = errors.New("idempotency: the downstream has no trace of the call")                           // a Reconcile hook's "not done": the handler runs
-	ErrKeyExpired        = errors.New("idempotency: the key is past its lifetime")                                      // 422 idempotency_key_expired: check the original's outcome first
+	ErrInFlight                = errors.New("idempotency: a call with this key is in flight")                                                       // 409 idempotency_in_flight: retry the same key after RetryAfterMS
+	ErrMismatch                = errors.New("idempotency: the key was used for another request")                                                    // 422 idempotency_key_body_mismatch
+	ErrPreviousFailed          = errors.New("idempotency: the first call with this key failed")                                                     // 409 idempotency_previous_failed
+	ErrOutcomeUnknown          = errors.New("idempotency: the first call with this key may or may not have run")                                    // 409 idempotency_outcome_unknown: reconcile, never retry with a new key
+	ErrResponseNotStored       = errors.New("idempotency: the first call with this key completed; its result was not stored")                       // 409 idempotency_response_not_stored
+	ErrInvalidScope            = errors.New("idempotency: the scope or endpoint cannot be stored")                                                  // 400 idempotency_scope_invalid
+	ErrUnsettled               = errors.New("idempotency: the call's downstream outcome is unknown")                                                // a function's error wraps it like Unsettled: 503, the retry reconciles
+	ErrNotDone                 = errors.New("idempotency: the downstream has no trace of the call")                                                 // a Reconcile hook's "not done": the handler runs
+	ErrKeyExpired              = errors.New("idempotency: the key is past its lifetime")                                                            // 422 idempotency_key_expired: check the original's outcome first
+	ErrLeaseLost         error = &StoreError{Op: "renew", Reason: "lease_lost", Err: errors.New("the key's lease was lost while its function ran")} // 503 idempotency_store_unavailable (a StoreError): a Heartbeat call was cancelled, nothing recorded
 )
 
 // ErrTxEnded is returned by every call of a lent transaction

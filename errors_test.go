@@ -55,6 +55,9 @@ func TestErrorForms(t *testing.T) {
 			`{"type":"` + base + `idempotency_response_not_stored","title":"The first request completed; its response was too large to store","status":409,"error":"idempotency_response_not_stored","original_status":201}`, "", false},
 		{answerResponseTooLarge, 0, 500, `{"error":"idempotency_response_too_large"}`,
 			`{"type":"` + base + `idempotency_response_too_large","title":"Response over the transactional route's buffer; rolled back","status":500,"error":"idempotency_response_too_large"}`, "", false},
+		// A Heartbeat handler's lost lease: the store's 503, word for word.
+		{answerLeaseLost, 0, 503, `{"error":"idempotency_store_unavailable"}`,
+			`{"type":"` + base + `idempotency_store_unavailable","title":"Idempotency store unavailable; retry the same key","status":503,"error":"idempotency_store_unavailable"}`, "1", false},
 	}
 	if len(cases) != int(numAnswers) {
 		t.Fatalf("%d cases for %d answers", len(cases), numAnswers)

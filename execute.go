@@ -12,15 +12,17 @@ import (
 // result; how its outcome is settled is its settlement's.
 type execution struct {
 	*request
-	owned    bool
-	fence    Fence        // owned: the claim's fence
-	own      Record       // owned: the claimed row, which the record is bound to
-	claimed  time.Time    // owned: when the claim was made
-	leaseEnd time.Time    // owned: the end of the claim's lease
-	tx       RouteTx      // transactional routes: the handler's transaction
-	closeTx  func()       // transactional routes: ends the handler's loan of tx
-	mark     *handlerMark // what the handler said besides its result (Unsettled)
-	how      settlement   // ordinary, or transactional
+	owned     bool
+	fence     Fence        // owned: the claim's fence
+	own       Record       // owned: the claimed row, which the record is bound to
+	claimed   time.Time    // owned: when the claim was made
+	leaseEnd  time.Time    // owned: the end of the claim's lease
+	tx        RouteTx      // transactional routes: the handler's transaction
+	closeTx   func()       // transactional routes: ends the handler's loan of tx
+	mark      *handlerMark // what the handler said besides its result (Unsettled)
+	hb        *heartbeat   // Heartbeat routes: renews the lease while the handler runs
+	leaseLost bool         // Heartbeat routes: the lease was lost; nothing is recorded
+	how       settlement   // ordinary, or transactional
 }
 
 // settlement is how a run's outcome reaches the store: ordinary (the fenced
@@ -87,10 +89,21 @@ func (rq *request) run(own *Record, claimedAt time.Time, tx RouteTx) {
 // handlerContext is the handler's context. A claim's handler has its key,
 // is detached from the caller (a client that hangs up does not cancel an
 // order half-way) and must finish in time for its outcome to be settled
-// inside the lease. A transactional route lends it the transaction.
+// inside the lease; on a Heartbeat route it runs until MaxRun while the
+// heartbeat renews the lease, and is cancelled when the lease is lost. A
+// transactional route lends it the transaction.
 func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := x.ctx, context.CancelFunc(func() {})
-	if x.owned {
+	switch {
+	case x.owned && x.policy.heartbeat:
+		ctx = x.withKey(ctx, x.own)
+		var stop context.CancelFunc
+		ctx, stop = context.WithDeadline(context.WithoutCancel(ctx), x.claimed.Add(x.policy.maxRun))
+		var lose context.CancelCauseFunc
+		ctx, lose = context.WithCancelCause(ctx)
+		x.startHeartbeat(lose)
+		cancel = func() { lose(nil); stop() }
+	case x.owned:
 		ctx = x.withKey(ctx, x.own)
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), x.leaseEnd.Add(-x.m.cfg.StoreTimeout))
 	}
@@ -103,10 +116,16 @@ func (x *execution) handlerContext() (context.Context, context.CancelFunc) {
 
 // handlerDone ends the handler's loan of its transaction once the handler
 // returned (or panicked): from then on only the engine uses the
-// connection, and a handler that kept the transaction is refused.
+// connection, and a handler that kept the transaction is refused. On a
+// Heartbeat route it stops the renewals.
 func (x *execution) handlerDone() {
 	if x.closeTx != nil {
 		x.closeTx()
+	}
+	if x.hb != nil {
+		// The record must land inside the lease the heartbeat confirmed last.
+		x.leaseEnd, x.leaseLost = x.hb.end()
+		x.hb = nil
 	}
 }
 

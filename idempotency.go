@@ -98,6 +98,8 @@ type policy struct {
 	reconcile      func(context.Context, ReconcileInfo) (any, error) // RouteConfig.Reconcile
 	reconcileWait  time.Duration                                     // RouteConfig.ReconcileTimeout, defaulted
 	waitInFlight   time.Duration                                     // how long a duplicate of a key in flight waits for its answer (wait.go)
+	heartbeat      bool                                              // RouteConfig.Heartbeat: the lease is renewed while the handler runs
+	maxRun         time.Duration                                     // RouteConfig.MaxRun: a Heartbeat handler's deadline after its claim
 }
 
 // newPolicy validates rc, defaults filled, and returns its policy.
@@ -124,6 +126,8 @@ func (m *Middleware) newPolicy(rc RouteConfig) (policy, error) {
 		reconcile:      rc.Reconcile,
 		reconcileWait:  cmp.Or(rc.ReconcileTimeout, m.cfg.StoreTimeout),
 		waitInFlight:   rc.WaitInFlight,
+		heartbeat:      rc.Heartbeat,
+		maxRun:         rc.MaxRun,
 	}, nil
 }
 

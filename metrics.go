@@ -45,6 +45,7 @@ const (
 	reasonBodyTooLarge     = "body_too_large"
 	reasonBodyUnreadable   = "body_unreadable"
 	reasonStoreUnavailable = "store_unavailable"
+	reasonLeaseLost        = "lease_lost" // a Heartbeat handler's lease was lost: 503
 	reasonDisabled         = "disabled"
 )
 
@@ -117,7 +118,7 @@ type storeOps map[string]prometheus.Observer
 func newStoreOps(met *metrics) storeOps {
 	ops := storeOps{}
 	for _, op := range []string{"claim", "takeover", "complete", "fail", "release", opReleaseOwner,
-		"begin", "commit", "end_lease", opReconcile, opStale, "cleanup", "erase", opProbe} {
+		"begin", "commit", "end_lease", opReconcile, opStale, "cleanup", "erase", opProbe, opRenew} {
 		ops[op] = met.storeDuration.WithLabelValues(op)
 	}
 	return ops

@@ -27,7 +27,7 @@ const (
 	OutcomeConflict Outcome = "conflict"
 	// OutcomeRejected: a 4xx or 503 without a usable result. Reason as
 	// idempotency_rejections_total: missing_key, invalid_key, invalid_scope,
-	// body_too_large, body_unreadable, store_unavailable.
+	// body_too_large, body_unreadable, store_unavailable, lease_lost.
 	OutcomeRejected Outcome = "rejected"
 )
 

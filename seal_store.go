@@ -112,6 +112,11 @@ func (w *sealingStore) Complete(ctx context.Context, f Fence, owner Record, resp
 // Fail implements Store.
 func (w *sealingStore) Fail(ctx context.Context, f Fence) error { return w.inner.Fail(ctx, f) }
 
+// Renew implements Store.
+func (w *sealingStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
+	return w.inner.Renew(ctx, f, req)
+}
+
 // Release implements Store.
 func (w *sealingStore) Release(ctx context.Context, f Fence) error { return w.inner.Release(ctx, f) }
 

@@ -19,7 +19,7 @@ func (ordinary) giveBack(x *execution) { x.giveBackWon(x.claimed) }
 
 // panicked settles a handler that panicked as failed.
 func (ordinary) panicked(x *execution) {
-	if x.owned {
+	if x.owned && !x.lostLease() {
 		x.settle(x.own, x.failed(), Response{}, x.leaseEnd)
 		x.observe(OutcomeExecuted, settledReason(x.failed()), 0)
 	}
@@ -28,6 +28,10 @@ func (ordinary) panicked(x *execution) {
 // conclude settles the outcome of a handler that returned, then delivers
 // its result.
 func (ordinary) conclude(x *execution) {
+	if x.lostLease() {
+		x.answer(answerLeaseLost)
+		return
+	}
 	if x.unsettled() {
 		x.unsettle()
 		return
@@ -44,6 +48,18 @@ func (ordinary) conclude(x *execution) {
 	if x.owned {
 		x.observe(OutcomeExecuted, settledReason(o), x.t.status())
 	}
+}
+
+// lostLease reports whether a Heartbeat run lost its key's lease (the
+// heartbeat logged why). Nothing is recorded then: the key is another
+// owner's, or its lease may be over before a record could land, where a
+// retry answers idempotency_outcome_unknown as after a crash.
+func (x *execution) lostLease() bool {
+	if x.leaseLost {
+		x.rm.settleFailures.Inc()
+		x.recordFailed = true
+	}
+	return x.leaseLost
 }
 
 // settle writes a handler's outcome to its key, retrying until deadline. An

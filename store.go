@@ -143,6 +143,7 @@ type Store interface {
 	// Release deletes the row, only if f still owns it in_flight, else
 	// ErrNotOwner.
 	Release(ctx context.Context, f Fence) error
+	Renew(ctx context.Context, f Fence, req ClaimRequest) error // req.Lease from now, only while f owns the row in_flight inside its lease with req.Owner's token, else ErrNotOwner
 	// Cleanup purges the responses of at most limit tombstones and deletes at most limit rows
 	// past retain_until, never an in_flight row inside its lease; it returns the rows changed.
 	Cleanup(ctx context.Context, limit int) (int64, error)

@@ -180,6 +180,22 @@ func (s *MemoryStore) Release(ctx context.Context, f Fence) error {
 	return s.finish(ctx, "release", f, s.delete)
 }
 
+// Renew implements Store, fenced as the Postgres store's.
+func (s *MemoryStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
+	if err := memoryCtxError(ctx, "renew"); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	row, now := s.owned(f), s.clock()
+	if row == nil || !memoryOwns(row, req.Owner, now) {
+		return ErrNotOwner
+	}
+	row.LockedUntil = now.Add(req.Lease)
+	s.reorder(row) // held by its lease for longer
+	return nil
+}
+
 // finish applies an owner's state change to the row f owns in flight, or
 // returns ErrNotOwner when f no longer owns it.
 func (s *MemoryStore) finish(ctx context.Context, op string, f Fence, change func(*memoryRow)) error {

@@ -168,6 +168,20 @@ func (s *PostgresStore) Release(ctx context.Context, f Fence) error {
 	return pgOwnerError("release", s.fenced(ctx, pgsql.ReleaseSQL, f))
 }
 
+// Renew implements Store with one fenced UPDATE.
+func (s *PostgresStore) Renew(ctx context.Context, f Fence, req ClaimRequest) error {
+	if req.Owner == uuid.Nil {
+		return ErrNotOwner
+	}
+	c, err := s.conn(ctx)
+	if err != nil {
+		return pgStoreError("renew", err)
+	}
+	defer c.release()
+	args := []any{f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, req.Lease, ownerArg(req.Owner)}
+	return pgOwnerError("renew", execFenced(ctx, c, pgsql.RenewSQL, args))
+}
+
 // fenced runs a statement whose five parameters are f (id, attempt,
 // scope, key, endpoint), returning ErrNotOwner when it changed no row.
 func (s *PostgresStore) fenced(ctx context.Context, sql string, f Fence) error {

@@ -187,6 +187,7 @@ var pgStatements = map[string]string{
 	"pgsql.FailSQL":                pgsql.FailSQL,
 	"pgsql.ReleaseSQL":             pgsql.ReleaseSQL,
 	"pgsql.ReleaseOwnerSQL":        pgsql.ReleaseOwnerSQL,
+	"pgsql.RenewSQL":               pgsql.RenewSQL,
 	"pgsql.ExpiredBatchSQL":        pgsql.ExpiredBatchSQL,
 	"pgsql.DeleteExpiredSQL":       pgsql.DeleteExpiredSQL,
 	"pgsql.PurgeBatchSQL":          pgsql.PurgeBatchSQL,

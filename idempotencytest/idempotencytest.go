@@ -54,7 +54,7 @@ type setupFunc func(t *testing.T) (idempotency.Store, context.Context)
 
 // Run runs the suite against the stores newStore returns, by area: Claim,
 // the fenced outcomes (Complete, Fail, Release), owner tokens
-// (ClaimRequest.Owner, Store.ReleaseOwner), Takeover, tombstones
+// (ClaimRequest.Owner, Store.ReleaseOwner), Renew, Takeover, tombstones
 // (ClaimRequest.Grace), maintenance (Cleanup, Erase, ExportScope), the
 // outage probe (Probe) and reconcile (Unsettled, Reconcile,
 // ReconcileStale). Every subtest runs in parallel
@@ -70,6 +70,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 	runClaim(t, setup)
 	runFinish(t, setup)
 	runOwner(t, setup)
+	runRenew(t, setup)
 	runTakeover(t, setup)
 	runTombstone(t, setup)
 	runMaintenance(t, setup)

@@ -6,6 +6,7 @@
 package idemrpc
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -134,6 +135,11 @@ var answers = map[string]struct {
 	"idempotency_response_too_large":  {codeInternal, false},
 }
 
+// ReasonLeaseLost is the ErrorInfo reason of a call whose Heartbeat lease
+// was lost while its handler ran (idempotency.ErrLeaseLost): Unavailable,
+// nothing recorded.
+const ReasonLeaseLost = "IDEMPOTENCY_LEASE_LOST"
+
 // AnswerOf is ea as an RPC error. An answer it does not know is Internal,
 // IDEMPOTENCY_INTERNAL.
 func AnswerOf(ea *idempotency.ErrorAnswer) Answer {
@@ -141,6 +147,11 @@ func AnswerOf(ea *idempotency.ErrorAnswer) Answer {
 	known, ok := answers[ea.Kind]
 	if ok {
 		a.Code, a.Reason = known.code, strings.ToUpper(ea.Kind)
+	}
+	if errors.Is(ea, idempotency.ErrLeaseLost) {
+		// A Heartbeat call's lease was lost: Unavailable, as a store outage,
+		// but its own reason, since the function ran.
+		a.Reason = ReasonLeaseLost
 	}
 	if ok && known.retry {
 		a.RetryDelay = time.Duration(ea.RetryAfterMS) * time.Millisecond

@@ -1,6 +1,10 @@
 package idemrpc
 
 import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -47,5 +51,38 @@ func TestExpiresFormat(t *testing.T) {
 	}
 	if a = AnswerOf(&idempotency.ErrorAnswer{Kind: "idempotency_store_unavailable"}); a.Metadata["expires_at"] != "" {
 		t.Fatalf("an answer without a row: metadata %v", a.Metadata)
+	}
+}
+
+// lostLeaseStore is a MemoryStore whose every renewal finds the key taken.
+type lostLeaseStore struct{ *idempotency.MemoryStore }
+
+func (lostLeaseStore) Renew(context.Context, idempotency.Fence, idempotency.ClaimRequest) error {
+	return idempotency.ErrNotOwner
+}
+
+// TestAnswerOfLeaseLost: a Heartbeat call whose lease was lost, as Do
+// returns it, is Unavailable with the reason IDEMPOTENCY_LEASE_LOST and
+// the store outage's retry delay.
+func TestAnswerOfLeaseLost(t *testing.T) {
+	mw, err := idempotency.New(lostLeaseStore{idempotency.NewMemoryStore()},
+		idempotency.Config{Lease: 300 * time.Millisecond, StoreTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := mw.Operation("grpc:/pkg.Svc/Charge", idempotency.RouteConfig{Heartbeat: true, MaxRun: time.Minute, MinKeyLength: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = idempotency.Do(context.Background(), op, idempotency.Call{Key: "a-key-of-sixteen-bytes"}, func(ctx context.Context) (int, error) {
+		<-ctx.Done()
+		return 0, nil
+	})
+	var ea *idempotency.ErrorAnswer
+	if !errors.As(err, &ea) {
+		t.Fatalf("Do: %v, want an *ErrorAnswer", err)
+	}
+	if a := AnswerOf(ea); a.Code != codeUnavailable || a.Reason != ReasonLeaseLost || a.RetryDelay != time.Second {
+		t.Errorf("AnswerOf a lost lease: %+v, want Unavailable, %s, retry 1s", a, ReasonLeaseLost)
 	}
 }

@@ -206,6 +206,18 @@ func (s *Store) Release(ctx context.Context, f idempotency.Fence) error {
 	return s.fenced(ctx, "release", s.st.release, s.fenceArgs(f)...)
 }
 
+// Renew implements idempotency.Store.
+func (s *Store) Renew(ctx context.Context, f idempotency.Fence, req idempotency.ClaimRequest) error {
+	o := s.ownerArg(req)
+	if o == nil {
+		return idempotency.ErrNotOwner
+	}
+	if s.d.name == PostgreSQL { // pgsql.RenewSQL
+		return s.fenced(ctx, "renew", s.st.renew, f.ID, f.Attempt, f.Scope, f.Key, f.Endpoint, pgInterval(req.Lease), o)
+	}
+	return s.fenced(ctx, "renew", s.st.renew, append(append([]any{mysqlMicros(req.Lease)}, s.fenceArgs(f)...), o)...)
+}
+
 // fenced runs one fenced statement; no row changed is ErrNotOwner.
 func (s *Store) fenced(ctx context.Context, op, stmt string, args ...any) error {
 	err := s.withConn(ctx, func(c *sql.Conn) error {

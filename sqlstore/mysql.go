@@ -76,6 +76,11 @@ WHERE id = ? AND scope_user_id = ? AND attempt = ? AND status = 'in_flight' AND 
 		// ? endpoint, limit.
 		stale: q(`SELECT COLS_, FALSE FROM T_ WHERE scope_endpoint = ? AND status = 'in_flight' AND locked_until < NOW_
 ORDER BY locked_until, id LIMIT ?`),
+		// renew extends a Heartbeat claim's lease while it runs, fenced on the
+		// attempt and the owner token (pgsql.RenewSQL). ? lease µs, id, scope,
+		// attempt, owner.
+		renew: q(`UPDATE T_ SET locked_until = NOW_ + INTERVAL ? MICROSECOND
+WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ? AND owner_token = ? AND locked_until >= NOW_`),
 		// ? key, scope, endpoint, owner.
 		releaseOwner: q(`DELETE FROM T_ WHERE idem_key = ? AND scope_user_id = ? AND scope_endpoint = ?
 	AND status = 'in_flight' AND owner_token = ?`),

@@ -34,6 +34,7 @@ func pgStatements(table string) statements {
 		endLease:          q(pgsql.EndLeaseSQL),
 		reconcileClaim:    q(pgsql.ReconcileClaimSQL),
 		stale:             q(pgsql.StaleSQL),
+		renew:             q(pgsql.RenewSQL),
 		release:           q(pgsql.ReleaseSQL),
 		releaseOwner:      q(pgsql.ReleaseOwnerSQL),
 		cleanup:           q(pgsql.CleanupSQL),

@@ -64,7 +64,7 @@ var (
 type statements struct {
 	insert, readKey, readID, takeover, complete, fail, release, releaseOwner string
 	cleanup, purge, now, eraseDelete, eraseKept, export                      string
-	savepoint, rollbackSavepoint, endLease                                   string
+	savepoint, rollbackSavepoint, endLease, renew                            string
 	reconcileClaim, stale                                                    string // reconcile.go
 	txInsert                                                                 string // PostgreSQL: a transactional claim's INSERT
 }

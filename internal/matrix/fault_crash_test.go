@@ -36,6 +36,7 @@ const (
 	envChild      = "MATRIX_CHILD"       // the column, as column.String prints it
 	envChildDSN   = "MATRIX_CHILD_DSN"   // the store's database, in its driver's form
 	envChildBlock = "MATRIX_CHILD_BLOCK" // 1: the handler blocks after its effect
+	envChildBeat  = "MATRIX_CHILD_BEAT"  // true: the route renews its lease (RouteConfig.Heartbeat)
 	envSealKeys   = "MATRIX_SEAL_KEYS"   // the sealing keys, shared with the parent
 	// envChildDerive: 1 makes the child derive under deriveKeys and print
 	// each id it derived (fault_derive_test.go).
@@ -43,12 +44,15 @@ const (
 )
 
 func crashFault() *fault {
-	return &fault{name: "kill -9 mid-handler", na: needsDB(naMemoryCr), run: runCrash}
+	return &fault{name: "kill -9 mid-handler", na: needsDB(naMemoryCr), run: func(t *testing.T, c cell) { runCrash(t, c, false) }}
 }
 
-func runCrash(t *testing.T, c cell) {
+// runCrash is the kill -9 row; heartbeat: the children's route renews its
+// lease, which stops with the process, so the key is stale one lease
+// after the kill all the same.
+func runCrash(t *testing.T, c cell, heartbeat bool) {
 	e := newEnv(t, c, envOpts{})
-	doomed := startChild(t, e, true)
+	doomed := startChild(t, e, true, heartbeat)
 	key := newKey()
 	go func() {
 		// Never answers once its handler ran: the child dies. A claim the
@@ -70,7 +74,7 @@ func runCrash(t *testing.T, c cell) {
 		t.Fatal(err)
 	}
 	_ = doomed.cmd.Wait()
-	fresh := startChild(t, e, false)
+	fresh := startChild(t, e, false, heartbeat)
 	again := fresh.call(e, key)
 	e.within("retry after the crash", again, 0)
 	if c.v.tx {
@@ -112,8 +116,8 @@ type child struct {
 // startChild starts this test binary as the column's entry point over the
 // cell's database and waits for its address; it is killed when the cell
 // ends.
-func startChild(t *testing.T, e *env, block bool) *child {
-	return startChildEnv(t, e, block)
+func startChild(t *testing.T, e *env, block, heartbeat bool) *child {
+	return startChildEnv(t, e, block, fmt.Sprintf("%s=%v", envChildBeat, heartbeat))
 }
 
 // startChildEnv is startChild with more variables in the child's
@@ -295,6 +299,9 @@ func TestMatrixChild(t *testing.T) {
 	rc := idempotency.RouteConfig{FailOpen: c.v.open, Transactional: c.v.tx, MinKeyLength: 16}
 	if c.entry == entryHTTP {
 		rc.MinKeyLength = 0
+	}
+	if os.Getenv(envChildBeat) == "true" {
+		rc.Heartbeat, rc.MaxRun = true, 10*lease
 	}
 	call, err := entryServers[c.entry](e, rc, e.counted(h))
 	if err != nil {

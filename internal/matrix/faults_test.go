@@ -37,6 +37,7 @@ var faults = sync.OnceValue(func() []*fault {
 		{crashFault()},
 		{deriveCrashFault()},
 		venueFaults(),
+		heartbeatFaults(),
 	} {
 		all = append(all, group...)
 	}

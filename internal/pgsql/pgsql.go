@@ -169,6 +169,15 @@ const ReleaseSQL = `DELETE FROM idempotency_keys
 WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
 	AND status = 'in_flight' AND attempt = $2`
 
+// RenewSQL extends a Heartbeat claim's lease (Store.Renew): fenced on the
+// owner's attempt and owner token, and only while the lease still runs, so
+// a lease that lapsed (a takeover may follow) is never revived.
+//
+// $1 id, $2 attempt, $3 scope, $4 key, $5 endpoint, $6 lease, $7 owner token.
+const RenewSQL = `UPDATE idempotency_keys SET locked_until = now() + $6::interval
+WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1
+	AND status = 'in_flight' AND attempt = $2 AND owner_token = $7::uuid AND locked_until >= now()`
+
 // ReleaseOwnerSQL deletes the key's row only while it is in_flight with
 // the given owner token (Store.ReleaseOwner).
 //
