@@ -47,14 +47,9 @@ type Config struct {
 	// Lease is how long a claim owns its key; a handler gets Lease minus
 	// StoreTimeout to run (MaxRun with RouteConfig.Heartbeat), so its outcome is
 	// recorded within the lease. Must exceed StoreTimeout. Defaults to 30s.
-	Lease time.Duration
-	// StoreTimeout bounds every store call; a store that does not answer in time
-	// is unavailable. Defaults to 2s.
-	StoreTimeout time.Duration
-	// BodyTimeout bounds reading a keyed request's body: one not read in time
-	// is a 400 idempotency_body_unreadable with Connection: close. Defaults to
-	// 10s.
-	BodyTimeout time.Duration
+	Lease        time.Duration
+	StoreTimeout time.Duration // bounds every store call; a store that does not answer in time is unavailable. Defaults to 2s.
+	BodyTimeout  time.Duration // bounds reading a keyed request's body (else 400 idempotency_body_unreadable, Connection: close). Defaults to 10s.
 	// Scope returns the call's user scope from its context (an HTTP request is
 	// RequestFromContext's); keys of different scopes never meet; "" is
 	// unscoped. A scope the store cannot hold (not UTF-8, NUL, over 1024 bytes)
@@ -186,10 +181,7 @@ type RouteConfig struct {
 	// Reconcile, when set, settles a key found in flight past its lease (docs/reconcile.md): a value is done, ErrNotDone runs the handler, an error is unknown.
 	Reconcile        func(ctx context.Context, info ReconcileInfo) (any, error)
 	ReconcileTimeout time.Duration // bounds Reconcile, below Config.Lease less StoreTimeout; defaults to StoreTimeout
-	// WaitInFlight is how long a duplicate of a key in flight waits for the
-	// owner's answer before 409 (below Lease; not Transactional or NoStore).
-	// Defaults to 0.
-	WaitInFlight time.Duration
+	WaitInFlight     time.Duration // how long a duplicate of a key in flight waits for its answer before 409; below Lease, not Transactional or NoStore. Defaults to 0.
 }
 
 // withDefaults returns cfg with every unset field at its default.

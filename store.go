@@ -56,14 +56,9 @@ type ClaimRequest struct {
 	RequestHash string        // 64 lower-case hex characters
 	TTL, Grace  time.Duration // expires_at = now + TTL; retain_until = expires_at + Grace
 	Lease       time.Duration // how long the claim owns the key: locked_until = now + Lease
-	// LockWait bounds a transactional claim's wait on the key's row held by
-	// another transaction (0: DefaultTxLockWait).
-	LockWait time.Duration
-	// Owner is the claiming call's random token, stored by Claim and Takeover
-	// (uuid.Nil: none): a Claim that finds the row in_flight, inside its lease
-	// with this Owner reports it won; Store.ReleaseOwner frees such a row.
-	Owner       uuid.UUID
-	DeriveKeyID string // Config.DeriveKeys' active key id; a Takeover keeps a row's non-empty one
+	LockWait    time.Duration // bounds a transactional claim's wait on the key's row held by another transaction (0: DefaultTxLockWait)
+	Owner       uuid.UUID     // the call's random token (uuid.Nil: none): a Claim finding its own in_flight row inside its lease reports it won; ReleaseOwner frees it
+	DeriveKeyID string        // Config.DeriveKeys' active key id; a Takeover keeps a row's non-empty one
 }
 
 // Response is a handler's answer as recorded for replay.

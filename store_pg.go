@@ -48,8 +48,8 @@ func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
 	return newPostgresStore(pool, slog.Default())
 }
 
-// ListenURL sets, before use, Watch's connection string (direct, behind
-// PgBouncer in transaction mode); an invalid one changes nothing.
+// ListenURL sets, before use, the WaitInFlight listener's connection string
+// (direct, behind PgBouncer in transaction mode); a bad one changes nothing.
 func (s *PostgresStore) ListenURL(url string) error {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -62,7 +62,7 @@ func (s *PostgresStore) ListenURL(url string) error {
 // watch wakes waiters by LISTEN on one connection outside the pool (watcher).
 func (s *PostgresStore) watch(id int64) (<-chan struct{}, func()) { return s.listen.watch(id) }
 
-// Close closes Watch's connection; the pool stays the caller's.
+// Close closes the wait listener's connection; the pool stays the caller's.
 func (s *PostgresStore) Close() { s.listen.close() }
 
 // errClaimVanished is the cause of a claim that kept reading no row.
