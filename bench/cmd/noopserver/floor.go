@@ -82,8 +82,8 @@ const (
 	colCode     = 4
 	colBody     = 5
 	colHeaders  = 7
-	colWon      = 16 // after seal_key_id (8), which the floor never sets, and derive_key_id (13)
-	claimFields = 17
+	colWon      = 17 // after seal_key_id (8), which the floor never sets, derive_key_id (13) and the tombstone flag (16)
+	claimFields = 18
 )
 
 // newFloorHandler migrates and checks the schema as newHandler does, and
@@ -183,7 +183,7 @@ func (f floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // claim runs the claim for key and reads its one row.
 func (f floor) claim(ctx context.Context, key string) (claimed, error) {
-	rows, err := f.pool.Query(ctx, f.sql.claim, key, scope, routePattern, floorHash, floorTTL, floorLease, uuid.NewString(), "")
+	rows, err := f.pool.Query(ctx, f.sql.claim, key, scope, routePattern, floorHash, floorTTL, floorLease, uuid.NewString(), "", time.Duration(0))
 	if err != nil {
 		return claimed{}, err
 	}

@@ -116,9 +116,9 @@ func TestRouteRunsThePgbenchStatements(t *testing.T) {
 		t.Fatalf("new key ran %d statements, want pgClaimSQL then pgCompleteSQL:\n%s", len(miss), strings.Join(sqlOf(miss), "\n---\n"))
 	}
 	claim, complete := miss[0].Args, miss[1].Args
-	if len(claim) != 8 || claim[7] != "" || claim[1] != vars["scope"] || claim[2] != vars["endpoint"] ||
+	if len(claim) != 9 || claim[7] != "" || claim[8] != time.Duration(0) || claim[1] != vars["scope"] || claim[2] != vars["endpoint"] ||
 		claim[4] != 24*time.Hour || claim[5] != 30*time.Second {
-		t.Errorf("claim arguments %v: want scope %q, endpoint %q, TTL 24h (pgbench's ttl), lease 30s, no derive key id ('')", claim, vars["scope"], vars["endpoint"])
+		t.Errorf("claim arguments %v: want scope %q, endpoint %q, TTL 24h (pgbench's ttl), lease 30s, no derive key id (''), no grace (0)", claim, vars["scope"], vars["endpoint"])
 	}
 	if owner, ok := claim[6].(string); !ok || uuid.Validate(owner) != nil {
 		t.Errorf("claim's owner token %#v, want a UUID's text (pgbench's :owner)", claim[6])

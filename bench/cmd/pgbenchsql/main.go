@@ -156,7 +156,7 @@ func run(src, example, out string) error {
 	// lets match), and the complete the status as a parameter. The raw
 	// body is NULL for a JSON body: a literal, since a pgbench variable
 	// cannot be NULL.
-	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner", "''"}
+	claimArgs := []string{":key", ":scope", ":endpoint", ":hash", ":ttl", ":lease", ":owner", "''", "'0'"}
 	completeArgs := []string{":c_id", ":c_attempt", ":scope", ":code", ":body", "NULL", ":headers", "NULL", ":key", ":endpoint"}
 	claimWith := func(key string) string {
 		args := append([]string{key}, claimArgs[1:]...)
