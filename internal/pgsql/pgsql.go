@@ -466,7 +466,7 @@ const ReconcileClaimSQL = `WITH taken AS (
 		owner_token = $7::uuid
 	WHERE scope_user_id = $3 AND idem_key = $4 AND scope_endpoint = $5 AND id = $1 AND attempt = $2
 		AND status = 'in_flight' AND locked_until < now()
-	RETURNING ` + StoredColumns + `
+	RETURNING ` + StoredColumns + `, retain_until
 )
 SELECT ` + Columns + ` FROM taken`
 
