@@ -227,7 +227,7 @@ func TestHeartbeatPostgresCutRenewals(t *testing.T) {
 		t.Errorf("the other process after the lease: %d %s, want 409 idempotency_outcome_unknown", w.Code, w.Body)
 	}
 	// The key expires (its TTL forced over): the other process takes it over.
-	if _, err := base.Exec(t.Context(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+	if _, err := base.Exec(t.Context(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Restore()
@@ -260,7 +260,7 @@ func TestHeartbeatPostgresLostOwnership(t *testing.T) {
 	})
 	key := uuid.NewString()
 	done, _ := sendEntered(t, first, key, entered)
-	if _, err := base.Exec(t.Context(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', locked_until = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
+	if _, err := base.Exec(t.Context(), `UPDATE idempotency_keys SET expires_at = now() - interval '1 second', retain_until = now() - interval '1 second', locked_until = now() - interval '1 second' WHERE idem_key = $1`, key); err != nil {
 		t.Fatal(err)
 	}
 	if w := do(second, key, `{"a":1}`); w.Code != http.StatusCreated {

@@ -73,13 +73,14 @@ var storeKits = []struct {
 	}},
 	{"sqlstore-mariadb", func(t *testing.T) sharedStores {
 		return sqlStores(t, "mysql", mysqldb.New(t).DSN, sqlstore.MySQL,
-			`UPDATE idempotency_keys SET locked_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE idem_key = ?`,
+			`UPDATE idempotency_keys SET locked_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, retain_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE idem_key = ?`,
 			`SELECT derive_key_id FROM idempotency_keys WHERE idem_key = ?`)
 	}},
 }
 
-// pgExpire makes a key's row expired, its lease over, as time would.
-const pgExpire = `UPDATE idempotency_keys SET locked_until = now() - interval '1 second', expires_at = now() - interval '1 second' WHERE idem_key = $1`
+// pgExpire makes a key's row expired, its lease over, as time would (an
+// ExpiredRunAgain row: retain_until is its expiry).
+const pgExpire = `UPDATE idempotency_keys SET locked_until = now() - interval '1 second', expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1`
 
 // sqlStores opens two sqlstore stores of dialect on dsn, each on a
 // database/sql pool of its own.

@@ -215,7 +215,19 @@ func runCell(t *testing.T, c *cell, rt liveRoute, f venueFault, kill string, qty
 		before := c.venue.state(t).Received
 		go func() {
 			defer close(first)
-			_, _ = sendOrder(context.Background(), base(), key, auth, qty) // its server dies under it
+			// Its server dies under it (an error). A 503 is a claim refused
+			// before the order left the server (a loaded machine's store
+			// timeout), or the venue call's own timeout (Unsettled): the
+			// client sends it again, as a client honouring Retry-After
+			// would, or the wait below for the claim or the venue's order
+			// would never end.
+			for range 20 {
+				a, err := sendOrder(context.Background(), base(), key, auth, qty)
+				if err != nil || a.Status != http.StatusServiceUnavailable {
+					return
+				}
+				time.Sleep(max(a.RetryAfter, 100*time.Millisecond)) // the contract's Retry-After, not a synchronisation
+			}
 		}()
 		requests++
 		if kill == "before" {

@@ -107,9 +107,9 @@ func (ch *child) derivedOf(key string) string {
 
 // expireRow makes key's row expired and its lease over, as time would.
 func (e *env) expireRow(key string) {
-	q := "UPDATE idempotency_keys SET locked_until = now() - interval '1 second', expires_at = now() - interval '1 second' WHERE idem_key = $1"
+	q := "UPDATE idempotency_keys SET locked_until = now() - interval '1 second', expires_at = now() - interval '1 second', retain_until = now() - interval '1 second' WHERE idem_key = $1"
 	if e.c.store.mysql() {
-		q = "UPDATE idempotency_keys SET locked_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE idem_key = ?"
+		q = "UPDATE idempotency_keys SET locked_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, retain_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE idem_key = ?"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
