@@ -24,3 +24,31 @@ func ListenerForTest(s *PostgresStore) (heard, failed int64) {
 
 // ShortListenCheckForTest bounds s's listener self-check by d.
 func ShortListenCheckForTest(s *PostgresStore, d time.Duration) { s.listen.check = d }
+
+// QueuedForTest is the number of claims and records queued for s's next
+// batches.
+func QueuedForTest(s *PostgresStore) (claims, records int) {
+	b := s.batch.Load()
+	if b == nil {
+		return 0, 0
+	}
+	b.claims.mu.Lock()
+	claims = len(b.claims.queue)
+	b.claims.mu.Unlock()
+	b.records.mu.Lock()
+	records = len(b.records.queue)
+	b.records.mu.Unlock()
+	return claims, records
+}
+
+// BatchingForTest reports s's group commit settings (0, 0: off).
+func BatchingForTest(s *PostgresStore) (max, slots int) {
+	if b := s.batch.Load(); b != nil {
+		return b.max, b.slots
+	}
+	return 0, 0
+}
+
+// DistributedForTest is what Check does when it finds s's table
+// distributed by Citus (or not).
+func DistributedForTest(s *PostgresStore, yes bool) { s.distributed(yes) }

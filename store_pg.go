@@ -31,6 +31,7 @@ type PostgresStore struct {
 	log       *slog.Logger
 	listen    *listener                      // hears the wake-ups of waiting duplicates (wait_listen.go)
 	listenCfg atomic.Pointer[pgx.ConnConfig] // ListenURL's; nil: the pool's
+	batch     batchState                     // group commit (store_pg_batch.go); nil: off
 }
 
 var (
@@ -68,8 +69,8 @@ func (s *PostgresStore) Close() { s.listen.close() }
 // errClaimVanished is the cause of a claim that kept reading no row.
 var errClaimVanished = errors.New("the conflicting row was not visible after repeated attempts")
 
-// Claim implements Store in one round trip.
-func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+// claimAlone claims req's key by itself, in one round trip.
+func (s *PostgresStore) claimAlone(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
 	// One statement (pgsql.ClaimSQL): the winner's insert and the loser's
 	// read of the existing row.
 	var last error
@@ -136,7 +137,7 @@ func (s *PostgresStore) claimExisting(ctx context.Context, op, sql string, args 
 	}
 }
 
-// Complete implements Store with one fenced UPDATE.
+// Complete implements Store with one fenced UPDATE, alone or in a batch.
 func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Response) error {
 	// Every body is stored and read back byte for byte: a BodyJSON body in
 	// response_body, a BodyRaw body, empty included, in response_body_raw (a
@@ -145,17 +146,11 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	if err != nil {
 		return err
 	}
-	c, err := s.conn(ctx)
-	if err != nil {
-		return pgStoreError("complete", err)
+	c := &recordCall{ctx: ctx, f: f, code: int16(resp.Status), body: jsonBody, raw: rawBody, hdrs: headers}
+	if resp.SealKeyID != "" {
+		c.seal = &resp.SealKeyID
 	}
-	defer c.release()
-	args := []any{f.ID, f.Attempt, f.Scope, resp.Status, jsonBody, rawBody, headers, sealKeyArg(resp.SealKeyID), f.Key, f.Endpoint}
-	if err := execFenced(ctx, c, pgsql.CompleteSQL, args); err != nil {
-		return pgOwnerError("complete", err)
-	}
-	s.wake(ctx, c, f)
-	return nil
+	return s.complete(ctx, c)
 }
 
 // Fail implements Store with one fenced UPDATE.

@@ -62,15 +62,31 @@ func scanRecord(row pgx.Row, rec *Record, extra ...any) error {
 // endpoint are the claim's own.
 func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	var v rowValues
-	if err := row.Scan(&rec.ID, &v.hash, &v.status, &rec.Attempt,
-		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
-		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID,
-		&rec.Expired, &rec.LeaseOver, &rec.Tombstone, won); err != nil {
+	if err := row.Scan(v.claimDest(rec, won)...); err != nil {
 		return err
 	}
 	rec.Key, rec.Scope, rec.Endpoint = req.Key, req.Scope, req.Endpoint
 	rec.RequestHash = hex.EncodeToString(v.hash)
 	return v.fill(rec)
+}
+
+// scanClaimKeyed reads a batch's row (pgsql.ClaimBatchSQL): the key, scope
+// and endpoint, then what scanClaim reads.
+func scanClaimKeyed(row pgx.Row, rec *Record, won *bool) error {
+	var v rowValues
+	if err := row.Scan(append([]any{&rec.Key, &rec.Scope, &rec.Endpoint}, v.claimDest(rec, won)...)...); err != nil {
+		return err
+	}
+	rec.RequestHash = hex.EncodeToString(v.hash)
+	return v.fill(rec)
+}
+
+// claimDest are the scan targets of pgsql.ClaimColumns and the won flag.
+func (v *rowValues) claimDest(rec *Record, won *bool) []any {
+	return []any{&rec.ID, &v.hash, &v.status, &rec.Attempt,
+		&v.code, &v.body, &v.raw, &v.headers, &v.sealKeyID,
+		&rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID,
+		&rec.Expired, &rec.LeaseOver, &rec.Tombstone, won}
 }
 
 // rowValues are the columns decoded after the scan.

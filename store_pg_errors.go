@@ -306,7 +306,33 @@ func (s *PostgresStore) Check(ctx context.Context) error {
 		return fmt.Errorf("%w: the idempotency_keys table lacks %s: apply migration 000002_round4 "+
 			"(migrations.Migrate, or idempotency migrate up)", ErrSchemaOutdated, strings.Join(missing, ", "))
 	}
+	if err := s.checkCitus(ctx, table); err != nil {
+		return pgStoreError("check", err)
+	}
 	return s.checkPrivileges(ctx)
+}
+
+// checkCitus turns group commit off when table is distributed by Citus
+// (pgsql.CitusSQL, pgsql.CitusTableSQL): a batch would span shards.
+func (s *PostgresStore) checkCitus(ctx context.Context, table string) error {
+	return s.withConn(ctx, func(c pgConn) error {
+		var citus, distributed bool
+		if err := c.QueryRow(ctx, pgsql.CitusSQL).Scan(&citus); err != nil || !citus {
+			return err
+		}
+		if err := c.QueryRow(ctx, pgsql.CitusTableSQL, table).Scan(&distributed); err != nil {
+			return err
+		}
+		s.distributed(distributed)
+		return nil
+	})
+}
+
+// distributed turns group commit off for a table Citus distributes.
+func (s *PostgresStore) distributed(yes bool) {
+	if yes {
+		s.SetBatching(1, 0)
+	}
 }
 
 // pgProbe is Check's privilege probe, in the order a claim and its record

@@ -25,6 +25,7 @@ func newPostgresStore(pool *pgxpool.Pool, log *slog.Logger) *PostgresStore {
 	}
 	s := &PostgresStore{pool: &pgPool{Pool: pool}, log: log}
 	s.listen = &listener{dial: s.dialListener, notify: s.notifyPool, log: log, check: listenCheckTimeout}
+	s.SetBatching(defaultBatchMax, defaultBatchConcurrency)
 	return s
 }
 
@@ -217,6 +218,12 @@ var pgStatements = map[string]string{
 	"pgsql.ListenSQL":              pgsql.ListenSQL,
 	"pgsql.WakeSQL":                pgsql.WakeSQL,
 	"pgsql.NotifySQL":              pgsql.NotifySQL,
+	"pgsql.ClaimBatchSQL":          pgsql.ClaimBatchSQL,
+	"pgsql.CompleteBatchSQL":       pgsql.CompleteBatchSQL,
+	"pgsql.CitusSQL":               pgsql.CitusSQL,
+	"pgsql.CitusTableSQL":          pgsql.CitusTableSQL,
+	"pgsql.BeginSQL":               pgsql.BeginSQL,
+	"pgsql.RollbackSQL":            pgsql.RollbackSQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.

@@ -25,6 +25,7 @@ var faults = sync.OnceValue(func() []*fault {
 	for _, group := range [][]*fault{
 		baselineFaults(),
 		{deadlockFault()},
+		{batchFault()},
 		txFaults(),
 		lockFaults(),
 		poolFaults(),

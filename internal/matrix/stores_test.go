@@ -49,6 +49,9 @@ type storeEnv struct {
 // storeOpts sizes a cell's store.
 type storeOpts struct {
 	maxConns int // the store's pool; default 4, so 4 cells stay under max_connections
+	// batchSlots > 0: the pgx store batches with that many slots
+	// (PostgresStore.SetBatching), so that concurrent calls queue.
+	batchSlots int
 }
 
 // ledgerDDL creates the tables the handlers write: the ledger (one row per
@@ -121,6 +124,9 @@ func newPGStore(t *testing.T, kind storeKind, o storeOpts) *storeEnv {
 		}
 		t.Cleanup(pool.Close)
 		ps := idempotency.NewPostgresStore(pool)
+		if o.batchSlots > 0 {
+			ps.SetBatching(32, o.batchSlots)
+		}
 		t.Cleanup(ps.Close) // its wait listener, before the pool
 		se.store, se.pgPool = ps, pool
 	case storeSQLPgx, storeSQLPq:

@@ -523,3 +523,75 @@ const WakeSQL = `BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_notify('id
 //
 // $1 payload.
 const NotifySQL = `SELECT pg_notify('idempotency', $1)`
+
+// Group commit (PostgresStore's batches): the claims, and the records, of
+// concurrent calls in one statement and one commit. The batcher merges calls
+// for one key (or one row) before, so a batch names each at most once, and
+// runs the statement in BEGIN; SET LOCAL lock_timeout; ...; COMMIT. Batching
+// is off on Citus, where a batch would span shards.
+
+// ClaimBatchSQL is ClaimSQL for several keys: one INSERT of every key in
+// (scope_user_id, idem_key, scope_endpoint) order, so that concurrent
+// batches lock in one order, then the read of each existing row it did not
+// insert. Each result row names its key; a key with no row (its conflicting
+// row committed after the statement's snapshot) is claimed again alone.
+//
+// $1 keys, $2 scopes, $3 endpoints, $4 request hashes (hex), $5 TTLs,
+// $6 leases, $7 owner tokens (text, NULL for none), $8 derive key ids,
+// $9 graces: arrays of one length, a key each.
+const ClaimBatchSQL = `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::interval[], $6::interval[], $7::text[], $8::text[], $9::interval[])
+		AS t(idem_key, scope_user_id, scope_endpoint, in_hash, in_ttl, in_lease, in_owner, in_derive, in_grace)
+), ins AS (
+	INSERT INTO idempotency_keys
+		(idem_key, scope_user_id, scope_endpoint, request_hash, status, attempt,
+		 created_at, locked_at, locked_until, expires_at, owner_token, derive_key_id, retain_until)
+	SELECT idem_key, scope_user_id, scope_endpoint, decode(in_hash, 'hex'), 'in_flight', 1,
+		now(), now(), now() + in_lease, now() + in_ttl, in_owner::uuid, in_derive, now() + in_ttl + in_grace
+	FROM input ORDER BY scope_user_id, idem_key, scope_endpoint
+	ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+	RETURNING idem_key, scope_user_id, scope_endpoint, ` + ClaimStoredColumns + `, retain_until
+)
+SELECT idem_key, scope_user_id, scope_endpoint, ` + ClaimColumns + `, true AS won FROM ins
+UNION ALL
+SELECT idem_key, scope_user_id, scope_endpoint, ` + ClaimColumns + `,
+	(status = 'in_flight' AND locked_until >= now() AND owner_token = in_owner::uuid) IS TRUE AS won
+FROM input JOIN idempotency_keys USING (idem_key, scope_user_id, scope_endpoint)
+WHERE NOT EXISTS (SELECT 1 FROM ins
+	WHERE ins.idem_key = input.idem_key AND ins.scope_user_id = input.scope_user_id AND ins.scope_endpoint = input.scope_endpoint)`
+
+// CompleteBatchSQL is CompleteSQL for several rows, each fenced on its own
+// id and attempt; it returns the id of each row it recorded (a row not
+// returned is no longer its caller's).
+//
+// $1 ids, $2 attempts, $3 scopes, $4 keys, $5 endpoints, $6 status codes,
+// $7 JSON bodies, $8 raw bodies, $9 headers, $10 seal key ids: arrays of
+// one length, a row each.
+const CompleteBatchSQL = `UPDATE idempotency_keys SET
+	status = 'completed',
+	response_code = in_code,
+	response_body = in_body,
+	response_body_raw = in_raw,
+	response_headers = in_headers,
+	seal_key_id = in_seal
+FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::int2[], $7::bytea[], $8::bytea[], $9::bytea[], $10::text[])
+	AS input(in_id, in_attempt, in_scope, in_key, in_endpoint, in_code, in_body, in_raw, in_headers, in_seal)
+WHERE scope_user_id = in_scope AND idem_key = in_key AND scope_endpoint = in_endpoint AND id = in_id
+	AND status = 'in_flight' AND attempt = in_attempt
+RETURNING id`
+
+// BeginSQL opens a batch's transaction; RollbackSQL ends one that failed.
+const (
+	BeginSQL    = `BEGIN`
+	RollbackSQL = `ROLLBACK`
+)
+
+// CitusSQL reports whether the citus extension is installed (Check): only
+// then does CitusTableSQL, which reads its catalog, run.
+const CitusSQL = `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`
+
+// CitusTableSQL reports whether the table Check found is distributed by
+// Citus: group commit is then off.
+//
+// $1 the table's qualified name.
+const CitusTableSQL = `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`

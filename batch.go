@@ -1,0 +1,219 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// Group commit: the claims, and the records, of concurrent calls on
+// ordinary routes share one statement and one commit (pgsql.ClaimBatchSQL,
+// pgsql.CompleteBatchSQL). A call that finds one of the store's batch slots
+// free runs alone at once, as without batching, so a lone call never waits;
+// calls arriving while every slot is busy queue, and the next slot to free
+// takes up to the cap of them as one batch. Every claim is durable before
+// its caller's handler runs, every record before its answer.
+
+// Group commit's defaults (PostgresStore.SetBatching), chosen by
+// bench/groupcommit.sh (BENCHMARKS.md "Group commit").
+const (
+	defaultBatchMax         = 32
+	defaultBatchConcurrency = 2
+)
+
+// batching is a store's group commit settings and queues.
+type batching struct {
+	max, slots int
+	claims     batchGate[*claimCall]
+	records    batchGate[*recordCall]
+}
+
+// SetBatching sets, before use, group commit: up to max concurrent claims
+// (and records) share one statement and commit, with at most concurrency
+// batches of each in flight; max 1 turns it off. Defaults: 32 and 2. Check
+// turns it off on a Citus table.
+func (s *PostgresStore) SetBatching(max, concurrency int) {
+	if max <= 1 || concurrency < 1 {
+		s.batch.Store(nil)
+		return
+	}
+	s.batch.Store(&batching{max: max, slots: concurrency})
+}
+
+// batchGate is one kind of call's queue and its busy slots.
+type batchGate[C queued] struct {
+	mu    sync.Mutex
+	queue []C
+	busy  int
+}
+
+// enter takes a free slot (true: the caller runs alone now) or queues c.
+func (g *batchGate[C]) enter(c C, slots int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.busy < slots && len(g.queue) == 0 {
+		g.busy++
+		return true
+	}
+	g.queue = append(g.queue, c)
+	return false
+}
+
+// next hands a slot holder the next batch, up to max calls, or frees its
+// slot when none is queued (nil).
+func (g *batchGate[C]) next(max int) []C {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.queue) == 0 {
+		g.busy--
+		return nil
+	}
+	n := min(max, len(g.queue))
+	b := slices.Clone(g.queue[:n])
+	g.queue = append(g.queue[:0], g.queue[n:]...)
+	return b
+}
+
+// leave takes c out of the queue, reporting whether it was still there
+// (nothing of it was sent).
+func (g *batchGate[C]) leave(c C) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i := slices.Index(g.queue, c)
+	if i < 0 {
+		return false
+	}
+	g.queue = slices.Delete(g.queue, i, i+1)
+	return true
+}
+
+// handOn runs the batches queued behind a slot holder that has finished, in
+// a goroutine of their own, until the queue is empty and the slot free.
+func handOn[C queued](g *batchGate[C], max int, run func([]C)) {
+	b := g.next(max)
+	if b == nil {
+		return
+	}
+	go func() {
+		for ; b != nil; b = g.next(max) {
+			run(b)
+		}
+	}()
+}
+
+// batchContext is a batch's context: the latest deadline among its calls'
+// (no deadline if one has none), not cancelled with any of them: a caller
+// that gives up leaves the others' statement running.
+func batchContext(ctxs []context.Context) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, ctx := range ctxs {
+		d, ok := ctx.Deadline()
+		if !ok {
+			return context.WithCancel(context.Background())
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return context.WithDeadline(context.Background(), last)
+}
+
+// batchable reports values a batch can carry: text PostgreSQL can hold. A
+// value it would refuse goes alone, so it never fails its neighbours.
+func batchable(values ...string) bool {
+	for _, v := range values {
+		if !utf8.ValidString(v) || containsNUL(v) {
+			return false
+		}
+	}
+	return true
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// errBatchGaveUp is the cause of a batched call whose caller's deadline
+// came while its batch was in flight.
+var errBatchGaveUp = errors.New("the caller gave up while its batch was in flight")
+
+// A queued call's states: pending (queued, or in a batch not yet sent),
+// withdrawn by its caller before it was sent (the caller went alone or
+// gave up), or sent (in a batch's statement, or claimed alone for it).
+const (
+	callPending int32 = iota
+	callWithdrawn
+	callSent
+)
+
+// batchCall is what every queued call carries.
+type batchCall struct {
+	state atomic.Int32
+	done  chan struct{}
+}
+
+// send marks a pending call sent; false if its caller withdrew it.
+func (b *batchCall) send() bool {
+	return b.state.CompareAndSwap(callPending, callSent) || b.state.Load() == callSent
+}
+
+// withdraw takes back a call not yet sent; false if it was sent.
+func (b *batchCall) withdraw() bool { return b.state.CompareAndSwap(callPending, callWithdrawn) }
+
+// queued is a call a batchGate holds.
+type queued interface {
+	comparable
+	call() *batchCall
+}
+
+// waitBatched waits for a queued call's answer (nil, false). A call still
+// unsent at half its deadline's remaining time leaves the queue for the
+// caller to send alone (nil, true): a slot busy that long is held by a
+// statement without a reply, and the call then meets the outage itself
+// (its own timeout, the outage probe) rather than reading as saturation.
+// A caller that ends first withdraws an unsent call, or, when it was sent,
+// is answered as a call whose reply never came.
+func waitBatched[C queued](ctx context.Context, g *batchGate[C], c C) (alone bool, err error) {
+	bc := c.call()
+	var half <-chan time.Time
+	if d, ok := ctx.Deadline(); ok {
+		t := time.NewTimer(time.Until(d) / 2)
+		defer t.Stop()
+		half = t.C
+	}
+	for {
+		select {
+		case <-bc.done:
+			return false, nil
+		case <-half:
+			half = nil
+			if bc.withdraw() {
+				g.leave(c)
+				return true, nil
+			}
+		case <-ctx.Done():
+			if bc.withdraw() {
+				g.leave(c)
+				return false, ctx.Err()
+			}
+			select {
+			case <-bc.done:
+				return false, nil
+			default:
+				return false, errors.Join(ctx.Err(), errBatchGaveUp)
+			}
+		}
+	}
+}
+
+// batchState is atomically swapped settings (nil: batching off).
+type batchState = atomic.Pointer[batching]

@@ -1,0 +1,351 @@
+package idempotency
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	"github.com/idemkit/idempotency/internal/pgsql"
+	"github.com/jackc/pgx/v5"
+)
+
+// Group commit on PostgreSQL (batch.go has the queues): a batch's
+// statement and commit, and its two kinds of call, claims
+// (pgsql.ClaimBatchSQL) and records (pgsql.CompleteBatchSQL).
+
+// answersBatch reports a batch failure that every call of it shares (an
+// outage, saturation, configuration): each is answered with it at once.
+// The others (a lock wait, a deadlock, a refused value) retry each call
+// alone, once.
+func answersBatch(err error) bool {
+	switch pgReason(err) {
+	case ReasonLockTimeout, ReasonConflict, ReasonData, ReasonOther:
+		return false
+	}
+	return true
+}
+
+// runBatch runs sql in one transaction under the batch lock wait,
+// pipelined in one round trip, with the arguments args builds once a
+// connection is in hand (nil: nothing left to send), reading its rows with
+// each; a connection left inside the failed transaction is rolled back.
+func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []any, each func(pgx.Rows) error) error {
+	return s.withConn(ctx, func(c pgConn) error {
+		a := args()
+		if a == nil {
+			return nil
+		}
+		b := &pgx.Batch{}
+		b.Queue(pgsql.BeginSQL)
+		b.Queue(pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait)))
+		b.Queue(sql, a...)
+		b.Queue(pgsql.CommitSQL)
+		br := c.SendBatch(ctx, b)
+		err := readBatch(br, each)
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil && !c.poolConn.Conn().IsClosed() && c.poolConn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = c.poolConn.Exec(ctx, pgsql.RollbackSQL)
+		}
+		return err
+	})
+}
+
+// readBatch reads runBatch's four results.
+func readBatch(br pgx.BatchResults, each func(pgx.Rows) error) error {
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		if err := each(rows); err != nil {
+			rows.Close()
+			return err
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	_, err = br.Exec()
+	return err
+}
+
+// claimCall is one queued claim and, once done is closed, its answer.
+type claimCall struct {
+	batchCall
+	ctx context.Context
+	req ClaimRequest
+	res ClaimResult
+	err error
+}
+
+func (c *claimCall) call() *batchCall { return &c.batchCall }
+
+func (c *claimCall) answer(res ClaimResult, err error) {
+	c.res, c.err = res, err
+	close(c.done)
+}
+
+// claimKey is a claim's row: at most one call per batch names it.
+type claimKey struct{ key, scope, endpoint string }
+
+func (c *claimCall) key() claimKey { return claimKey{c.req.Key, c.req.Scope, c.req.Endpoint} }
+
+// Claim implements Store in one round trip, alone or in a batch.
+func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
+	b := s.batch.Load()
+	if b == nil || !batchable(req.Key, req.Scope, req.Endpoint, req.DeriveKeyID) {
+		return s.claimAlone(ctx, req)
+	}
+	c := &claimCall{ctx: ctx, req: req}
+	c.done = make(chan struct{})
+	if b.claims.enter(c, b.slots) {
+		res, err := s.claimAlone(ctx, req)
+		handOn(&b.claims, b.max, s.claimBatch)
+		return res, err
+	}
+	switch alone, err := waitBatched(ctx, &b.claims, c); {
+	case alone:
+		return s.claimAlone(ctx, req)
+	case err != nil:
+		return ClaimResult{}, pgStoreError("claim", err)
+	}
+	return c.res, c.err
+}
+
+// claimBatch claims calls' keys in one statement and commit. A second call
+// for a key waits for the first's answer, then claims alone: it reads the
+// first's row and loses, as a duplicate does. A key the statement returned
+// no row for (its row committed after the statement's snapshot), and every
+// key of a batch that failed for a reason of its own (answersBatch), is
+// claimed alone. A call its caller withdrew is never sent.
+func (s *PostgresStore) claimBatch(calls []*claimCall) {
+	dups := make(map[claimKey][]*claimCall, len(calls))
+	var batch []*claimCall
+	for _, c := range calls {
+		if _, seen := dups[c.key()]; !seen {
+			batch = append(batch, c)
+		}
+		dups[c.key()] = append(dups[c.key()], c)
+	}
+	got := make(map[claimKey]ClaimResult, len(batch))
+	if len(batch) > 1 {
+		if err := s.claimBatchRows(batch, got); err != nil && answersBatch(err) {
+			serr := pgStoreError("claim", err)
+			for _, c := range calls {
+				c.answer(ClaimResult{}, serr)
+			}
+			return
+		}
+	}
+	for _, c := range batch {
+		go func() {
+			if res, ok := got[c.key()]; ok {
+				c.answer(res, nil)
+			} else if c.send() {
+				c.answer(s.claimAlone(c.ctx, c.req))
+			}
+			for _, d := range dups[c.key()][1:] {
+				if d.send() {
+					d.answer(s.claimAlone(d.ctx, d.req))
+				}
+			}
+		}()
+	}
+}
+
+// claimBatchRows runs pgsql.ClaimBatchSQL for the calls of batch still
+// pending when a connection is in hand, filling got with each key's row
+// once the batch committed.
+func (s *PostgresStore) claimBatchRows(batch []*claimCall, got map[claimKey]ClaimResult) error {
+	ctxs := make([]context.Context, len(batch))
+	for i, c := range batch {
+		ctxs[i] = c.ctx
+	}
+	ctx, cancel := batchContext(ctxs)
+	defer cancel()
+	read := make(map[claimKey]ClaimResult, len(batch))
+	err := s.runBatch(ctx, pgsql.ClaimBatchSQL, func() []any { return claimBatchArgs(batch) }, func(rows pgx.Rows) error {
+		var res ClaimResult
+		if err := scanClaimKeyed(rows, &res.Record, &res.Won); err != nil {
+			return err
+		}
+		read[claimKey{res.Record.Key, res.Record.Scope, res.Record.Endpoint}] = res
+		return nil
+	})
+	if err == nil {
+		maps.Copy(got, read)
+	}
+	return err
+}
+
+// claimBatchArgs are pgsql.ClaimBatchSQL's arrays for the calls it marks
+// sent, in order: nil when every one was withdrawn.
+func claimBatchArgs(calls []*claimCall) []any {
+	n := len(calls)
+	keys, scopes, endpoints, hashes, derive := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	ttls, leases, graces := make([]time.Duration, 0, n), make([]time.Duration, 0, n), make([]time.Duration, 0, n)
+	owners := make([]*string, 0, n)
+	for _, c := range calls {
+		if !c.send() {
+			continue
+		}
+		r := c.req
+		keys, scopes, endpoints = append(keys, r.Key), append(scopes, r.Scope), append(endpoints, r.Endpoint)
+		hashes, derive = append(hashes, r.RequestHash), append(derive, r.DeriveKeyID)
+		ttls, leases, graces = append(ttls, r.TTL), append(leases, r.Lease), append(graces, r.Grace)
+		var owner *string
+		if o, ok := ownerArg(r.Owner).(string); ok {
+			owner = &o
+		}
+		owners = append(owners, owner)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	return []any{keys, scopes, endpoints, hashes, ttls, leases, owners, derive, graces}
+}
+
+// recordCall is one queued record and, once done is closed, its answer.
+type recordCall struct {
+	batchCall
+	ctx  context.Context
+	f    Fence
+	code int16
+	body []byte // response_body
+	raw  []byte // response_body_raw
+	hdrs []byte // response_headers
+	seal *string
+	err  error
+}
+
+func (c *recordCall) call() *batchCall { return &c.batchCall }
+
+func (c *recordCall) answer(err error) {
+	c.err = err
+	close(c.done)
+}
+
+// complete records the response of c's row, alone or in a batch (a record
+// that wakes waiters goes alone: pgsql.WakeSQL follows it).
+func (s *PostgresStore) complete(ctx context.Context, c *recordCall) error {
+	b := s.batch.Load()
+	if b == nil || c.f.wake || !batchable(c.f.Key, c.f.Scope, c.f.Endpoint) {
+		return s.completeAlone(ctx, c)
+	}
+	c.done = make(chan struct{})
+	if b.records.enter(c, b.slots) {
+		err := s.completeAlone(ctx, c)
+		handOn(&b.records, b.max, s.completeBatch)
+		return err
+	}
+	switch alone, err := waitBatched(ctx, &b.records, c); {
+	case alone:
+		return s.completeAlone(ctx, c)
+	case err != nil:
+		return pgStoreError("complete", err)
+	}
+	return c.err
+}
+
+// completeAlone runs pgsql.CompleteSQL for c.
+func (s *PostgresStore) completeAlone(ctx context.Context, c *recordCall) error {
+	conn, err := s.conn(ctx)
+	if err != nil {
+		return pgStoreError("complete", err)
+	}
+	defer conn.release()
+	f := c.f
+	var seal any
+	if c.seal != nil {
+		seal = *c.seal
+	}
+	args := []any{f.ID, f.Attempt, f.Scope, c.code, c.body, c.raw, c.hdrs, seal, f.Key, f.Endpoint}
+	if err := execFenced(ctx, conn, pgsql.CompleteSQL, args); err != nil {
+		return pgOwnerError("complete", err)
+	}
+	s.wake(ctx, conn, f)
+	return nil
+}
+
+// completeBatch records calls' responses in one statement and commit; a
+// second call for a row goes alone after it, as do all of them when the
+// batch failed for a reason of its own (answersBatch).
+func (s *PostgresStore) completeBatch(calls []*recordCall) {
+	seen := make(map[int64]bool, len(calls))
+	var batch, alone []*recordCall
+	for _, c := range calls {
+		if seen[c.f.ID] {
+			alone = append(alone, c)
+			continue
+		}
+		seen[c.f.ID] = true
+		batch = append(batch, c)
+	}
+	ctxs := make([]context.Context, len(batch))
+	for i, c := range batch {
+		ctxs[i] = c.ctx
+	}
+	ctx, cancel := batchContext(ctxs)
+	defer cancel()
+	recorded := make(map[int64]bool, len(batch))
+	err := s.runBatch(ctx, pgsql.CompleteBatchSQL, func() []any { return recordBatchArgs(batch) }, func(rows pgx.Rows) error {
+		var id int64
+		err := rows.Scan(&id)
+		recorded[id] = true
+		return err
+	})
+	switch {
+	case err != nil && answersBatch(err):
+		serr := pgStoreError("complete", err)
+		for _, c := range calls {
+			c.answer(serr)
+		}
+		return
+	case err != nil:
+		alone = calls
+	default:
+		for _, c := range batch {
+			switch {
+			case recorded[c.f.ID]:
+				c.answer(nil)
+			case c.state.Load() == callSent:
+				c.answer(ErrNotOwner)
+			}
+		}
+	}
+	for _, c := range alone {
+		if c.send() {
+			go func() { c.answer(s.completeAlone(c.ctx, c)) }()
+		}
+	}
+}
+
+// recordBatchArgs are pgsql.CompleteBatchSQL's arrays for the calls it
+// marks sent, in order: nil when every one was withdrawn.
+func recordBatchArgs(calls []*recordCall) []any {
+	n := len(calls)
+	ids, attempts := make([]int64, 0, n), make([]int32, 0, n)
+	scopes, keys, endpoints := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	codes, bodies, raws, hdrs, seals := make([]int16, 0, n), make([][]byte, 0, n), make([][]byte, 0, n), make([][]byte, 0, n), make([]*string, 0, n)
+	for _, c := range calls {
+		if !c.send() {
+			continue
+		}
+		ids, attempts = append(ids, c.f.ID), append(attempts, c.f.Attempt)
+		scopes, keys, endpoints = append(scopes, c.f.Scope), append(keys, c.f.Key), append(endpoints, c.f.Endpoint)
+		codes, bodies, raws = append(codes, c.code), append(bodies, c.body), append(raws, c.raw)
+		hdrs, seals = append(hdrs, c.hdrs), append(seals, c.seal)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	return []any{ids, attempts, scopes, keys, endpoints, codes, bodies, raws, hdrs, seals}
+}
