@@ -74,6 +74,10 @@ bench/retention: ## Cleanup at 30 days of retention (issue #36): ROWS (default 5
 bench/load/seal: ## Load benchmark of sealing off against on (issue #26): A and N, interleaved; prints a Markdown table (about 7 minutes)
 	bash bench/load.sh -seal
 
+.PHONY: bench/groupcommit
+bench/groupcommit: ## Group commit's targets (issue #37) in one interleaved run: N new keys at 1/16/64 clients, replays, A, before/after, against the narrow-table and hot-select floors (REFS="BEFORE AFTER", default main~ HEAD)
+	bash bench/groupcommit.sh $(REFS)
+
 .PHONY: bench/beforeafter
 bench/beforeafter: ## A and N built from two git refs, interleaved in one run: make bench/beforeafter REFS="BEFORE AFTER" (DATABASE_URL as bench/load)
 	@test -n "$(REFS)" || { echo 'usage: make bench/beforeafter REFS="BEFORE_REF AFTER_REF"'; exit 2; }

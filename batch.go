@@ -32,10 +32,8 @@ type batching struct {
 	records    batchGate[*recordCall]
 }
 
-// SetBatching sets, before use, group commit: up to max concurrent claims
-// (and records) share one statement and commit, with at most concurrency
-// batches of each in flight; max 1 turns it off. Defaults: 32 and 2. Check
-// turns it off on a Citus table.
+// SetBatching sets group commit before use: max calls share a statement and
+// commit, concurrency batches in flight (defaults 32, 2; max 1: off).
 func (s *PostgresStore) SetBatching(max, concurrency int) {
 	if max <= 1 || concurrency < 1 {
 		s.batch.Store(nil)

@@ -38,10 +38,9 @@ var (
 	_ Store = (*PostgresStore)(nil)
 )
 
-// NewPostgresStore returns a PostgresStore using pool, which stays the
-// caller's to close. Size MaxConns for the transactional routes (each holds
-// a connection for its whole handler) plus the other claims, and set
-// connect_timeout in the URL (a few seconds; the store warns without one).
+// NewPostgresStore returns a PostgresStore on pool (the caller's to close).
+// Size MaxConns for the transactional routes (a connection per handler) plus
+// the other claims; set connect_timeout in the URL (it warns without one).
 func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
 	// A black-holed network wedges a pool without a connect timeout for
 	// minutes after it heals. A call that finds every connection in use fails
@@ -49,8 +48,7 @@ func NewPostgresStore(pool *pgxpool.Pool) *PostgresStore {
 	return newPostgresStore(pool, slog.Default())
 }
 
-// ListenURL sets, before use, the WaitInFlight listener's connection string
-// (direct, behind PgBouncer in transaction mode); a bad one changes nothing.
+// ListenURL sets the wait listener's URL before use (a bad one: no change).
 func (s *PostgresStore) ListenURL(url string) error {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {

@@ -252,10 +252,9 @@ var pgByteaColumns = []string{"request_hash", "response_body", "response_body_ra
 // table that lacks a column or constraint the store needs.
 var ErrSchemaOutdated = errors.New("idempotency: the table's schema is outdated")
 
-// Check implements Store: the table the pool's search_path finds (none: a
-// *StoreError, ReasonSchema), its columns, types and unique key
-// (ErrSchemaOutdated, wrapped, naming what is missing), and the role's
-// privileges on it (a *StoreError, ReasonPermission, naming the privilege).
+// Check implements Store: the table (none: ReasonSchema), its columns and
+// unique key (ErrSchemaOutdated, wrapped), the role's privileges
+// (ReasonPermission), each error naming what is missing.
 func (s *PostgresStore) Check(ctx context.Context) error {
 	// The privileges: SELECT, INSERT, UPDATE and DELETE on the table and
 	// USAGE on its id sequence, which a rolled-back probe transaction uses. An

@@ -159,8 +159,7 @@ func pgInterval(d time.Duration) string {
 	return strconv.FormatInt(max(pgMillis(d), 1), 10) + "ms"
 }
 
-// TxLockWaitBudget implements TxStore: each try's wait in whole
-// milliseconds, rounded up, times the tries.
+// TxLockWaitBudget implements TxStore: each try's wait in ms, rounded up, times the tries.
 func (s *PostgresStore) TxLockWaitBudget(wait time.Duration) time.Duration {
 	return time.Duration(pgMillis(wait)) * time.Millisecond * pgRetries
 }
