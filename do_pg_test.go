@@ -221,40 +221,7 @@ func TestDoCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := "msg-" + uuid.NewString()
-	child := exec.Command(os.Args[0], "-test.run=^TestDoCrashChild$", "-test.count=1")
-	child.Env = append(os.Environ(), envCrashDSN+"="+dsn, envCrashKey+"="+key)
-	out, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = child.Process.Kill() }) // our own child, by its pid
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "booked" {
-				ready <- true
-				return
-			}
-		}
-		ready <- false
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("the child ended before it booked")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the child never booked")
-	}
-	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = child.Wait()
+	killWhenBooked(t, "TestDoCrashChild", envCrashDSN+"="+dsn, envCrashKey+"="+key)
 
 	// The retry waits on the dead session's row only until the server has
 	// rolled it back (TxLockWait), never for the lease. Its five tries
@@ -303,4 +270,45 @@ func TestDoCrashChild(t *testing.T) {
 		select {} // killed here, mid-function
 	})
 	t.Fatalf("Do returned: %v", err)
+}
+
+// killWhenBooked runs the test binary's test named child in a process of
+// its own, with env added, waits for it to print the line "booked" and
+// kills it with SIGKILL.
+func killWhenBooked(t *testing.T, child string, env ...string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+child+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // our own child, by its pid
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "booked" {
+				ready <- true
+				return
+			}
+		}
+		ready <- false
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatal("the child ended before it booked")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the child never booked")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
 }

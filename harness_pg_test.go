@@ -346,18 +346,25 @@ func (c *cutConn) Read(b []byte) (int, error) {
 	if !c.armed.CompareAndSwap(true, false) {
 		return c.Conn.Read(b)
 	}
+	readReply(c.Conn)
+	c.rc.cut.Add(1)
+	c.Conn.Close()
+	return 0, io.ErrUnexpectedEOF
+}
+
+// readReply reads from conn the server's reply up to its ReadyForQuery
+// (or the read's error): the statement has run and its transaction ended.
+func readReply(conn net.Conn) []byte {
 	var reply []byte
 	chunk := make([]byte, 4096)
 	for !readyForQuery(reply) {
-		n, err := c.Conn.Read(chunk)
+		n, err := conn.Read(chunk)
 		reply = append(reply, chunk[:n]...)
 		if err != nil {
 			break
 		}
 	}
-	c.rc.cut.Add(1)
-	c.Conn.Close()
-	return 0, io.ErrUnexpectedEOF
+	return reply
 }
 
 // readyForQuery reports whether the backend messages in b include a

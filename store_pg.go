@@ -144,7 +144,7 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	if err != nil {
 		return err
 	}
-	c := &recordCall{ctx: ctx, f: f, code: int16(resp.Status), body: jsonBody, raw: rawBody, hdrs: headers}
+	c := &recordCall{ctx: ctx, f: f, code: resp.Status, body: jsonBody, raw: rawBody, hdrs: headers}
 	if resp.SealKeyID != "" {
 		c.seal = &resp.SealKeyID
 	}

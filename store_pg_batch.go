@@ -218,7 +218,7 @@ type recordCall struct {
 	batchCall
 	ctx  context.Context
 	f    Fence
-	code int16
+	code int    // response_code
 	body []byte // response_body
 	raw  []byte // response_body_raw
 	hdrs []byte // response_headers
@@ -341,7 +341,7 @@ func recordBatchArgs(calls []*recordCall) []any {
 		}
 		ids, attempts = append(ids, c.f.ID), append(attempts, c.f.Attempt)
 		scopes, keys, endpoints = append(scopes, c.f.Scope), append(keys, c.f.Key), append(endpoints, c.f.Endpoint)
-		codes, bodies, raws = append(codes, c.code), append(bodies, c.body), append(raws, c.raw)
+		codes, bodies, raws = append(codes, int16(c.code)), append(bodies, c.body), append(raws, c.raw)
 		hdrs, seals = append(hdrs, c.hdrs), append(seals, c.seal)
 	}
 	if len(ids) == 0 {

@@ -1,14 +1,11 @@
 package idempotency_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -55,40 +52,7 @@ func TestGroupCommitKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := uuid.NewString()
-	child := exec.Command(os.Args[0], "-test.run=^TestGroupCommitKillChild$", "-test.count=1")
-	child.Env = append(os.Environ(), envKillDSN+"="+dsn, envKillPrefix+"="+prefix)
-	out, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = child.Process.Kill() }) // our own child, by its pid
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "booked" {
-				ready <- true
-				return
-			}
-		}
-		ready <- false
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("the child ended before it booked")
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the child never booked")
-	}
-	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = child.Wait()
+	killWhenBooked(t, "TestGroupCommitKillChild", envKillDSN+"="+dsn, envKillPrefix+"="+prefix)
 
 	op := newOp(t, idempotency.NewPostgresStore(pool), killConfig, idempotency.RouteConfig{})
 	var replayed, executed, unknown int

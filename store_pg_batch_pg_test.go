@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -327,14 +326,7 @@ func (c *holdConn) Read(b []byte) (int, error) {
 	if !c.armed.CompareAndSwap(true, false) {
 		return c.Conn.Read(b)
 	}
-	chunk := make([]byte, 4096)
-	for !readyForQuery(c.pending) {
-		n, err := c.Conn.Read(chunk)
-		c.pending = append(c.pending, chunk[:n]...)
-		if err != nil && !errors.Is(err, io.EOF) {
-			break
-		}
-	}
+	c.pending = readReply(c.Conn)
 	c.rh.held.Add(1)
 	<-c.rh.release
 	n := copy(b, c.pending)
