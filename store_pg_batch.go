@@ -146,13 +146,19 @@ func (s *PostgresStore) claimBatch(calls []*claimCall) {
 		}
 	}
 	for _, c := range batch {
+		res, ok := got[c.key()]
+		rest := dups[c.key()][1:]
+		if ok && len(rest) == 0 { // the common case: answered by the batch
+			c.answer(res, nil)
+			continue
+		}
 		go func() {
-			if res, ok := got[c.key()]; ok {
+			if ok {
 				c.answer(res, nil)
 			} else if c.send() {
 				c.answer(s.claimAlone(c.ctx, c.req))
 			}
-			for _, d := range dups[c.key()][1:] {
+			for _, d := range rest {
 				if d.send() {
 					d.answer(s.claimAlone(d.ctx, d.req))
 				}

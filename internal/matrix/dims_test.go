@@ -13,8 +13,12 @@ import (
 
 // Settings every cell runs with.
 const (
-	lease        = 2 * time.Second
-	storeTimeout = 200 * time.Millisecond
+	lease = 2 * time.Second
+	// storeTimeout leaves the outage probe's new connection time to open:
+	// on a CI machine where a PostgreSQL backend took 20 ms to start
+	// (pgbench -C), several cells dialling at once, 200 ms made healthy
+	// probes fail and fail-open cells bypass.
+	storeTimeout = 400 * time.Millisecond
 	// margin is added to every "never hangs" bound: generous, never a
 	// speed assertion.
 	margin = 3 * time.Second

@@ -22,7 +22,10 @@ func poolFaults() []*fault {
 	return []*fault{
 		{name: "pool busy", na: net, run: runPoolBusy},
 		{name: "pool still connecting", na: net, run: func(t *testing.T, c cell) {
-			e := newEnv(t, c, envOpts{h: holding(100 * time.Millisecond)})
+			// A second of store timeout: the outage probe dials while the
+			// pool's own connects queue at the server, and a probe that
+			// cannot connect in time would read as an outage.
+			e := newEnv(t, c, envOpts{h: holding(100 * time.Millisecond), storeTimeout: time.Second})
 			e.emptyPool()
 			e.burst(24, (*env).noBypass)
 		}},

@@ -32,7 +32,7 @@ const statusUnsettled = 999
 // reconcileWait is the reconcile cells' ReconcileTimeout, and
 // reconcileStoreTimeout their store timeout: a reconciling retry makes
 // three store calls and asks the hook, so on a loaded machine the
-// matrix's 200ms would answer 503 for a slow store, not for the contract.
+// matrix's 400ms would answer 503 for a slow store, not for the contract.
 const (
 	reconcileWait         = 300 * time.Millisecond
 	reconcileStoreTimeout = time.Second

@@ -77,9 +77,10 @@ func runWait(t *testing.T, c cell, wait time.Duration, fail bool, want string) {
 	entered := make(chan struct{})
 	e := newEnv(t, c, envOpts{h: heldOwner(entered, nil, fail), route: func(rc *idempotency.RouteConfig) { rc.WaitInFlight = wait }})
 	key := newKey()
-	owner := make(chan answer, 1)
-	go func() { owner <- e.send(key) }()
-	<-entered
+	owner := sendOwner(e, key)
+	if !ownerEntered(e, entered, owner) {
+		return
+	}
 	dups := make([]answer, 3)
 	var wg sync.WaitGroup
 	for i := range dups {
@@ -98,6 +99,36 @@ func runWait(t *testing.T, c cell, wait time.Duration, fail bool, want string) {
 	e.noBypass()
 }
 
+// sendOwner sends the owner's call of key, again after a 503 answered
+// before its handler ran (a loaded machine's claim; a client retries it),
+// and delivers its last answer.
+func sendOwner(e *env, key string) <-chan answer {
+	owner := make(chan answer, 1)
+	go func() {
+		var a answer
+		for range 3 {
+			if a = e.send(key); e.started(key) > 0 || a.code != "idempotency_store_unavailable" {
+				break
+			}
+			time.Sleep(time.Second) // Retry-After, not a synchronisation
+		}
+		owner <- a
+	}()
+	return owner
+}
+
+// ownerEntered waits for the owner's handler to run; an owner answered
+// before it ran fails the cell instead of hanging it.
+func ownerEntered(e *env, entered <-chan struct{}, owner <-chan answer) bool {
+	select {
+	case <-entered:
+		return true
+	case a := <-owner:
+		e.failf("the owner answered before its handler ran: %v", a)
+		return false
+	}
+}
+
 // runWaitCut holds the owner, lets a duplicate start waiting, then cuts
 // the link: the duplicate answers 409 in flight, on a fail-open route too.
 func runWaitCut(t *testing.T, c cell) {
@@ -111,9 +142,10 @@ func runWaitCut(t *testing.T, c cell) {
 	}()
 	e := newEnv(t, c, envOpts{h: heldOwner(entered, hold, false), route: func(rc *idempotency.RouteConfig) { rc.WaitInFlight = 1500 * time.Millisecond }})
 	key := newKey()
-	owner := make(chan answer, 1)
-	go func() { owner <- e.send(key) }()
-	<-entered
+	owner := sendOwner(e, key)
+	if !ownerEntered(e, entered, owner) {
+		return
+	}
 	dup := make(chan answer, 1)
 	go func() { dup <- e.send(key) }()
 	// The owner's claim, the duplicate's, and its first re-read: it waits.
