@@ -163,9 +163,13 @@ func TestTxStormTwoServers(t *testing.T) {
 	if n := crashCount(t, db, `SELECT count(*) FROM audit_log WHERE user_id = $1 AND action = 'order_placed'`, uid); n != stormKeys {
 		t.Fatalf("%d order_placed rows for %d keys, want one each", n, stormKeys)
 	}
+	// A statement its deadline interrupted (a 503) closes its connection
+	// from our side; its backend can outlive it for a moment while the pool
+	// opens the replacement (seen on a machine whose backends take 20 ms to
+	// start), so each 503 may add one backend to the count.
 	for i := range apps {
-		if held := maxHeld[i].Load(); held > stormPoolConns {
-			t.Errorf("server %d held %d connections, over its pool of %d", i+1, held, stormPoolConns)
+		if held := maxHeld[i].Load(); held > int64(stormPoolConns+unavailable) {
+			t.Errorf("server %d held %d connections, over its pool of %d and the %d interrupted by a deadline", i+1, held, stormPoolConns, unavailable)
 		}
 	}
 	t.Logf("%d requests (%d keys x %d) over 2 servers with %d connections each in %v: %d executions during the storm, %d replays, %d in flight, %d store unavailable; connections held at most %d and %d",
