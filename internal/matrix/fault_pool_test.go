@@ -25,7 +25,13 @@ func poolFaults() []*fault {
 			// A second of store timeout: the outage probe dials while the
 			// pool's own connects queue at the server, and a probe that
 			// cannot connect in time would read as an outage.
-			e := newEnv(t, c, envOpts{h: holding(100 * time.Millisecond), storeTimeout: time.Second})
+			// A transactional route keeps the matrix's timeout: its handler
+			// needs the lease the longer one would eat.
+			var timeout time.Duration
+			if !c.v.tx {
+				timeout = time.Second
+			}
+			e := newEnv(t, c, envOpts{h: holding(100 * time.Millisecond), storeTimeout: timeout})
 			e.emptyPool()
 			e.burst(24, (*env).noBypass)
 		}},
