@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 )
 
 // Group commit: the claims, and the records, of concurrent calls on
@@ -49,6 +48,18 @@ type batchGate[C queued] struct {
 	busy  int
 }
 
+// take takes a free slot when no call is queued (true: the caller runs
+// alone now); a lone call allocates nothing to be batched.
+func (g *batchGate[C]) take(slots int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.busy < slots && len(g.queue) == 0 {
+		g.busy++
+		return true
+	}
+	return false
+}
+
 // enter takes a free slot (true: the caller runs alone now) or queues c.
 func (g *batchGate[C]) enter(c C, slots int) bool {
 	g.mu.Lock()
@@ -76,17 +87,13 @@ func (g *batchGate[C]) next(max int) []C {
 	return b
 }
 
-// leave takes c out of the queue, reporting whether it was still there
-// (nothing of it was sent).
-func (g *batchGate[C]) leave(c C) bool {
+// leave takes c out of the queue, if it is still there.
+func (g *batchGate[C]) leave(c C) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	i := slices.Index(g.queue, c)
-	if i < 0 {
-		return false
+	if i := slices.Index(g.queue, c); i >= 0 {
+		g.queue = slices.Delete(g.queue, i, i+1)
 	}
-	g.queue = slices.Delete(g.queue, i, i+1)
-	return true
 }
 
 // handOn runs the batches queued behind a slot holder that has finished, in
@@ -120,24 +127,16 @@ func batchContext(ctxs []context.Context) (context.Context, context.CancelFunc) 
 	return context.WithDeadline(context.Background(), last)
 }
 
-// batchable reports values a batch can carry: text PostgreSQL can hold. A
-// value it would refuse goes alone, so it never fails its neighbours.
+// batchable reports values a batch can carry (storable: text PostgreSQL
+// can hold). The engine admits no other, but a Store is public: a value the
+// database would refuse goes alone, so it never fails its neighbours.
 func batchable(values ...string) bool {
 	for _, v := range values {
-		if !utf8.ValidString(v) || containsNUL(v) {
+		if !storable(v) {
 			return false
 		}
 	}
 	return true
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // errBatchGaveUp is the cause of a batched call whose caller's deadline
@@ -212,6 +211,3 @@ func waitBatched[C queued](ctx context.Context, g *batchGate[C], c C) (alone boo
 		}
 	}
 }
-
-// batchState is atomically swapped settings (nil: batching off).
-type batchState = atomic.Pointer[batching]

@@ -31,7 +31,7 @@ type PostgresStore struct {
 	log       *slog.Logger
 	listen    *listener                      // hears the wake-ups of waiting duplicates (wait_listen.go)
 	listenCfg atomic.Pointer[pgx.ConnConfig] // ListenURL's; nil: the pool's
-	batch     batchState                     // group commit (store_pg_batch.go); nil: off
+	batch     atomic.Pointer[batching]       // group commit (batch.go); nil: off
 }
 
 var (

@@ -28,7 +28,7 @@ func answersBatch(err error) bool {
 // runBatch runs sql in one transaction under the batch lock wait,
 // pipelined in one round trip, with the arguments args builds once a
 // connection is in hand (nil: nothing left to send), reading its rows with
-// each; a connection left inside the failed transaction is rolled back.
+// each.
 func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []any, each func(pgx.Rows) error) error {
 	return s.withConn(ctx, func(c pgConn) error {
 		a := args()
@@ -45,10 +45,7 @@ func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
-		if err != nil && !c.poolConn.Conn().IsClosed() && c.poolConn.Conn().PgConn().TxStatus() != 'I' {
-			_, _ = c.poolConn.Exec(ctx, pgsql.RollbackSQL)
-		}
-		return err
+		return err // a connection left in the failed transaction leaves the pool on release
 	})
 }
 
@@ -104,16 +101,24 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 	if b == nil || !batchable(req.Key, req.Scope, req.Endpoint, req.DeriveKeyID) {
 		return s.claimAlone(ctx, req)
 	}
-	c := &claimCall{ctx: ctx, req: req}
-	c.done = make(chan struct{})
-	if b.claims.enter(c, b.slots) {
-		res, err := s.claimAlone(ctx, req)
-		handOn(&b.claims, b.max, s.claimBatch)
-		return res, err
+	if !b.claims.take(b.slots) {
+		c := &claimCall{ctx: ctx, req: req}
+		c.done = make(chan struct{})
+		if !b.claims.enter(c, b.slots) {
+			return s.claimQueued(ctx, b, c)
+		}
 	}
+	res, err := s.claimAlone(ctx, req)
+	handOn(&b.claims, b.max, s.claimBatch)
+	return res, err
+}
+
+// claimQueued waits for a queued claim's batch, or claims alone when
+// waitBatched says so.
+func (s *PostgresStore) claimQueued(ctx context.Context, b *batching, c *claimCall) (ClaimResult, error) {
 	switch alone, err := waitBatched(ctx, &b.claims, c); {
 	case alone:
-		return s.claimAlone(ctx, req)
+		return s.claimAlone(ctx, c.req)
 	case err != nil:
 		return ClaimResult{}, pgStoreError("claim", err)
 	}

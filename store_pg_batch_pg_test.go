@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -311,7 +312,7 @@ type holdConn struct {
 }
 
 func (c *holdConn) Write(b []byte) (int, error) {
-	if strings.Contains(string(b), string(c.rh.marker)) {
+	if bytes.Contains(b, c.rh.marker) {
 		c.armed.Store(true)
 	}
 	return c.Conn.Write(b)

@@ -223,7 +223,6 @@ var pgStatements = map[string]string{
 	"pgsql.CitusSQL":               pgsql.CitusSQL,
 	"pgsql.CitusTableSQL":          pgsql.CitusTableSQL,
 	"pgsql.BeginSQL":               pgsql.BeginSQL,
-	"pgsql.RollbackSQL":            pgsql.RollbackSQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.

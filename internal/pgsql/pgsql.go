@@ -580,11 +580,8 @@ WHERE scope_user_id = in_scope AND idem_key = in_key AND scope_endpoint = in_end
 	AND status = 'in_flight' AND attempt = in_attempt
 RETURNING id`
 
-// BeginSQL opens a batch's transaction; RollbackSQL ends one that failed.
-const (
-	BeginSQL    = `BEGIN`
-	RollbackSQL = `ROLLBACK`
-)
+// BeginSQL opens a batch's transaction.
+const BeginSQL = `BEGIN`
 
 // CitusSQL reports whether the citus extension is installed (Check): only
 // then does CitusTableSQL, which reads its catalog, run.
