@@ -119,6 +119,7 @@ type venueProc struct {
 	book string
 	mu   sync.Mutex
 	p    *proc
+	log  *proc // the first process: its log, printed on failure, has every restart's too
 	addr string
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -131,6 +132,7 @@ func startVenue(t *testing.T, bin string) *venueProc {
 	v := &venueProc{t: t, bin: bin, book: filepath.Join(t.TempDir(), "book.jsonl"), stop: make(chan struct{})}
 	v.p = startProc(t, "venue", exec.Command(bin, "-addr", "127.0.0.1:0", "-book", v.book))
 	v.addr = v.p.addr
+	v.log = v.p
 	v.wg.Add(1)
 	go v.supervise()
 	t.Cleanup(func() { close(v.stop); v.wg.Wait() })
@@ -152,7 +154,7 @@ func (v *venueProc) supervise() {
 		}
 		cmd := exec.Command(v.bin, "-addr", v.addr, "-book", v.book)
 		np := &proc{name: "venue", cmd: cmd, done: make(chan struct{})}
-		cmd.Stderr = &lockedWriter{p: np}
+		cmd.Stderr = &lockedWriter{p: v.log}
 		if err := cmd.Start(); err != nil {
 			v.t.Errorf("restart the venue: %v", err)
 			return
@@ -166,7 +168,8 @@ func (v *venueProc) supervise() {
 	}
 }
 
-// lockedWriter appends a restarted venue's stderr to its log.
+// lockedWriter appends a restarted venue's stderr to the first process's
+// log.
 type lockedWriter struct{ p *proc }
 
 func (w *lockedWriter) Write(b []byte) (int, error) {
@@ -225,6 +228,32 @@ func (v *venueProc) setFaults(t *testing.T, s faultSetting) {
 	t.Helper()
 	var out map[string]any
 	v.control(t, "POST", "/control/faults", s, &out)
+}
+
+// release sets the faults while an order is held, which releases it into
+// them. It is sent once: a crash fault may end the venue before it answers,
+// and the same request sent again would set the fault on the restarted
+// venue, where no order meets it. A failed request passes only when the
+// venue restarted meanwhile.
+func (v *venueProc) release(t *testing.T, s faultSetting) {
+	t.Helper()
+	v.mu.Lock()
+	restarts := v.restarts
+	v.mu.Unlock()
+	b, _ := json.Marshal(s)
+	resp, err := http.Post(v.url()+"/control/faults", "application/json", bytes.NewReader(b))
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /control/faults: %d", resp.StatusCode)
+		}
+		return
+	}
+	waitUntil(t, "the venue to restart after "+err.Error(), func() bool {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.restarts > restarts
+	})
 }
 
 // ordersByQty counts the venue's orders per qty: each key of a test orders

@@ -239,8 +239,7 @@ func runCell(t *testing.T, c *cell, rt liveRoute, f venueFault, kill string, qty
 		} else {
 			waitUntil(t, "the venue to hold the order", func() bool { return c.venue.state(t).Received > before })
 			restart()
-			s := f.setting
-			c.venue.setFaults(t, s) // releases the held order into its fault
+			c.venue.release(t, f.setting)
 			waitUntil(t, "the held order to meet its fault", func() bool { return c.venue.state(t).Faults.Fault == "" })
 		}
 	}
