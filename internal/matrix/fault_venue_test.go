@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -34,6 +35,20 @@ const (
 	naVenueEntry = "the live order handler is an HTTP handler; Do, gRPC and Connect reach a downstream with the same derived key (the downstream package's tests)"
 	naVenueStore = "the memory store does not outlive the process, and the venue tests run on databases"
 	naVenueOpen  = "the live order route is fail-closed: a bypass would send the order without deduplication"
+)
+
+// venueLookupWait is the venue cells' ReconcileTimeout: a lookup is one
+// HTTP round trip to a local process, but a venue just restarted after a
+// crash, on a machine running the matrix's cells side by side, may take
+// longer than the store timeout's default (it must stay below the lease
+// less the store timeout).
+const venueLookupWait = time.Second
+
+// errHookNotCalled marks an attempt whose route did not call the hook, and
+// errLookupPending one whose hook has not returned.
+var (
+	errHookNotCalled = errors.New("the reconcile hook was not called")
+	errLookupPending = errors.New("the venue has not answered the lookup")
 )
 
 // venueFaultRows are the venue's faults, each set for one order.
@@ -75,26 +90,63 @@ func venueCell(t *testing.T, c cell, fault, delay string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The hook's last lookup error: outcome_unknown is the contract's
+	// answer only for a lookup the venue did not answer (restarting, or
+	// slower than ReconcileTimeout on a loaded machine).
+	var hookMu sync.Mutex
+	var lookupErr error
+	hook := live.Reconcile(client, reconciledOrder)
 	e := newEnv(t, c, envOpts{
-		h:     liveBehaviour(client),
-		cfg:   func(cfg *idempotency.Config) { cfg.DeriveKeys = keys },
-		route: func(rc *idempotency.RouteConfig) { rc.Reconcile = live.Reconcile(client, reconciledOrder) },
+		h:   liveBehaviour(client),
+		cfg: func(cfg *idempotency.Config) { cfg.DeriveKeys = keys },
+		route: func(rc *idempotency.RouteConfig) {
+			rc.ReconcileTimeout = venueLookupWait
+			rc.Reconcile = func(ctx context.Context, info idempotency.ReconcileInfo) (any, error) {
+				hookMu.Lock()
+				lookupErr = errLookupPending // until it returns, which may be after the route answered
+				hookMu.Unlock()
+				v, err := hook(ctx, info)
+				hookMu.Lock()
+				lookupErr = err
+				if errors.Is(err, idempotency.ErrNotDone) {
+					lookupErr = nil // the venue answered: not found
+				}
+				hookMu.Unlock()
+				return v, err
+			}
+		},
 	})
 	v.control(t, "POST", "/control/faults", map[string]any{"fault": fault, "count": 1, "delay": delay}, nil)
 
 	key := newKey()
 	var last answer
+	unanswered := 0 // outcome_unknown answers whose lookup the venue did not answer
 	deadline := time.Now().Add(30 * time.Second)
 	for n := 1; ; n++ {
+		hookMu.Lock()
+		lookupErr = errHookNotCalled
+		hookMu.Unlock()
 		last = e.send(key)
 		e.within(fmt.Sprintf("attempt %d", n), last, lease) // the handler may wait out its deadline
 		// idempotency.Unsettled answers 503 store_unavailable; the retry
 		// reconciles (ordinary) or executes again (transactional).
 		retry := last.code == "idempotency_in_flight" || last.code == "idempotency_store_unavailable"
+		if last.code == "idempotency_outcome_unknown" {
+			hookMu.Lock()
+			err := lookupErr
+			hookMu.Unlock()
+			if err != nil && err != errHookNotCalled {
+				unanswered++
+				retry = true // a later retry asks again
+			}
+		}
 		if !retry || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond) // the client's back-off
+	}
+	if unanswered > 0 {
+		t.Logf("%d outcome_unknown answers for lookups the venue did not answer in time", unanswered)
 	}
 	var book struct {
 		Orders []struct {
