@@ -51,6 +51,9 @@ func routeAnswers(rc idempotency.RouteConfig) []answer {
 		as = append(as, answer{status: 413, code: "idempotency_body_too_large"})
 	}
 	as = append(as, answer{status: 422, code: "idempotency_key_body_mismatch"})
+	if rc.Expired == idempotency.ExpiredRefuse {
+		as = append(as, answer{status: 422, code: "idempotency_key_expired"})
+	}
 	if rc.Transactional {
 		as = append(as, answer{status: 500, code: "idempotency_response_too_large"})
 	}
@@ -122,7 +125,11 @@ func (g statusGroup) description(rc idempotency.RouteConfig) string {
 	case 413:
 		return "Idempotency: the request body is over the route's limit (" + limitText(rc.MaxBodyBytes) + "). Nothing was stored and the handler did not run."
 	case 422:
-		return "Idempotency: this Idempotency-Key was used for a different request (another body, path or query). Use a new key for a new request."
+		mismatch := "this Idempotency-Key was used for a different request (another body, path or query). Use a new key for a new request."
+		if rc.Expired != idempotency.ExpiredRefuse {
+			return "Idempotency: " + mismatch
+		}
+		return "Idempotency: idempotency_key_body_mismatch, " + mismatch + " Or idempotency_key_expired, this key is past its lifetime (Idempotency-Expires) and kept as a tombstone: nothing ran; check the original's outcome before sending the operation again with a new key."
 	case 500:
 		return "Idempotency: idempotency_response_too_large, the response was over the transactional route's buffer: its writes rolled back and the key is failed (the same key answers idempotency_previous_failed; check state, then use a new key)."
 	case 503:

@@ -8,7 +8,8 @@
 //     with the syntax the route accepts (a UUID, or 1-255 visible ASCII
 //     characters of at least RouteConfig.MinKeyLength);
 //   - the error answers the route can send (400, 409, 413, 422, 503 with
-//     Retry-After, and 500 on a transactional route) in the route's real
+//     Retry-After, 500 on a transactional route, and 422
+//     idempotency_key_expired with RouteConfig.Expired ExpiredRefuse) in the route's real
 //     format: application/json {"error": ...} by default,
 //     application/problem+json (RFC 9457 plus "error") with ErrorProblem, or
 //     the schema given with ErrorSchema for a Config.ErrorWriter;

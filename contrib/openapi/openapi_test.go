@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -242,5 +243,39 @@ func TestOperationRefuses(t *testing.T) {
 				t.Errorf("op was changed: %+v", op)
 			}
 		})
+	}
+}
+
+// TestOperationKeyExpired: a route with RouteConfig.Expired ExpiredRefuse
+// declares 422 idempotency_key_expired beside the body mismatch, in both
+// formats, and a route that runs an expired key again does not.
+func TestOperationKeyExpired(t *testing.T) {
+	t.Parallel()
+	enum := func(op *openapi3.Operation, media string) []any {
+		t.Helper()
+		mt := op.Responses.Value("422").Value.Content.Get(media)
+		if mt == nil {
+			t.Fatalf("422 has no %s body", media)
+		}
+		return mt.Schema.Value.Properties["error"].Value.Enum
+	}
+	refuse := idempotency.RouteConfig{Expired: idempotency.ExpiredRefuse}
+	for _, c := range []struct {
+		cfg   idempotency.Config
+		rc    idempotency.RouteConfig
+		media string
+		want  []any
+	}{
+		{idempotency.Config{}, idempotency.RouteConfig{}, "application/json", []any{"idempotency_key_body_mismatch"}},
+		{idempotency.Config{}, refuse, "application/json", []any{"idempotency_key_body_mismatch", "idempotency_key_expired"}},
+		{idempotency.Config{ErrorFormat: idempotency.ErrorProblem}, refuse, "application/problem+json", []any{"idempotency_key_body_mismatch", "idempotency_key_expired"}},
+	} {
+		op := declare(t, c.cfg, c.rc)
+		if got := enum(op, c.media); !slices.Equal(got, c.want) {
+			t.Errorf("Expired %v, %s: 422 codes %v, want %v", c.rc.Expired, c.media, got, c.want)
+		}
+		if d := op.Responses.Value("422").Value.Description; c.rc.Expired == idempotency.ExpiredRefuse && !strings.Contains(*d, "idempotency_key_expired") {
+			t.Errorf("the 422 description does not say what idempotency_key_expired means: %q", *d)
+		}
 	}
 }
