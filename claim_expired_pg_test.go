@@ -74,6 +74,36 @@ func TestExpiredRefusePostgres(t *testing.T) {
 			if w := do(h, key, `{"qty":2}`); w.Code != 201 || calls.Load() != 2 {
 				t.Fatalf("after the grace: %d %s, %d executions; want a new execution", w.Code, w.Body, calls.Load())
 			}
+
+			// A purged tombstone past its grace that cleanup has not deleted
+			// yet is taken over as a new key: its new life's response is
+			// purged at its own expiry (the takeover clears purged, or the
+			// row would stay out of idx_idem_keys_purge with a response).
+			age()
+			cleanup() // purges the second life's response
+			age()     // past the grace, not deleted: no cleanup
+			purged := func() (p bool) {
+				t.Helper()
+				if err := pool.QueryRow(ctx, `SELECT purged FROM idempotency_keys`).Scan(&p); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			if !purged() {
+				t.Fatal("cleanup purged the tombstone's response but did not mark it purged")
+			}
+			if w := do(h, key, `{"qty":3}`); w.Code != 201 || calls.Load() != 3 {
+				t.Fatalf("a tombstone past its grace, not deleted: %d %s, %d executions; want a new execution", w.Code, w.Body, calls.Load())
+			}
+			if purged() {
+				t.Fatal("the takeover kept purged: the new response would outlive its TTL")
+			}
+			age()
+			cleanup()
+			if err := pool.QueryRow(ctx, `SELECT count(response_body) + count(response_body_raw) + count(response_headers) + count(seal_key_id)
+				FROM idempotency_keys`).Scan(&kept); err != nil || kept != 0 {
+				t.Fatalf("the taken-over key past its TTL: %d response columns left (%v), want none", kept, err)
+			}
 		})
 	}
 }

@@ -241,7 +241,7 @@ var pgNeededColumns = []string{
 }
 
 // pgRound4Columns are the columns migration 000002_round4 adds.
-var pgRound4Columns = []string{"derive_key_id"}
+var pgRound4Columns = []string{"derive_key_id", "purged"}
 
 // pgByteaColumns are the columns the store reads and writes as bytes: an
 // older version of migration 000001 made the hash TEXT and the body and

@@ -104,12 +104,11 @@ q -c "EXPLAIN SELECT scope_user_id, idem_key, scope_endpoint FROM idempotency_ke
   WHERE retain_until < now() AND expires_at < now() AND NOT (status = 'in_flight' AND locked_until >= now())
   ORDER BY retain_until LIMIT $BATCH" | tee -a "$LOG"
 q -c "EXPLAIN SELECT scope_user_id, idem_key, scope_endpoint FROM idempotency_keys
-  WHERE expires_at < now() AND retain_until > expires_at
-	AND NOT (status = 'in_flight' AND locked_until >= now())
-	AND (response_body IS NOT NULL OR response_body_raw IS NOT NULL OR response_headers IS NOT NULL OR seal_key_id IS NOT NULL)
+  WHERE expires_at < now() AND retain_until > expires_at AND NOT purged
+	AND status <> 'in_flight'
   ORDER BY expires_at LIMIT $BATCH" | tee -a "$LOG"
 
-backlog=$(qa -c "SELECT count(*) FILTER (WHERE retain_until < now()), count(*) FILTER (WHERE expires_at < now() AND retain_until > expires_at) FROM idempotency_keys")
+backlog=$(qa -c "SELECT count(*) FILTER (WHERE retain_until < now()), count(*) FILTER (WHERE expires_at < now() AND retain_until > expires_at AND NOT purged) FROM idempotency_keys")
 say "backlog: $backlog (rows past retain_until | tombstones to purge)"
 
 go build -o "$tmp/idempotency" ./cmd/idempotency

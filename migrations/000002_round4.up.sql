@@ -20,6 +20,13 @@ ALTER TABLE idempotency_keys
     -- (settled item 10: such a binary keeps working): every statement reads retain_until together with
     -- expires_at, so -infinity means "no tombstone, deleted at expiry". A constant default adds the
     -- column without rewriting the table; 000003 backfills the existing rows.
-    ADD COLUMN retain_until TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+    ADD COLUMN retain_until TIMESTAMPTZ NOT NULL DEFAULT '-infinity',
     -- [end retain_until]
+    -- [purged, #36/#37] purged: cleanup has purged this tombstone (its response is gone, or it never
+    -- had one). idx_idem_keys_purge (000005) holds the tombstones not yet purged by this flag, not by
+    -- their response columns: an index whose key or predicate names a column the record writes makes
+    -- every record a non-HOT update (a new tuple, an entry in every index). Only cleanup sets it; a
+    -- takeover clears it. A constant default adds the column without rewriting the table.
+    ADD COLUMN purged BOOLEAN NOT NULL DEFAULT false
+    -- [end purged]
 ;

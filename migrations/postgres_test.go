@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database"
 	"github.com/idemkit/idempotency/internal/pgmigrate"
+	"github.com/idemkit/idempotency/internal/pgsql"
 	"github.com/idemkit/idempotency/internal/testdb"
 	"github.com/idemkit/idempotency/migrations"
 	"github.com/jackc/pgx/v5"
@@ -240,8 +242,7 @@ func TestPostgresMigrations(t *testing.T) {
 		indexes := map[string]string{
 			"idx_idem_keys_expires": "CREATE INDEX idx_idem_keys_expires ON %s.idempotency_keys USING btree (expires_at)",
 			"idx_idem_keys_retain":  "CREATE INDEX idx_idem_keys_retain ON %s.idempotency_keys USING btree (retain_until)",
-			"idx_idem_keys_purge": "CREATE INDEX idx_idem_keys_purge ON %s.idempotency_keys USING btree (expires_at) WHERE ((retain_until > expires_at) AND " +
-				"((response_body IS NOT NULL) OR (response_body_raw IS NOT NULL) OR (response_headers IS NOT NULL) OR (seal_key_id IS NOT NULL)))",
+			"idx_idem_keys_purge":   "CREATE INDEX idx_idem_keys_purge ON %s.idempotency_keys USING btree (expires_at) WHERE ((retain_until > expires_at) AND (NOT purged))",
 		}
 		for name, want := range indexes {
 			var schema, def string
@@ -252,6 +253,28 @@ func TestPostgresMigrations(t *testing.T) {
 			}
 			if want := strings.Replace(want, "%s", schema, 1); def != want {
 				t.Errorf("index %s:\n got  %s\n want %s", name, def, want)
+			}
+		}
+
+		// The record (pgsql.CompleteSQL) must stay a HOT update: an index
+		// naming a column it writes, in its key or its predicate, makes
+		// PostgreSQL write every record as a new tuple with an entry in every
+		// index (BENCHMARKS.md, "Where a new key's time goes").
+		written := recordWrites(t)
+		defs, err := pool.Query(ctx, `SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'idempotency_keys'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type index struct{ Name, Def string }
+		all, err := pgx.CollectRows(defs, pgx.RowToStructByPos[index])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ix := range all {
+			for _, col := range written {
+				if regexp.MustCompile(`\b` + col + `\b`).MatchString(ix.Def) {
+					t.Errorf("index %s names %s, which the record writes: every record is a non-HOT update\n%s", ix.Name, col, ix.Def)
+				}
 			}
 		}
 
@@ -290,6 +313,7 @@ func TestPostgresMigrations(t *testing.T) {
 			{"owner_token", "uuid", "YES", nil},
 			{"derive_key_id", "text", "NO", str("''::text")}, // 000002_round4
 			{"retain_until", "timestamp with time zone", "NO", str("'-infinity'::timestamp with time zone")},
+			{"purged", "boolean", "NO", str("false")},
 		}
 		if len(cols) != len(want) {
 			t.Fatalf("idempotency_keys has %d columns, want %d: %+v", len(cols), len(want), cols)
@@ -428,4 +452,24 @@ func TestPostgresMigrations(t *testing.T) {
 			t.Fatal("Migrate with a cancelled context created the table")
 		}
 	})
+}
+
+// recordWrites are the columns pgsql.CompleteSQL sets, read off its SET
+// list.
+func recordWrites(t *testing.T) []string {
+	t.Helper()
+	set, _, ok := strings.Cut(pgsql.CompleteSQL, "\nWHERE")
+	_, set, ok2 := strings.Cut(set, " SET")
+	if !ok || !ok2 {
+		t.Fatalf("pgsql.CompleteSQL has no SET ... WHERE: %s", pgsql.CompleteSQL)
+	}
+	var cols []string
+	for _, a := range strings.Split(set, ",") {
+		col, _, _ := strings.Cut(strings.TrimSpace(a), " ")
+		cols = append(cols, col)
+	}
+	if len(cols) < 6 {
+		t.Fatalf("read %v off pgsql.CompleteSQL's SET list", cols)
+	}
+	return cols
 }

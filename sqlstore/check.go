@@ -83,8 +83,12 @@ func (s *Store) checkColumns(ctx context.Context) error {
 		return &idempotency.StoreError{Op: "check", Reason: idempotency.ReasonSchema,
 			Err: fmt.Errorf("sqlstore: no table %s: run the migrations", s.table)}
 	}
+	need := neededColumns
+	if s.d.name != MySQL {
+		need = append(slices.Clip(need), "purged") // migration 000002_round4: PostgreSQL's purge index keys on it
+	}
 	var missing []string
-	for _, c := range neededColumns {
+	for _, c := range need {
 		if _, ok := types[c]; !ok {
 			missing = append(missing, c)
 		}

@@ -88,8 +88,9 @@ WHERE id = ? AND scope_user_id = ? AND status = 'in_flight' AND attempt = ? AND 
 		cleanup: q(`DELETE FROM T_ WHERE retain_until < NOW_ AND expires_at < NOW_ AND NOT (status = 'in_flight' AND locked_until >= NOW_)
 ORDER BY retain_until LIMIT ?`),
 		// One batch of tombstones' responses, earliest expiry first, through
-		// idx_idem_keys_expires (pgsql.Purgeable: MySQL has no partial index,
-		// so a batch reads the tombstones purged before too). ? limit.
+		// idx_idem_keys_expires (pgsql.Purgeable by the response columns:
+		// MySQL has no partial index, and so no purged flag to keep one
+		// small, so a batch reads the tombstones purged before too). ? limit.
 		purge: q(`UPDATE T_ SET response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL
 WHERE expires_at < NOW_ AND retain_until > expires_at AND NOT (status = 'in_flight' AND locked_until >= NOW_)
 	AND (response_body IS NOT NULL OR response_body_raw IS NOT NULL OR response_headers IS NOT NULL OR seal_key_id IS NOT NULL)

@@ -133,7 +133,8 @@ const TakenCTE = `WITH taken AS (
 		expires_at = now() + $5::interval,
 		owner_token = $7::uuid,
 		derive_key_id = CASE WHEN derive_key_id = '' THEN $10 ELSE derive_key_id END,
-		retain_until = now() + $5::interval + $11::interval
+		retain_until = now() + $5::interval + $11::interval,
+		purged = false
 	WHERE scope_user_id = $3 AND idem_key = $8 AND scope_endpoint = $9 AND id = $1 AND attempt = $2 AND expires_at < now() AND retain_until < now()
 		AND NOT (status = 'in_flight' AND locked_until >= now())
 	RETURNING ` + StoredColumns + `, retain_until
@@ -191,13 +192,19 @@ WHERE scope_user_id = $2 AND idem_key = $1 AND scope_endpoint = $3
 // CleanupSQL in one statement) delete rows past retain_until. Neither
 // touches an in_flight row whose lease runs.
 
-// Purgeable is the predicate of a tombstone whose response cleanup purges:
-// expired, retained past expires_at, not in_flight in its lease, and still
-// holding a response. idx_idem_keys_purge is partial on the same
-// condition, so a batch never reads a row purged before.
-const Purgeable = `expires_at < now() AND retain_until > expires_at
-	AND NOT (status = 'in_flight' AND locked_until >= now())
-	AND (response_body IS NOT NULL OR response_body_raw IS NOT NULL OR response_headers IS NOT NULL OR seal_key_id IS NOT NULL)`
+// Purgeable is the predicate of a tombstone cleanup purges: expired,
+// retained past expires_at, not purged yet, and not in_flight (an owner
+// may still record it; a row in flight has no response to purge).
+// idx_idem_keys_purge is partial on retain_until > expires_at AND NOT
+// purged, so a batch never reads a row purged before, and names no column
+// the record writes, so the record stays a HOT update.
+const Purgeable = `expires_at < now() AND retain_until > expires_at AND NOT purged
+	AND status <> 'in_flight'`
+
+// purgeSet is what a purge writes: the response gone (the key, scope,
+// endpoint, request hash, status and response code stay), and the row
+// out of idx_idem_keys_purge.
+const purgeSet = `response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL, purged = true`
 
 // PurgeBatchSQL reads one batch of at most $1 tombstones whose response
 // cleanup purges, earliest expiry first, as ExpiredBatchSQL reads rows to
@@ -209,14 +216,12 @@ WHERE ` + Purgeable + `
 ORDER BY expires_at
 LIMIT $1`
 
-// PurgeScopeSQL nulls the response body, raw body, headers and seal key
-// id of the rows of one scope PurgeBatchSQL read, keeping the key, scope,
-// endpoint, request hash, status and response code (DESIGN.md "Keys in
-// time"). It repeats the predicate, as DeleteExpiredSQL does.
+// PurgeScopeSQL purges the rows of one scope PurgeBatchSQL read (purgeSet:
+// DESIGN.md "Keys in time"). It repeats the predicate, as DeleteExpiredSQL
+// does.
 //
 // $1 scope, $2 keys, $3 their endpoints.
-const PurgeScopeSQL = `UPDATE idempotency_keys SET
-	response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL
+const PurgeScopeSQL = `UPDATE idempotency_keys SET ` + purgeSet + `
 WHERE scope_user_id = $1
 	AND (idem_key, scope_endpoint) IN (SELECT * FROM unnest($2::text[], $3::text[]))
 	AND ` + Purgeable
@@ -228,12 +233,11 @@ WHERE scope_user_id = $1
 const PurgeSQL = `WITH batch AS (
 ` + PurgeBatchSQL + `
 )
-UPDATE idempotency_keys t SET
-	response_body = NULL, response_body_raw = NULL, response_headers = NULL, seal_key_id = NULL
+UPDATE idempotency_keys t SET ` + purgeSet + `
 FROM batch b
 WHERE t.scope_user_id = b.scope_user_id AND t.idem_key = b.idem_key AND t.scope_endpoint = b.scope_endpoint
-	AND t.expires_at < now() AND t.retain_until > t.expires_at
-	AND NOT (t.status = 'in_flight' AND t.locked_until >= now())`
+	AND t.expires_at < now() AND t.retain_until > t.expires_at AND NOT t.purged
+	AND t.status <> 'in_flight'`
 
 // ExpiredBatchSQL reads one batch of rows cleanup may delete: past
 // retain_until (expires_at, or expires_at + grace for a tombstone), and not
