@@ -84,7 +84,7 @@ func (s *Store) checkColumns(ctx context.Context) error {
 			Err: fmt.Errorf("sqlstore: no table %s: run the migrations", s.table)}
 	}
 	need := neededColumns
-	if s.d.name != MySQL {
+	if s.d.name == PostgreSQL {
 		need = append(slices.Clip(need), "purged") // migration 000002_round4: PostgreSQL's purge index keys on it
 	}
 	var missing []string
