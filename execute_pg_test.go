@@ -81,6 +81,20 @@ func (s *stuckReleaseStore) Release(ctx context.Context, f idempotency.Fence) er
 	return err
 }
 
+// ReleaseOwner fails the same way: on a loaded machine the claim itself
+// can time out (its reply lost to the engine), and the key is then given
+// back by owner token, the other release.
+func (s *stuckReleaseStore) ReleaseOwner(ctx context.Context, req idempotency.ClaimRequest) (bool, error) {
+	select {
+	case <-s.healed:
+	default:
+		return false, &idempotency.StoreError{Op: "release_owner", Reason: idempotency.ReasonTimeout, Err: context.DeadlineExceeded}
+	}
+	ok, err := s.PostgresStore.ReleaseOwner(ctx, req)
+	s.once.Do(func() { close(s.released) })
+	return ok, err
+}
+
 // TestPostgresTooLateReleaseOutlastsAnOutage: when the claim left the
 // handler no time and the store keeps failing the release for longer than
 // the client waits (two store timeouts), the release carries on in the
