@@ -70,29 +70,36 @@ func (s *stuckReleaseStore) Claim(ctx context.Context, req idempotency.ClaimRequ
 	return res, err
 }
 
-func (s *stuckReleaseStore) Release(ctx context.Context, f idempotency.Fence) error {
+// stuck fails op until healed; after that it reports the first release
+// that reached the store (called once the release returned).
+func (s *stuckReleaseStore) stuck(op string) (reached func(), err error) {
 	select {
 	case <-s.healed:
+		return func() { s.once.Do(func() { close(s.released) }) }, nil
 	default:
-		return &idempotency.StoreError{Op: "release", Reason: idempotency.ReasonTimeout, Err: context.DeadlineExceeded}
+		return nil, &idempotency.StoreError{Op: op, Reason: idempotency.ReasonTimeout, Err: context.DeadlineExceeded}
 	}
-	err := s.PostgresStore.Release(ctx, f)
-	s.once.Do(func() { close(s.released) })
-	return err
+}
+
+func (s *stuckReleaseStore) Release(ctx context.Context, f idempotency.Fence) error {
+	reached, err := s.stuck("release")
+	if err != nil {
+		return err
+	}
+	defer reached()
+	return s.PostgresStore.Release(ctx, f)
 }
 
 // ReleaseOwner fails the same way: on a loaded machine the claim itself
 // can time out (its reply lost to the engine), and the key is then given
 // back by owner token, the other release.
 func (s *stuckReleaseStore) ReleaseOwner(ctx context.Context, req idempotency.ClaimRequest) (bool, error) {
-	select {
-	case <-s.healed:
-	default:
-		return false, &idempotency.StoreError{Op: "release_owner", Reason: idempotency.ReasonTimeout, Err: context.DeadlineExceeded}
+	reached, err := s.stuck("release_owner")
+	if err != nil {
+		return false, err
 	}
-	ok, err := s.PostgresStore.ReleaseOwner(ctx, req)
-	s.once.Do(func() { close(s.released) })
-	return ok, err
+	defer reached()
+	return s.PostgresStore.ReleaseOwner(ctx, req)
 }
 
 // TestPostgresTooLateReleaseOutlastsAnOutage: when the claim left the

@@ -251,12 +251,20 @@ func (s *PostgresStore) complete(ctx context.Context, c *recordCall) error {
 	if b == nil || c.f.wake || !batchable(c.f.Key, c.f.Scope, c.f.Endpoint) {
 		return s.completeAlone(ctx, c)
 	}
-	c.done = make(chan struct{})
-	if b.records.enter(c, b.slots) {
-		err := s.completeAlone(ctx, c)
-		handOn(&b.records, b.max, s.completeBatch)
-		return err
+	if !b.records.take(b.slots) {
+		c.done = make(chan struct{})
+		if !b.records.enter(c, b.slots) {
+			return s.completeQueued(ctx, b, c)
+		}
 	}
+	err := s.completeAlone(ctx, c)
+	handOn(&b.records, b.max, s.completeBatch)
+	return err
+}
+
+// completeQueued waits for a queued record's batch, or records alone when
+// waitBatched says so (claimQueued's twin).
+func (s *PostgresStore) completeQueued(ctx context.Context, b *batching, c *recordCall) error {
 	switch alone, err := waitBatched(ctx, &b.records, c); {
 	case alone:
 		return s.completeAlone(ctx, c)

@@ -127,7 +127,13 @@ func newPGStore(t *testing.T, kind storeKind, o storeOpts) *storeEnv {
 		if o.batchSlots > 0 {
 			ps.SetBatching(32, o.batchSlots)
 		}
-		warmPgx(t, pool, o.maxConns)
+		warm(t, o.maxConns, func(ctx context.Context) (func(), error) {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return c.Release, nil
+		})
 		t.Cleanup(ps.Close) // its wait listener, before the pool
 		se.store, se.pgPool = ps, pool
 	case storeSQLPgx, storeSQLPq:
@@ -177,43 +183,34 @@ func openSQL(t *testing.T, driver, dsn string, n int) *sql.DB {
 	db.SetMaxOpenConns(n)
 	db.SetMaxIdleConns(n)
 	t.Cleanup(func() { _ = db.Close() })
-	warmSQL(t, db, n)
+	warm(t, n, func(ctx context.Context) (func(), error) {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func() { _ = c.Close() }, nil
+	})
 	return db
 }
 
-// warmPgx and warmSQL open a cell's n connections before it runs, as a
-// serving process has them: on a machine where a PostgreSQL backend takes
-// 20 ms or more to start (measured with pgbench -C on a CI machine), a cold
-// pool's burst of connects, several cells at once, outlasts the cells' store
-// timeout. The faults that want a cold pool empty it themselves
-// (emptyPool).
-func warmPgx(t *testing.T, pool *pgxpool.Pool, n int) {
+// warm opens a cell's n connections before it runs, as a serving process
+// has them: on a machine where a PostgreSQL backend takes 20 ms or more to
+// start (measured with pgbench -C on a CI machine), a cold pool's burst of
+// connects, several cells at once, outlasts the cells' store timeout. The
+// faults that want a cold pool empty it themselves (emptyPool). open holds
+// one connection until its release is called.
+func warm(t *testing.T, n int, open func(context.Context) (release func(), err error)) {
 	t.Helper()
-	conns := make([]*pgxpool.Conn, 0, n)
+	releases := make([]func(), 0, n)
 	for range n {
-		c, err := pool.Acquire(t.Context())
+		release, err := open(t.Context())
 		if err != nil {
 			t.Fatalf("warm the pool: %v", err)
 		}
-		conns = append(conns, c)
+		releases = append(releases, release)
 	}
-	for _, c := range conns {
-		c.Release()
-	}
-}
-
-func warmSQL(t *testing.T, db *sql.DB, n int) {
-	t.Helper()
-	conns := make([]*sql.Conn, 0, n)
-	for range n {
-		c, err := db.Conn(t.Context())
-		if err != nil {
-			t.Fatalf("warm the pool: %v", err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		_ = c.Close()
+	for _, release := range releases {
+		release()
 	}
 }
 
