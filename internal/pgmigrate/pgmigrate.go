@@ -368,9 +368,13 @@ func (d *lockDriver) recordStart() error {
 
 // connSet tracks the connections a Migrator's database/sql handle holds.
 type connSet struct {
-	mu    sync.Mutex
-	conns map[*ownedConn]struct{}
+	mu      sync.Mutex
+	conns   map[*ownedConn]struct{}
+	aborted bool // abort ran: no connection is handed out after it
 }
+
+// errAborted is Connect's answer once the set was aborted.
+var errAborted = errors.New("pgmigrate: the wait was abandoned (its context ended)")
 
 // cancelTimeout bounds sending a cancel request when a wait is abandoned.
 const cancelTimeout = 2 * time.Second
@@ -410,8 +414,13 @@ func (s *connSet) cancelStatements() {
 // abort makes every connection held give up what it is waiting for: it asks
 // the server to cancel the statement (a backend waiting for a lock does not
 // notice a closed socket until the lock is granted) and closes the socket,
-// so the caller returns at once.
+// so the caller returns at once. A connection asked for after it is
+// refused: the context can end before golang-migrate has connected, and
+// that connection would otherwise wait for the lock without bound.
 func (s *connSet) abort() {
+	s.mu.Lock()
+	s.aborted = true
+	s.mu.Unlock()
 	s.cancelStatements()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -444,9 +453,21 @@ type connector struct {
 }
 
 func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
+	c.set.mu.Lock()
+	aborted := c.set.aborted
+	c.set.mu.Unlock()
+	if aborted {
+		return nil, errAborted
+	}
 	dc, err := c.Connector.Connect(ctx)
 	if err != nil {
 		return nil, err
+	}
+	c.set.mu.Lock()
+	defer c.set.mu.Unlock()
+	if c.set.aborted { // abort ran while this one connected
+		_ = dc.Close()
+		return nil, errAborted
 	}
 	sc, ok := dc.(*stdlib.Conn)
 	if !ok {
@@ -454,9 +475,7 @@ func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, fmt.Errorf("pgmigrate: unexpected driver connection %T", dc)
 	}
 	oc := &ownedConn{Conn: sc, set: c.set}
-	c.set.mu.Lock()
 	c.set.conns[oc] = struct{}{}
-	c.set.mu.Unlock()
 	return oc, nil
 }
 
