@@ -113,10 +113,10 @@ func handOn[C queued](g *batchGate[C], max int, run func([]C)) {
 // batchContext is a batch's context: the latest deadline among its calls'
 // (no deadline if one has none), not cancelled with any of them: a caller
 // that gives up leaves the others' statement running.
-func batchContext(ctxs []context.Context) (context.Context, context.CancelFunc) {
+func batchContext[C queued](calls []C) (context.Context, context.CancelFunc) {
 	var last time.Time
-	for _, ctx := range ctxs {
-		d, ok := ctx.Deadline()
+	for _, c := range calls {
+		d, ok := c.call().ctx.Deadline()
 		if !ok {
 			return context.WithCancel(context.Background())
 		}
@@ -125,6 +125,28 @@ func batchContext(ctxs []context.Context) (context.Context, context.CancelFunc) 
 		}
 	}
 	return context.WithDeadline(context.Background(), last)
+}
+
+// firsts splits calls into the first call for each row, as same tells
+// rows apart, and the later calls naming each first's row (rest[i] for
+// batch[i]; rest is nil when no two calls share a row). A batch holds at
+// most the cap of calls, so a scan beats a map's allocations.
+func firsts[C any](calls []C, same func(a, b C) bool) (batch []C, rest [][]C) {
+	batch = make([]C, 0, len(calls))
+next:
+	for _, c := range calls {
+		for i, b := range batch {
+			if same(b, c) {
+				if rest == nil {
+					rest = make([][]C, len(calls))
+				}
+				rest[i] = append(rest[i], c)
+				continue next
+			}
+		}
+		batch = append(batch, c)
+	}
+	return batch, rest
 }
 
 // batchable reports values a batch can carry (storable: text PostgreSQL
@@ -152,8 +174,10 @@ const (
 	callSent
 )
 
-// batchCall is what every queued call carries.
+// batchCall is what every queued call carries: its caller's context and
+// its state.
 type batchCall struct {
+	ctx   context.Context
 	state atomic.Int32
 	done  chan struct{}
 }

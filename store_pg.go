@@ -144,11 +144,11 @@ func (s *PostgresStore) Complete(ctx context.Context, f Fence, _ Record, resp Re
 	if err != nil {
 		return err
 	}
-	c := &recordCall{ctx: ctx, f: f, code: resp.Status, body: jsonBody, raw: rawBody, hdrs: headers}
-	if resp.SealKeyID != "" {
-		c.seal = &resp.SealKeyID
+	r := record{f: f, code: resp.Status, body: jsonBody, raw: rawBody, hdrs: headers}
+	if seal := resp.SealKeyID; seal != "" {
+		r.seal = &seal
 	}
-	return s.complete(ctx, c)
+	return s.complete(ctx, &r)
 }
 
 // Fail implements Store with one fenced UPDATE.

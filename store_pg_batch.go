@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"maps"
 	"time"
 
 	"github.com/idemkit/idempotency/internal/pgsql"
@@ -25,6 +24,9 @@ func answersBatch(err error) bool {
 	return true
 }
 
+// batchLockSQL bounds a batch's lock waits by the transactional wait bound.
+var batchLockSQL = pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait))
+
 // runBatch runs sql in one transaction under the batch lock wait,
 // pipelined in one round trip, with the arguments args builds once a
 // connection is in hand (nil: nothing left to send), reading its rows with
@@ -37,7 +39,7 @@ func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []
 		}
 		b := &pgx.Batch{}
 		b.Queue(pgsql.BeginSQL)
-		b.Queue(pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait)))
+		b.Queue(batchLockSQL)
 		b.Queue(sql, a...)
 		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)
@@ -77,7 +79,6 @@ func readBatch(br pgx.BatchResults, each func(pgx.Rows) error) error {
 // claimCall is one queued claim and, once done is closed, its answer.
 type claimCall struct {
 	batchCall
-	ctx context.Context
 	req ClaimRequest
 	res ClaimResult
 	err error
@@ -90,10 +91,15 @@ func (c *claimCall) answer(res ClaimResult, err error) {
 	close(c.done)
 }
 
-// claimKey is a claim's row: at most one call per batch names it.
-type claimKey struct{ key, scope, endpoint string }
+// sameRow reports whether a claim names rec's row.
+func (c *claimCall) sameRow(rec *Record) bool {
+	return c.req.Key == rec.Key && c.req.Scope == rec.Scope && c.req.Endpoint == rec.Endpoint
+}
 
-func (c *claimCall) key() claimKey { return claimKey{c.req.Key, c.req.Scope, c.req.Endpoint} }
+// sameClaim reports whether two claims name one row.
+func sameClaim(a, b *claimCall) bool {
+	return a.req.Key == b.req.Key && a.req.Scope == b.req.Scope && a.req.Endpoint == b.req.Endpoint
+}
 
 // Claim implements Store in one round trip, alone or in a batch.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
@@ -102,8 +108,8 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResul
 		return s.claimAlone(ctx, req)
 	}
 	if !b.claims.take(b.slots) {
-		c := &claimCall{ctx: ctx, req: req}
-		c.done = make(chan struct{})
+		c := &claimCall{req: req}
+		c.ctx, c.done = ctx, make(chan struct{})
 		if !b.claims.enter(c, b.slots) {
 			return s.claimQueued(ctx, b, c)
 		}
@@ -132,17 +138,11 @@ func (s *PostgresStore) claimQueued(ctx context.Context, b *batching, c *claimCa
 // key of a batch that failed for a reason of its own (answersBatch), is
 // claimed alone. A call its caller withdrew is never sent.
 func (s *PostgresStore) claimBatch(calls []*claimCall) {
-	dups := make(map[claimKey][]*claimCall, len(calls))
-	var batch []*claimCall
-	for _, c := range calls {
-		if _, seen := dups[c.key()]; !seen {
-			batch = append(batch, c)
-		}
-		dups[c.key()] = append(dups[c.key()], c)
-	}
-	got := make(map[claimKey]ClaimResult, len(batch))
+	batch, dups := firsts(calls, sameClaim)
+	var got []ClaimResult // got[i] is batch[i]'s row, when its Record.ID is set
 	if len(batch) > 1 {
-		if err := s.claimBatchRows(batch, got); err != nil && answersBatch(err) {
+		var err error
+		if got, err = s.claimBatchRows(batch); err != nil && answersBatch(err) {
 			serr := pgStoreError("claim", err)
 			for _, c := range calls {
 				c.answer(ClaimResult{}, serr)
@@ -150,16 +150,19 @@ func (s *PostgresStore) claimBatch(calls []*claimCall) {
 			return
 		}
 	}
-	for _, c := range batch {
-		res, ok := got[c.key()]
-		rest := dups[c.key()][1:]
+	for i, c := range batch {
+		var rest []*claimCall
+		if dups != nil {
+			rest = dups[i]
+		}
+		ok := got != nil && got[i].Record.ID != 0
 		if ok && len(rest) == 0 { // the common case: answered by the batch
-			c.answer(res, nil)
+			c.answer(got[i], nil)
 			continue
 		}
 		go func() {
 			if ok {
-				c.answer(res, nil)
+				c.answer(got[i], nil)
 			} else if c.send() {
 				c.answer(s.claimAlone(c.ctx, c.req))
 			}
@@ -173,28 +176,30 @@ func (s *PostgresStore) claimBatch(calls []*claimCall) {
 }
 
 // claimBatchRows runs pgsql.ClaimBatchSQL for the calls of batch still
-// pending when a connection is in hand, filling got with each key's row
-// once the batch committed.
-func (s *PostgresStore) claimBatchRows(batch []*claimCall, got map[claimKey]ClaimResult) error {
-	ctxs := make([]context.Context, len(batch))
-	for i, c := range batch {
-		ctxs[i] = c.ctx
-	}
-	ctx, cancel := batchContext(ctxs)
+// pending when a connection is in hand: once the batch committed, got[i]
+// is batch[i]'s row (a zero Record.ID where the statement returned none).
+func (s *PostgresStore) claimBatchRows(batch []*claimCall) (got []ClaimResult, err error) {
+	ctx, cancel := batchContext(batch)
 	defer cancel()
-	read := make(map[claimKey]ClaimResult, len(batch))
-	err := s.runBatch(ctx, pgsql.ClaimBatchSQL, func() []any { return claimBatchArgs(batch) }, func(rows pgx.Rows) error {
+	read := make([]ClaimResult, len(batch))
+	var sc claimScanner
+	err = s.runBatch(ctx, pgsql.ClaimBatchSQL, func() []any { return claimBatchArgs(batch) }, func(rows pgx.Rows) error {
 		var res ClaimResult
-		if err := scanClaimKeyed(rows, &res.Record, &res.Won); err != nil {
+		if err := sc.scan(rows, &res.Record, &res.Won); err != nil {
 			return err
 		}
-		read[claimKey{res.Record.Key, res.Record.Scope, res.Record.Endpoint}] = res
+		for i, c := range batch {
+			if c.sameRow(&res.Record) {
+				read[i] = res
+				break
+			}
+		}
 		return nil
 	})
-	if err == nil {
-		maps.Copy(got, read)
+	if err != nil {
+		return nil, err
 	}
-	return err
+	return read, nil
 }
 
 // claimBatchArgs are pgsql.ClaimBatchSQL's arrays for the calls it marks
@@ -224,17 +229,21 @@ func claimBatchArgs(calls []*claimCall) []any {
 	return []any{keys, scopes, endpoints, hashes, ttls, leases, owners, derive, graces}
 }
 
-// recordCall is one queued record and, once done is closed, its answer.
-type recordCall struct {
-	batchCall
-	ctx  context.Context
+// record is what a record writes to its row.
+type record struct {
 	f    Fence
 	code int    // response_code
 	body []byte // response_body
 	raw  []byte // response_body_raw
 	hdrs []byte // response_headers
 	seal *string
-	err  error
+}
+
+// recordCall is one queued record and, once done is closed, its answer.
+type recordCall struct {
+	batchCall
+	record
+	err error
 }
 
 func (c *recordCall) call() *batchCall { return &c.batchCall }
@@ -244,20 +253,22 @@ func (c *recordCall) answer(err error) {
 	close(c.done)
 }
 
-// complete records the response of c's row, alone or in a batch (a record
-// that wakes waiters goes alone: pgsql.WakeSQL follows it).
-func (s *PostgresStore) complete(ctx context.Context, c *recordCall) error {
+// complete writes r to its row, alone or in a batch (a record that wakes
+// waiters goes alone: pgsql.WakeSQL follows it); a lone record allocates
+// nothing to be batched.
+func (s *PostgresStore) complete(ctx context.Context, r *record) error {
 	b := s.batch.Load()
-	if b == nil || c.f.wake || !batchable(c.f.Key, c.f.Scope, c.f.Endpoint) {
-		return s.completeAlone(ctx, c)
+	if b == nil || r.f.wake || !batchable(r.f.Key, r.f.Scope, r.f.Endpoint) {
+		return s.completeAlone(ctx, r)
 	}
 	if !b.records.take(b.slots) {
-		c.done = make(chan struct{})
+		c := &recordCall{record: *r}
+		c.ctx, c.done = ctx, make(chan struct{})
 		if !b.records.enter(c, b.slots) {
 			return s.completeQueued(ctx, b, c)
 		}
 	}
-	err := s.completeAlone(ctx, c)
+	err := s.completeAlone(ctx, r)
 	handOn(&b.records, b.max, s.completeBatch)
 	return err
 }
@@ -267,7 +278,7 @@ func (s *PostgresStore) complete(ctx context.Context, c *recordCall) error {
 func (s *PostgresStore) completeQueued(ctx context.Context, b *batching, c *recordCall) error {
 	switch alone, err := waitBatched(ctx, &b.records, c); {
 	case alone:
-		return s.completeAlone(ctx, c)
+		return s.completeAlone(ctx, &c.record)
 	case err != nil:
 		return pgStoreError("complete", err)
 	}
@@ -275,7 +286,7 @@ func (s *PostgresStore) completeQueued(ctx context.Context, b *batching, c *reco
 }
 
 // completeAlone runs pgsql.CompleteSQL for c.
-func (s *PostgresStore) completeAlone(ctx context.Context, c *recordCall) error {
+func (s *PostgresStore) completeAlone(ctx context.Context, c *record) error {
 	conn, err := s.conn(ctx)
 	if err != nil {
 		return pgStoreError("complete", err)
@@ -298,28 +309,26 @@ func (s *PostgresStore) completeAlone(ctx context.Context, c *recordCall) error 
 // second call for a row goes alone after it, as do all of them when the
 // batch failed for a reason of its own (answersBatch).
 func (s *PostgresStore) completeBatch(calls []*recordCall) {
-	seen := make(map[int64]bool, len(calls))
-	var batch, alone []*recordCall
-	for _, c := range calls {
-		if seen[c.f.ID] {
-			alone = append(alone, c)
-			continue
-		}
-		seen[c.f.ID] = true
-		batch = append(batch, c)
+	batch, dups := firsts(calls, func(a, b *recordCall) bool { return a.f.ID == b.f.ID })
+	var alone []*recordCall
+	for _, d := range dups {
+		alone = append(alone, d...)
 	}
-	ctxs := make([]context.Context, len(batch))
-	for i, c := range batch {
-		ctxs[i] = c.ctx
-	}
-	ctx, cancel := batchContext(ctxs)
+	ctx, cancel := batchContext(batch)
 	defer cancel()
-	recorded := make(map[int64]bool, len(batch))
+	recorded := make([]bool, len(batch))
 	err := s.runBatch(ctx, pgsql.CompleteBatchSQL, func() []any { return recordBatchArgs(batch) }, func(rows pgx.Rows) error {
 		var id int64
-		err := rows.Scan(&id)
-		recorded[id] = true
-		return err
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		for i, c := range batch {
+			if c.f.ID == id {
+				recorded[i] = true
+				break
+			}
+		}
+		return nil
 	})
 	switch {
 	case err != nil && answersBatch(err):
@@ -331,9 +340,9 @@ func (s *PostgresStore) completeBatch(calls []*recordCall) {
 	case err != nil:
 		alone = calls
 	default:
-		for _, c := range batch {
+		for i, c := range batch {
 			switch {
-			case recorded[c.f.ID]:
+			case recorded[i]:
 				c.answer(nil)
 			case c.state.Load() == callSent:
 				c.answer(ErrNotOwner)
@@ -342,7 +351,7 @@ func (s *PostgresStore) completeBatch(calls []*recordCall) {
 	}
 	for _, c := range alone {
 		if c.send() {
-			go func() { c.answer(s.completeAlone(c.ctx, c)) }()
+			go func() { c.answer(s.completeAlone(c.ctx, &c.record)) }()
 		}
 	}
 }

@@ -70,15 +70,30 @@ func scanClaim(row pgx.Row, req ClaimRequest, rec *Record, won *bool) error {
 	return v.fill(rec)
 }
 
-// scanClaimKeyed reads a batch's row (pgsql.ClaimBatchSQL): the key, scope
-// and endpoint, then what scanClaim reads.
-func scanClaimKeyed(row pgx.Row, rec *Record, won *bool) error {
-	var v rowValues
-	if err := row.Scan(append([]any{&rec.Key, &rec.Scope, &rec.Endpoint}, v.claimDest(rec, won)...)...); err != nil {
+// claimScanner reads a batch's rows (pgsql.ClaimBatchSQL): the key, scope
+// and endpoint, then what scanClaim reads. Its scan targets are made once
+// a batch, not once a row.
+type claimScanner struct {
+	v    rowValues
+	rec  Record
+	won  bool
+	dest []any
+}
+
+func (sc *claimScanner) scan(row pgx.Row, rec *Record, won *bool) error {
+	if sc.dest == nil {
+		sc.dest = append([]any{&sc.rec.Key, &sc.rec.Scope, &sc.rec.Endpoint}, sc.v.claimDest(&sc.rec, &sc.won)...)
+	}
+	sc.v, sc.rec, sc.won = rowValues{}, Record{}, false // nothing of the last row's is scanned into again
+	if err := row.Scan(sc.dest...); err != nil {
 		return err
 	}
-	rec.RequestHash = hex.EncodeToString(v.hash)
-	return v.fill(rec)
+	sc.rec.RequestHash = hex.EncodeToString(sc.v.hash)
+	if err := sc.v.fill(&sc.rec); err != nil {
+		return err
+	}
+	*rec, *won = sc.rec, sc.won
+	return nil
 }
 
 // claimDest are the scan targets of pgsql.ClaimColumns and the won flag.
