@@ -13,6 +13,9 @@ const (
 	CompleteSQLForTest = pgsql.CompleteSQL
 )
 
+// BatchLockWaitForTest is pgsql.BatchSettingsSQL's argument in a batch.
+var BatchLockWaitForTest = batchLockWait
+
 // NewMemoryStoreForTest returns a MemoryStore on the clock now.
 func NewMemoryStoreForTest(now func() time.Time, opts ...MemoryOption) *MemoryStore {
 	s := NewMemoryStore(opts...)

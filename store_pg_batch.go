@@ -24,8 +24,9 @@ func answersBatch(err error) bool {
 	return true
 }
 
-// batchLockSQL bounds a batch's lock waits by the transactional wait bound.
-var batchLockSQL = pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait))
+// batchLockWait is a batch's lock wait (pgsql.BatchSettingsSQL): the
+// transactional wait bound.
+var batchLockWait = pgInterval(DefaultTxLockWait)
 
 // runBatch runs sql in one transaction under the batch lock wait,
 // pipelined in one round trip, with the arguments args builds once a
@@ -39,7 +40,7 @@ func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []
 		}
 		b := &pgx.Batch{}
 		b.Queue(pgsql.BeginSQL)
-		b.Queue(batchLockSQL)
+		b.Queue(pgsql.BatchSettingsSQL, batchLockWait)
 		b.Queue(sql, a...)
 		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)

@@ -587,6 +587,15 @@ RETURNING id`
 // BeginSQL opens a batch's transaction.
 const BeginSQL = `BEGIN`
 
+// BatchSettingsSQL sets what a batch's transaction runs under: its lock
+// wait, the transactional wait bound ($1, text such as '2000ms'), and no
+// sequential scan. The batch statements find every row by its primary key;
+// a connection keeps the plan PostgreSQL makes once it stops planning each
+// call, and one made while the table was small scans the table, every
+// batch, however large the table grows (until the table is analyzed again,
+// never when autovacuum is off).
+const BatchSettingsSQL = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true)`
+
 // CitusSQL reports whether the citus extension is installed (Check): only
 // then does CitusTableSQL, which reads its catalog, run.
 const CitusSQL = `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`
