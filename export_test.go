@@ -13,8 +13,8 @@ const (
 	CompleteSQLForTest = pgsql.CompleteSQL
 )
 
-// BatchLockWaitForTest is pgsql.BatchSettingsSQL's argument in a batch.
-var BatchLockWaitForTest = batchLockWait
+// BatchLockSQLForTest is the lock wait a batch's transaction sets.
+var BatchLockSQLForTest = batchLockSQL
 
 // NewMemoryStoreForTest returns a MemoryStore on the clock now.
 func NewMemoryStoreForTest(now func() time.Time, opts ...MemoryOption) *MemoryStore {

@@ -24,9 +24,8 @@ func answersBatch(err error) bool {
 	return true
 }
 
-// batchLockWait is a batch's lock wait (pgsql.BatchSettingsSQL): the
-// transactional wait bound.
-var batchLockWait = pgInterval(DefaultTxLockWait)
+// batchLockSQL bounds a batch's lock waits by the transactional wait bound.
+var batchLockSQL = pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait))
 
 // runBatch runs sql in one transaction under the batch lock wait,
 // pipelined in one round trip, with the arguments args builds once a
@@ -40,7 +39,8 @@ func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []
 		}
 		b := &pgx.Batch{}
 		b.Queue(pgsql.BeginSQL)
-		b.Queue(pgsql.BatchSettingsSQL, batchLockWait)
+		b.Queue(batchLockSQL)
+		b.Queue(pgsql.NoSeqScanSQL)
 		b.Queue(sql, a...)
 		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)
@@ -52,9 +52,9 @@ func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []
 	})
 }
 
-// readBatch reads runBatch's four results.
+// readBatch reads runBatch's five results.
 func readBatch(br pgx.BatchResults, each func(pgx.Rows) error) error {
-	for range 2 {
+	for range 3 {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}

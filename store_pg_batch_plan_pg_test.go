@@ -35,8 +35,10 @@ func TestGroupCommitPlansUseTheKey(t *testing.T) {
 			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.Exec(ctx, pgsql.BatchSettingsSQL, idempotency.BatchLockWaitForTest); err != nil {
-				t.Fatal(err)
+			for _, set := range []string{idempotency.BatchLockSQLForTest, pgsql.NoSeqScanSQL} {
+				if _, err := tx.Exec(ctx, set); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if _, err := tx.Exec(ctx, "PREPARE batch_"+name+" AS "+c.sql); err != nil {
 				t.Fatal(err)

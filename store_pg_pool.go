@@ -223,7 +223,7 @@ var pgStatements = map[string]string{
 	"pgsql.CitusSQL":               pgsql.CitusSQL,
 	"pgsql.CitusTableSQL":          pgsql.CitusTableSQL,
 	"pgsql.BeginSQL":               pgsql.BeginSQL,
-	"pgsql.BatchSettingsSQL":       pgsql.BatchSettingsSQL,
+	"pgsql.NoSeqScanSQL":           pgsql.NoSeqScanSQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.

@@ -587,14 +587,13 @@ RETURNING id`
 // BeginSQL opens a batch's transaction.
 const BeginSQL = `BEGIN`
 
-// BatchSettingsSQL sets what a batch's transaction runs under: its lock
-// wait, the transactional wait bound ($1, text such as '2000ms'), and no
-// sequential scan. The batch statements find every row by its primary key;
-// a connection keeps the plan PostgreSQL makes once it stops planning each
-// call, and one made while the table was small scans the table, every
-// batch, however large the table grows (until the table is analyzed again,
-// never when autovacuum is off).
-const BatchSettingsSQL = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true)`
+// NoSeqScanSQL keeps a batch's transaction off sequential scans (it runs
+// after the batch's SET LOCAL lock_timeout). The batch statements find
+// every row by its primary key; a connection keeps the plan PostgreSQL
+// makes once it stops planning each call, and one made while the table
+// was small scans the table, every batch, however large the table grows
+// (until the table is analyzed again, never when autovacuum is off).
+const NoSeqScanSQL = `SET LOCAL enable_seqscan = off`
 
 // CitusSQL reports whether the citus extension is installed (Check): only
 // then does CitusTableSQL, which reads its catalog, run.
