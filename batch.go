@@ -9,13 +9,14 @@ import (
 	"time"
 )
 
-// Group commit: the claims, and the records, of concurrent calls on
-// ordinary routes share one statement and one commit (pgsql.ClaimBatchSQL,
-// pgsql.CompleteBatchSQL). A call that finds one of the store's batch slots
-// free runs alone at once, as without batching, so a lone call never waits;
-// calls arriving while every slot is busy queue, and the next slot to free
-// takes up to the cap of them as one batch. Every claim is durable before
-// its caller's handler runs, every record before its answer.
+// Group commit: the claims and the records of concurrent calls on ordinary
+// routes share one round trip and one commit (pgsql.ClaimBatchSQL, then
+// pgsql.CompleteBatchSQL, in one transaction). A call that finds one of the
+// store's batch slots free runs alone at once, as without batching, so a
+// lone call never waits; calls arriving while every slot is busy queue,
+// and the next slot to free takes up to the cap of each kind as one round.
+// Every claim is durable before its caller's handler runs, every record
+// before its answer.
 
 // Group commit's defaults (PostgresStore.SetBatching), chosen by
 // bench/groupcommit.sh (BENCHMARKS.md "Group commit").
@@ -24,15 +25,15 @@ const (
 	defaultBatchConcurrency = 2
 )
 
-// batching is a store's group commit settings and queues.
+// batching is a store's group commit settings and its round gate.
 type batching struct {
 	max, slots int
-	claims     batchGate[*claimCall]
-	records    batchGate[*recordCall]
+	gate       roundGate
 }
 
-// SetBatching sets group commit before use: max calls share a statement and
-// commit, concurrency batches in flight (defaults 32, 2; max 1: off).
+// SetBatching sets group commit before use: max calls of each kind share a
+// statement and commit, concurrency rounds in flight (defaults 32, 2; max
+// 1: off).
 func (s *PostgresStore) SetBatching(max, concurrency int) {
 	if max <= 1 || concurrency < 1 {
 		s.batch.Store(nil)
@@ -41,90 +42,119 @@ func (s *PostgresStore) SetBatching(max, concurrency int) {
 	s.batch.Store(&batching{max: max, slots: concurrency})
 }
 
-// batchGate is one kind of call's queue and its busy slots.
-type batchGate[C queued] struct {
-	mu    sync.Mutex
-	queue []C
-	busy  int
+// roundGate is the queued claims and records and the busy slots. A slot
+// holder that finishes takes the next round: up to the cap of each kind,
+// sent together in one transaction.
+type roundGate struct {
+	mu      sync.Mutex
+	busy    int
+	claims  []*claimCall
+	records []*recordCall
+}
+
+// idle reports a free slot and nothing queued (g.mu held).
+func (g *roundGate) idle(slots int) bool {
+	return g.busy < slots && len(g.claims) == 0 && len(g.records) == 0
 }
 
 // take takes a free slot when no call is queued (true: the caller runs
 // alone now); a lone call allocates nothing to be batched.
-func (g *batchGate[C]) take(slots int) bool {
+func (g *roundGate) take(slots int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.busy < slots && len(g.queue) == 0 {
+	if g.idle(slots) {
 		g.busy++
 		return true
 	}
 	return false
 }
 
-// enter takes a free slot (true: the caller runs alone now) or queues c.
-func (g *batchGate[C]) enter(c C, slots int) bool {
+// enter takes a free slot of g (true: the caller runs alone now) or
+// queues c on q, one of g's queues.
+func enter[C any](g *roundGate, q *[]C, c C, slots int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.busy < slots && len(g.queue) == 0 {
+	if g.idle(slots) {
 		g.busy++
 		return true
 	}
-	g.queue = append(g.queue, c)
+	*q = append(*q, c)
 	return false
 }
 
-// next hands a slot holder the next batch, up to max calls, or frees its
-// slot when none is queued (nil).
-func (g *batchGate[C]) next(max int) []C {
+// leave takes c out of q, one of g's queues, if it is still there.
+func leave[C comparable](g *roundGate, q *[]C, c C) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.queue) == 0 {
+	if i := slices.Index(*q, c); i >= 0 {
+		*q = slices.Delete(*q, i, i+1)
+	}
+}
+
+// next hands a slot holder the next round, up to max calls of each kind,
+// or frees its slot when none is queued (false).
+func (g *roundGate) next(max int) (claims []*claimCall, records []*recordCall, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.claims) == 0 && len(g.records) == 0 {
 		g.busy--
+		return nil, nil, false
+	}
+	return cut(&g.claims, max), cut(&g.records, max), true
+}
+
+// cut takes up to max calls off the front of q.
+func cut[C any](q *[]C, max int) []C {
+	n := min(max, len(*q))
+	if n == 0 {
 		return nil
 	}
-	n := min(max, len(g.queue))
-	b := slices.Clone(g.queue[:n])
-	g.queue = append(g.queue[:0], g.queue[n:]...)
+	b := slices.Clone((*q)[:n])
+	*q = append((*q)[:0], (*q)[n:]...)
 	return b
 }
 
-// leave takes c out of the queue, if it is still there.
-func (g *batchGate[C]) leave(c C) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if i := slices.Index(g.queue, c); i >= 0 {
-		g.queue = slices.Delete(g.queue, i, i+1)
-	}
-}
-
-// handOn runs the batches queued behind a slot holder that has finished, in
-// a goroutine of their own, until the queue is empty and the slot free.
-func handOn[C queued](g *batchGate[C], max int, run func([]C)) {
-	b := g.next(max)
-	if b == nil {
+// handOn runs the rounds queued behind a slot holder that has finished, in
+// a goroutine of their own, until the queues are empty and the slot free.
+func (g *roundGate) handOn(max int, run func([]*claimCall, []*recordCall)) {
+	c, r, ok := g.next(max)
+	if !ok {
 		return
 	}
 	go func() {
-		for ; b != nil; b = g.next(max) {
-			run(b)
+		for ; ok; c, r, ok = g.next(max) {
+			run(c, r)
 		}
 	}()
 }
 
-// batchContext is a batch's context: the latest deadline among its calls'
-// (no deadline if one has none), not cancelled with any of them: a caller
-// that gives up leaves the others' statement running.
-func batchContext[C queued](calls []C) (context.Context, context.CancelFunc) {
-	var last time.Time
+// roundDeadline is a round's deadline: the latest among its calls' (none
+// if one has none).
+type roundDeadline struct {
+	last time.Time
+	none bool
+}
+
+// add takes calls' deadlines into d.
+func addDeadlines[C queued](d *roundDeadline, calls []C) {
 	for _, c := range calls {
-		d, ok := c.call().ctx.Deadline()
-		if !ok {
-			return context.WithCancel(context.Background())
-		}
-		if d.After(last) {
-			last = d
+		t, ok := c.call().ctx.Deadline()
+		switch {
+		case !ok:
+			d.none = true
+		case t.After(d.last):
+			d.last = t
 		}
 	}
-	return context.WithDeadline(context.Background(), last)
+}
+
+// context is the round's context, not cancelled with any of its calls': a
+// caller that gives up leaves the others' statements running.
+func (d roundDeadline) context() (context.Context, context.CancelFunc) {
+	if d.none {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithDeadline(context.Background(), d.last)
 }
 
 // firsts splits calls into the first call for each row, as same tells
@@ -196,14 +226,15 @@ type queued interface {
 	call() *batchCall
 }
 
-// waitBatched waits for a queued call's answer (nil, false). A call still
-// unsent at half its deadline's remaining time leaves the queue for the
-// caller to send alone (nil, true): a slot busy that long is held by a
-// statement without a reply, and the call then meets the outage itself
-// (its own timeout, the outage probe) rather than reading as saturation.
-// A caller that ends first withdraws an unsent call, or, when it was sent,
-// is answered as a call whose reply never came.
-func waitBatched[C queued](ctx context.Context, g *batchGate[C], c C) (alone bool, err error) {
+// waitBatched waits for a queued call's answer (nil, false); leave takes
+// it out of its queue. A call still unsent at half its deadline's
+// remaining time leaves the queue for the caller to send alone (nil,
+// true): a slot busy that long is held by a statement without a reply, and
+// the call then meets the outage itself (its own timeout, the outage
+// probe) rather than reading as saturation. A caller that ends first
+// withdraws an unsent call, or, when it was sent, is answered as a call
+// whose reply never came.
+func waitBatched[C queued](ctx context.Context, c C, leave func()) (alone bool, err error) {
 	bc := c.call()
 	var half <-chan time.Time
 	if d, ok := ctx.Deadline(); ok {
@@ -218,12 +249,12 @@ func waitBatched[C queued](ctx context.Context, g *batchGate[C], c C) (alone boo
 		case <-half:
 			half = nil
 			if bc.withdraw() {
-				g.leave(c)
+				leave()
 				return true, nil
 			}
 		case <-ctx.Done():
 			if bc.withdraw() {
-				g.leave(c)
+				leave()
 				return false, ctx.Err()
 			}
 			select {

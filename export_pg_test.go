@@ -26,19 +26,15 @@ func ListenerForTest(s *PostgresStore) (heard, failed int64) {
 func ShortListenCheckForTest(s *PostgresStore, d time.Duration) { s.listen.check = d }
 
 // QueuedForTest is the number of claims and records queued for s's next
-// batches.
+// rounds.
 func QueuedForTest(s *PostgresStore) (claims, records int) {
 	b := s.batch.Load()
 	if b == nil {
 		return 0, 0
 	}
-	b.claims.mu.Lock()
-	claims = len(b.claims.queue)
-	b.claims.mu.Unlock()
-	b.records.mu.Lock()
-	records = len(b.records.queue)
-	b.records.mu.Unlock()
-	return claims, records
+	b.gate.mu.Lock()
+	defer b.gate.mu.Unlock()
+	return len(b.gate.claims), len(b.gate.records)
 }
 
 // BatchingForTest reports s's group commit settings (0, 0: off).

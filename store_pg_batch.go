@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Group commit on PostgreSQL (batch.go has the queues): a batch's
-// statement and commit, and its two kinds of call, claims
+// Group commit on PostgreSQL (batch.go has the queues): a round's
+// statements and commit, and its two kinds of call, claims
 // (pgsql.ClaimBatchSQL) and records (pgsql.CompleteBatchSQL).
 
-// answersBatch reports a batch failure that every call of it shares (an
+// answersBatch reports a round failure that every call of it shares (an
 // outage, saturation, configuration): each is answered with it at once.
 // The others (a lock wait, a deadlock, a refused value) retry each call
 // alone, once.
@@ -24,41 +24,155 @@ func answersBatch(err error) bool {
 	return true
 }
 
-// batchLockSQL bounds a batch's lock waits by the transactional wait bound.
+// batchLockSQL bounds a round's lock waits by the transactional wait bound.
 var batchLockSQL = pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait))
 
-// runBatch runs sql in one transaction under the batch lock wait,
-// pipelined in one round trip, with the arguments args builds once a
-// connection is in hand (nil: nothing left to send), reading its rows with
-// each.
-func (s *PostgresStore) runBatch(ctx context.Context, sql string, args func() []any, each func(pgx.Rows) error) error {
-	return s.withConn(ctx, func(c pgConn) error {
-		a := args()
-		if a == nil {
+// runRound claims and records the calls of one round. A second call for a
+// row waits for the first's answer, then goes alone: a duplicate claim
+// reads the first's row and loses. A round of one call goes alone, as it
+// would without batching; a round that failed for a reason of its own
+// (answersBatch) sends every call alone. A call its caller withdrew is
+// never sent.
+func (s *PostgresStore) runRound(claims []*claimCall, records []*recordCall) {
+	cb, cdups := firsts(claims, sameClaim)
+	rb, rdups := firsts(records, func(a, b *recordCall) bool { return a.f.ID == b.f.ID })
+	var (
+		got      []ClaimResult
+		recorded []bool
+		err      error
+		sent     = len(cb)+len(rb) > 1
+	)
+	if sent {
+		got, recorded, err = s.roundRows(cb, rb)
+		if err != nil && answersBatch(err) {
+			cerr, rerr := pgStoreError("claim", err), pgStoreError("complete", err)
+			for _, c := range claims {
+				c.answer(ClaimResult{}, cerr)
+			}
+			for _, c := range records {
+				c.answer(rerr)
+			}
+			return
+		}
+	}
+	s.answerClaims(cb, cdups, got)
+	var alone []*recordCall
+	for _, d := range rdups {
+		alone = append(alone, d...)
+	}
+	switch {
+	case !sent || err != nil:
+		alone = records
+	default:
+		for i, c := range rb {
+			switch {
+			case recorded[i]:
+				c.answer(nil)
+			case c.state.Load() == callSent:
+				c.answer(ErrNotOwner)
+			}
+		}
+	}
+	for _, c := range alone {
+		if c.send() {
+			go func() { c.answer(s.completeAlone(c.ctx, &c.record)) }()
+		}
+	}
+}
+
+// roundRows runs one round's statements in one transaction under the
+// round's settings, pipelined in one round trip, for the calls still
+// pending when a connection is in hand. Once it committed, got[i] is
+// claims[i]'s row (a zero Record.ID where the claim statement returned
+// none or the claim was not sent) and recorded[i] reports whether
+// records[i]'s row was recorded.
+func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (got []ClaimResult, recorded []bool, err error) {
+	var d roundDeadline
+	addDeadlines(&d, claims)
+	addDeadlines(&d, records)
+	ctx, cancel := d.context()
+	defer cancel()
+	got, recorded = make([]ClaimResult, len(claims)), make([]bool, len(records))
+	err = s.withConn(ctx, func(c pgConn) error {
+		ca, ra := claimBatchArgs(claims), recordBatchArgs(records)
+		if ca == nil && ra == nil {
 			return nil
 		}
 		b := &pgx.Batch{}
 		b.Queue(pgsql.BeginSQL)
 		b.Queue(batchLockSQL)
 		b.Queue(pgsql.NoSeqScanSQL)
-		b.Queue(sql, a...)
+		if ca != nil {
+			b.Queue(pgsql.ClaimBatchSQL, ca...)
+		}
+		if ra != nil {
+			b.Queue(pgsql.CompleteBatchSQL, ra...)
+		}
 		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)
-		err := readBatch(br, each)
+		err := readRound(br, ca != nil, ra != nil, claims, got, records, recorded)
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 		return err // a connection left in the failed transaction leaves the pool on release
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return got, recorded, nil
 }
 
-// readBatch reads runBatch's five results.
-func readBatch(br pgx.BatchResults, each func(pgx.Rows) error) error {
+// readRound reads roundRows' results: BEGIN, the two settings, the claims'
+// rows (if sent), the records' ids (if sent), COMMIT.
+func readRound(br pgx.BatchResults, sentClaims, sentRecords bool, claims []*claimCall, got []ClaimResult, records []*recordCall, recorded []bool) error {
 	for range 3 {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
 	}
+	if sentClaims {
+		var sc claimScanner
+		err := readRows(br, func(rows pgx.Rows) error {
+			var res ClaimResult
+			if err := sc.scan(rows, &res.Record, &res.Won); err != nil {
+				return err
+			}
+			for i, c := range claims {
+				if c.sameRow(&res.Record) {
+					got[i] = res
+					break
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if sentRecords {
+		err := readRows(br, func(rows pgx.Rows) error {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			for i, c := range records {
+				if c.f.ID == id {
+					recorded[i] = true
+					break
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	_, err := br.Exec()
+	return err
+}
+
+// readRows reads the next result's rows with each.
+func readRows(br pgx.BatchResults, each func(pgx.Rows) error) error {
 	rows, err := br.Query()
 	if err != nil {
 		return err
@@ -70,11 +184,7 @@ func readBatch(br pgx.BatchResults, each func(pgx.Rows) error) error {
 		}
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	_, err = br.Exec()
-	return err
+	return rows.Err()
 }
 
 // claimCall is one queued claim and, once done is closed, its answer.
@@ -102,28 +212,29 @@ func sameClaim(a, b *claimCall) bool {
 	return a.req.Key == b.req.Key && a.req.Scope == b.req.Scope && a.req.Endpoint == b.req.Endpoint
 }
 
-// Claim implements Store in one round trip, alone or in a batch.
+// Claim implements Store in one round trip, alone or in a round.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
 	b := s.batch.Load()
 	if b == nil || !batchable(req.Key, req.Scope, req.Endpoint, req.DeriveKeyID) {
 		return s.claimAlone(ctx, req)
 	}
-	if !b.claims.take(b.slots) {
+	g := &b.gate
+	if !g.take(b.slots) {
 		c := &claimCall{req: req}
 		c.ctx, c.done = ctx, make(chan struct{})
-		if !b.claims.enter(c, b.slots) {
-			return s.claimQueued(ctx, b, c)
+		if !enter(g, &g.claims, c, b.slots) {
+			return s.claimQueued(ctx, g, c)
 		}
 	}
 	res, err := s.claimAlone(ctx, req)
-	handOn(&b.claims, b.max, s.claimBatch)
+	g.handOn(b.max, s.runRound)
 	return res, err
 }
 
-// claimQueued waits for a queued claim's batch, or claims alone when
+// claimQueued waits for a queued claim's round, or claims alone when
 // waitBatched says so.
-func (s *PostgresStore) claimQueued(ctx context.Context, b *batching, c *claimCall) (ClaimResult, error) {
-	switch alone, err := waitBatched(ctx, &b.claims, c); {
+func (s *PostgresStore) claimQueued(ctx context.Context, g *roundGate, c *claimCall) (ClaimResult, error) {
+	switch alone, err := waitBatched(ctx, c, func() { leave(g, &g.claims, c) }); {
 	case alone:
 		return s.claimAlone(ctx, c.req)
 	case err != nil:
@@ -132,32 +243,19 @@ func (s *PostgresStore) claimQueued(ctx context.Context, b *batching, c *claimCa
 	return c.res, c.err
 }
 
-// claimBatch claims calls' keys in one statement and commit. A second call
-// for a key waits for the first's answer, then claims alone: it reads the
-// first's row and loses, as a duplicate does. A key the statement returned
-// no row for (its row committed after the statement's snapshot), and every
-// key of a batch that failed for a reason of its own (answersBatch), is
-// claimed alone. A call its caller withdrew is never sent.
-func (s *PostgresStore) claimBatch(calls []*claimCall) {
-	batch, dups := firsts(calls, sameClaim)
-	var got []ClaimResult // got[i] is batch[i]'s row, when its Record.ID is set
-	if len(batch) > 1 {
-		var err error
-		if got, err = s.claimBatchRows(batch); err != nil && answersBatch(err) {
-			serr := pgStoreError("claim", err)
-			for _, c := range calls {
-				c.answer(ClaimResult{}, serr)
-			}
-			return
-		}
-	}
+// answerClaims answers a round's claims: each first call of a row that
+// the round read (got[i], nil when the round was not sent or failed), and
+// alone the others: a first call without a row (its conflicting row
+// committed after the statement's snapshot, or the round failed), then
+// the later calls for its row (dups[i]).
+func (s *PostgresStore) answerClaims(batch []*claimCall, dups [][]*claimCall, got []ClaimResult) {
 	for i, c := range batch {
 		var rest []*claimCall
 		if dups != nil {
 			rest = dups[i]
 		}
 		ok := got != nil && got[i].Record.ID != 0
-		if ok && len(rest) == 0 { // the common case: answered by the batch
+		if ok && len(rest) == 0 { // the common case: answered by the round
 			c.answer(got[i], nil)
 			continue
 		}
@@ -174,33 +272,6 @@ func (s *PostgresStore) claimBatch(calls []*claimCall) {
 			}
 		}()
 	}
-}
-
-// claimBatchRows runs pgsql.ClaimBatchSQL for the calls of batch still
-// pending when a connection is in hand: once the batch committed, got[i]
-// is batch[i]'s row (a zero Record.ID where the statement returned none).
-func (s *PostgresStore) claimBatchRows(batch []*claimCall) (got []ClaimResult, err error) {
-	ctx, cancel := batchContext(batch)
-	defer cancel()
-	read := make([]ClaimResult, len(batch))
-	var sc claimScanner
-	err = s.runBatch(ctx, pgsql.ClaimBatchSQL, func() []any { return claimBatchArgs(batch) }, func(rows pgx.Rows) error {
-		var res ClaimResult
-		if err := sc.scan(rows, &res.Record, &res.Won); err != nil {
-			return err
-		}
-		for i, c := range batch {
-			if c.sameRow(&res.Record) {
-				read[i] = res
-				break
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return read, nil
 }
 
 // claimBatchArgs are pgsql.ClaimBatchSQL's arrays for the calls it marks
@@ -254,7 +325,7 @@ func (c *recordCall) answer(err error) {
 	close(c.done)
 }
 
-// complete writes r to its row, alone or in a batch (a record that wakes
+// complete writes r to its row, alone or in a round (a record that wakes
 // waiters goes alone: pgsql.WakeSQL follows it); a lone record allocates
 // nothing to be batched.
 func (s *PostgresStore) complete(ctx context.Context, r *record) error {
@@ -262,22 +333,23 @@ func (s *PostgresStore) complete(ctx context.Context, r *record) error {
 	if b == nil || r.f.wake || !batchable(r.f.Key, r.f.Scope, r.f.Endpoint) {
 		return s.completeAlone(ctx, r)
 	}
-	if !b.records.take(b.slots) {
+	g := &b.gate
+	if !g.take(b.slots) {
 		c := &recordCall{record: *r}
 		c.ctx, c.done = ctx, make(chan struct{})
-		if !b.records.enter(c, b.slots) {
-			return s.completeQueued(ctx, b, c)
+		if !enter(g, &g.records, c, b.slots) {
+			return s.completeQueued(ctx, g, c)
 		}
 	}
 	err := s.completeAlone(ctx, r)
-	handOn(&b.records, b.max, s.completeBatch)
+	g.handOn(b.max, s.runRound)
 	return err
 }
 
-// completeQueued waits for a queued record's batch, or records alone when
+// completeQueued waits for a queued record's round, or records alone when
 // waitBatched says so (claimQueued's twin).
-func (s *PostgresStore) completeQueued(ctx context.Context, b *batching, c *recordCall) error {
-	switch alone, err := waitBatched(ctx, &b.records, c); {
+func (s *PostgresStore) completeQueued(ctx context.Context, g *roundGate, c *recordCall) error {
+	switch alone, err := waitBatched(ctx, c, func() { leave(g, &g.records, c) }); {
 	case alone:
 		return s.completeAlone(ctx, &c.record)
 	case err != nil:
@@ -304,57 +376,6 @@ func (s *PostgresStore) completeAlone(ctx context.Context, c *record) error {
 	}
 	s.wake(ctx, conn, f)
 	return nil
-}
-
-// completeBatch records calls' responses in one statement and commit; a
-// second call for a row goes alone after it, as do all of them when the
-// batch failed for a reason of its own (answersBatch).
-func (s *PostgresStore) completeBatch(calls []*recordCall) {
-	batch, dups := firsts(calls, func(a, b *recordCall) bool { return a.f.ID == b.f.ID })
-	var alone []*recordCall
-	for _, d := range dups {
-		alone = append(alone, d...)
-	}
-	ctx, cancel := batchContext(batch)
-	defer cancel()
-	recorded := make([]bool, len(batch))
-	err := s.runBatch(ctx, pgsql.CompleteBatchSQL, func() []any { return recordBatchArgs(batch) }, func(rows pgx.Rows) error {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		for i, c := range batch {
-			if c.f.ID == id {
-				recorded[i] = true
-				break
-			}
-		}
-		return nil
-	})
-	switch {
-	case err != nil && answersBatch(err):
-		serr := pgStoreError("complete", err)
-		for _, c := range calls {
-			c.answer(serr)
-		}
-		return
-	case err != nil:
-		alone = calls
-	default:
-		for i, c := range batch {
-			switch {
-			case recorded[i]:
-				c.answer(nil)
-			case c.state.Load() == callSent:
-				c.answer(ErrNotOwner)
-			}
-		}
-	}
-	for _, c := range alone {
-		if c.send() {
-			go func() { c.answer(s.completeAlone(c.ctx, &c.record)) }()
-		}
-	}
 }
 
 // recordBatchArgs are pgsql.CompleteBatchSQL's arrays for the calls it

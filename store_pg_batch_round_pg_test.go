@@ -1,0 +1,120 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testdb"
+)
+
+// roundCounter counts the pgx batches that carry both a claim and a record
+// statement: a round's one transaction.
+type roundCounter struct{ rounds atomic.Int64 }
+
+func (c *roundCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *roundCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var claims, records bool
+	for _, q := range d.Batch.QueuedQueries {
+		claims = claims || strings.Contains(q.SQL, "in_grace")
+		records = records || strings.Contains(q.SQL, "in_seal")
+	}
+	if claims && records {
+		c.rounds.Add(1)
+	}
+	return ctx
+}
+func (c *roundCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestGroupCommitRound: claims and records queued behind a busy slot leave
+// together, in one transaction: the new keys are won, the records land,
+// a record whose row is no longer its caller's is told so, and one pgx
+// batch carried both statements.
+func TestGroupCommitRound(t *testing.T) {
+	t.Parallel()
+	var rc roundCounter
+	pool := testdb.New(t, testdb.MaxConns(8), testdb.Configure(func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rc }))
+	s := batchedStore(t, pool)
+	ctx := t.Context()
+	var owned []idempotency.Record // rows to record, claimed while the slot is free
+	for range 3 {
+		res, err := s.Claim(ctx, slotClaim(uuid.NewString()))
+		if err != nil || !res.Won {
+			t.Fatalf("claim before the round: %+v %v", res, err)
+		}
+		owned = append(owned, res.Record)
+	}
+	stale := owned[2].Fence()
+	stale.Attempt++ // not the row's attempt: the record must not land
+	release := holdSlot(t, pool, s)
+	var once sync.Once
+	free := func() { once.Do(release) }
+	t.Cleanup(free) // a failure before free below must not leave the pool held
+	claimed := make(chan error, 3)
+	for range 3 {
+		go func() {
+			res, err := s.Claim(context.Background(), slotClaim(uuid.NewString()))
+			if err == nil && !res.Won {
+				err = errors.New("lost a new key")
+			}
+			claimed <- err
+		}()
+	}
+	recorded := make(chan error, 3)
+	resp := idempotency.Response{Status: 201, Body: []byte(`{"ok":true}`), BodyKind: idempotency.BodyJSON}
+	for i, rec := range owned {
+		f := rec.Fence()
+		if i == 2 {
+			f = stale
+		}
+		go func() { recorded <- s.Complete(context.Background(), f, rec, resp) }()
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		if c, r := idempotency.QueuedForTest(s); c == 3 && r == 3 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d claims and %d records queued, want 3 and 3", c, r)
+		}
+	}
+	free()
+	var notOwner int
+	for range 3 {
+		if err := <-claimed; err != nil {
+			t.Errorf("a queued claim: %v", err)
+		}
+		switch err := <-recorded; {
+		case errors.Is(err, idempotency.ErrNotOwner):
+			notOwner++
+		case err != nil:
+			t.Errorf("a queued record: %v", err)
+		}
+	}
+	if notOwner != 1 {
+		t.Errorf("%d records told ErrNotOwner, want 1 (the stale attempt)", notOwner)
+	}
+	for i, rec := range owned {
+		var status string
+		if err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE id = $1`, rec.ID).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: "completed", false: "in_flight"}[i < 2]; status != want {
+			t.Errorf("row %d after its record: %s, want %s", i, status, want)
+		}
+	}
+	if rc.rounds.Load() != 1 {
+		t.Errorf("%d transactions carried claims and records, want 1", rc.rounds.Load())
+	}
+}
