@@ -135,7 +135,7 @@ type roundDeadline struct {
 	none bool
 }
 
-// add takes calls' deadlines into d.
+// addDeadlines takes calls' deadlines into d.
 func addDeadlines[C queued](d *roundDeadline, calls []C) {
 	for _, c := range calls {
 		t, ok := c.call().ctx.Deadline()

@@ -80,19 +80,27 @@ func (s *PostgresStore) runRound(claims []*claimCall, records []*recordCall) {
 	}
 }
 
+// round is one round's first calls of each row and, once it committed,
+// what it read: got[i] is claims[i]'s row (a zero Record.ID where the claim
+// statement returned none or the claim was not sent), recorded[i] whether
+// records[i]'s row was recorded.
+type round struct {
+	claims   []*claimCall
+	records  []*recordCall
+	got      []ClaimResult
+	recorded []bool
+}
+
 // roundRows runs one round's statements in one transaction under the
 // round's settings, pipelined in one round trip, for the calls still
-// pending when a connection is in hand. Once it committed, got[i] is
-// claims[i]'s row (a zero Record.ID where the claim statement returned
-// none or the claim was not sent) and recorded[i] reports whether
-// records[i]'s row was recorded.
+// pending when a connection is in hand.
 func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (got []ClaimResult, recorded []bool, err error) {
 	var d roundDeadline
 	addDeadlines(&d, claims)
 	addDeadlines(&d, records)
 	ctx, cancel := d.context()
 	defer cancel()
-	got, recorded = make([]ClaimResult, len(claims)), make([]bool, len(records))
+	r := round{claims, records, make([]ClaimResult, len(claims)), make([]bool, len(records))}
 	err = s.withConn(ctx, func(c pgConn) error {
 		ca, ra := claimBatchArgs(claims), recordBatchArgs(records)
 		if ca == nil && ra == nil {
@@ -110,7 +118,7 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 		}
 		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)
-		err := readRound(br, ca != nil, ra != nil, claims, got, records, recorded)
+		err := r.read(br, ca != nil, ra != nil)
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
@@ -119,12 +127,12 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 	if err != nil {
 		return nil, nil, err
 	}
-	return got, recorded, nil
+	return r.got, r.recorded, nil
 }
 
-// readRound reads roundRows' results: BEGIN, the two settings, the claims'
-// rows (if sent), the records' ids (if sent), COMMIT.
-func readRound(br pgx.BatchResults, sentClaims, sentRecords bool, claims []*claimCall, got []ClaimResult, records []*recordCall, recorded []bool) error {
+// read reads roundRows' results: BEGIN, the two settings, the claims' rows
+// (if sent), the records' ids (if sent), COMMIT.
+func (r *round) read(br pgx.BatchResults, sentClaims, sentRecords bool) error {
 	for range 3 {
 		if _, err := br.Exec(); err != nil {
 			return err
@@ -137,9 +145,9 @@ func readRound(br pgx.BatchResults, sentClaims, sentRecords bool, claims []*clai
 			if err := sc.scan(rows, &res.Record, &res.Won); err != nil {
 				return err
 			}
-			for i, c := range claims {
-				if c.sameRow(&res.Record) {
-					got[i] = res
+			for i, c := range r.claims {
+				if c.names(res.Record.Key, res.Record.Scope, res.Record.Endpoint) {
+					r.got[i] = res
 					break
 				}
 			}
@@ -155,9 +163,9 @@ func readRound(br pgx.BatchResults, sentClaims, sentRecords bool, claims []*clai
 			if err := rows.Scan(&id); err != nil {
 				return err
 			}
-			for i, c := range records {
+			for i, c := range r.records {
 				if c.f.ID == id {
-					recorded[i] = true
+					r.recorded[i] = true
 					break
 				}
 			}
@@ -202,15 +210,13 @@ func (c *claimCall) answer(res ClaimResult, err error) {
 	close(c.done)
 }
 
-// sameRow reports whether a claim names rec's row.
-func (c *claimCall) sameRow(rec *Record) bool {
-	return c.req.Key == rec.Key && c.req.Scope == rec.Scope && c.req.Endpoint == rec.Endpoint
+// names reports whether a claim names the row of key, scope and endpoint.
+func (c *claimCall) names(key, scope, endpoint string) bool {
+	return c.req.Key == key && c.req.Scope == scope && c.req.Endpoint == endpoint
 }
 
 // sameClaim reports whether two claims name one row.
-func sameClaim(a, b *claimCall) bool {
-	return a.req.Key == b.req.Key && a.req.Scope == b.req.Scope && a.req.Endpoint == b.req.Endpoint
-}
+func sameClaim(a, b *claimCall) bool { return a.names(b.req.Key, b.req.Scope, b.req.Endpoint) }
 
 // Claim implements Store in one round trip, alone or in a round.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {

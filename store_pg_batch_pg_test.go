@@ -27,14 +27,23 @@ import (
 // claim without a caller, and a process killed with batches in flight
 // executes no key twice.
 
-// batchCounter counts the batch statements pgx sends (a BatchTracer).
-type batchCounter struct{ claims, records atomic.Int64 }
+// batchCounter counts the batch statements pgx sends (a BatchTracer), and
+// the rounds: pgx batches that carry both a claim and a record statement.
+type batchCounter struct{ claims, records, rounds atomic.Int64 }
 
 func (c *batchCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx
 }
 func (c *batchCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (c *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var claims, records bool
+	for _, q := range d.Batch.QueuedQueries {
+		claims = claims || strings.Contains(q.SQL, "in_grace")
+		records = records || strings.Contains(q.SQL, "in_seal")
+	}
+	if claims && records {
+		c.rounds.Add(1)
+	}
 	return ctx
 }
 func (c *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -3,41 +3,15 @@ package idempotency_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
 )
-
-// roundCounter counts the pgx batches that carry both a claim and a record
-// statement: a round's one transaction.
-type roundCounter struct{ rounds atomic.Int64 }
-
-func (c *roundCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
-}
-func (c *roundCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	var claims, records bool
-	for _, q := range d.Batch.QueuedQueries {
-		claims = claims || strings.Contains(q.SQL, "in_grace")
-		records = records || strings.Contains(q.SQL, "in_seal")
-	}
-	if claims && records {
-		c.rounds.Add(1)
-	}
-	return ctx
-}
-func (c *roundCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // TestGroupCommitRound: claims and records queued behind a busy slot leave
 // together, in one transaction: the new keys are won, the records land,
@@ -45,8 +19,8 @@ func (c *roundCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchE
 // batch carried both statements.
 func TestGroupCommitRound(t *testing.T) {
 	t.Parallel()
-	var rc roundCounter
-	pool := testdb.New(t, testdb.MaxConns(8), testdb.Configure(func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = &rc }))
+	var bc batchCounter
+	pool := testdb.New(t, testdb.MaxConns(8), bc.option())
 	s := batchedStore(t, pool)
 	ctx := t.Context()
 	var owned []idempotency.Record // rows to record, claimed while the slot is free
@@ -114,7 +88,7 @@ func TestGroupCommitRound(t *testing.T) {
 			t.Errorf("row %d after its record: %s, want %s", i, status, want)
 		}
 	}
-	if rc.rounds.Load() != 1 {
-		t.Errorf("%d transactions carried claims and records, want 1", rc.rounds.Load())
+	if bc.rounds.Load() != 1 {
+		t.Errorf("%d transactions carried claims and records, want 1", bc.rounds.Load())
 	}
 }
