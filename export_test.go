@@ -13,8 +13,8 @@ const (
 	CompleteSQLForTest = pgsql.CompleteSQL
 )
 
-// BatchLockSQLForTest is the lock wait a batch's transaction sets.
-var BatchLockSQLForTest = batchLockSQL
+// RoundSettingsForTest are the settings a round's transaction makes first.
+var RoundSettingsForTest = roundSettings
 
 // NewMemoryStoreForTest returns a MemoryStore on the clock now.
 func NewMemoryStoreForTest(now func() time.Time, opts ...MemoryOption) *MemoryStore {

@@ -24,8 +24,14 @@ func answersBatch(err error) bool {
 	return true
 }
 
-// batchLockSQL bounds a round's lock waits by the transactional wait bound.
-var batchLockSQL = pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait))
+// roundSettings are what a round's transaction sets first: its lock waits
+// bounded by the transactional wait bound, then the plans of its
+// statements (pgsql.NoSeqScanSQL, pgsql.GenericPlanSQL).
+var roundSettings = []string{
+	pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait)),
+	pgsql.NoSeqScanSQL,
+	pgsql.GenericPlanSQL,
+}
 
 // runRound claims and records the calls of one round. A second call for a
 // row waits for the first's answer, then goes alone: a duplicate claim
@@ -108,8 +114,9 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 		}
 		b := &pgx.Batch{}
 		b.Queue(pgsql.BeginSQL)
-		b.Queue(batchLockSQL)
-		b.Queue(pgsql.NoSeqScanSQL)
+		for _, set := range roundSettings {
+			b.Queue(set)
+		}
 		if ca != nil {
 			b.Queue(pgsql.ClaimBatchSQL, ca...)
 		}
@@ -130,10 +137,10 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 	return r.got, r.recorded, nil
 }
 
-// read reads roundRows' results: BEGIN, the two settings, the claims' rows
+// read reads roundRows' results: BEGIN, the settings, the claims' rows
 // (if sent), the records' ids (if sent), COMMIT.
 func (r *round) read(br pgx.BatchResults, sentClaims, sentRecords bool) error {
-	for range 3 {
+	for range 1 + len(roundSettings) {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}

@@ -91,4 +91,9 @@ func TestGroupCommitRound(t *testing.T) {
 	if bc.rounds.Load() != 1 {
 		t.Errorf("%d transactions carried claims and records, want 1", bc.rounds.Load())
 	}
+	for name, marker := range map[string]string{"claim": "in_grace", "record": "in_seal"} { // as batchCounter tells them
+		if generic, custom := planCounts(t, pool, marker); generic == 0 || custom != 0 {
+			t.Errorf("the round's %s statement: %d generic plans, %d custom plans; want generic only", name, generic, custom)
+		}
+	}
 }

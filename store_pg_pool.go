@@ -224,6 +224,7 @@ var pgStatements = map[string]string{
 	"pgsql.CitusTableSQL":          pgsql.CitusTableSQL,
 	"pgsql.BeginSQL":               pgsql.BeginSQL,
 	"pgsql.NoSeqScanSQL":           pgsql.NoSeqScanSQL,
+	"pgsql.GenericPlanSQL":         pgsql.GenericPlanSQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.
