@@ -50,13 +50,13 @@ func TestPostgresStatementsListed(t *testing.T) {
 	}
 }
 
-// sqlstoreOnly are the statements of internal/pgsql that only sqlstore's
-// PostgreSQL dialect sends (it does not promise Citus).
 // batchOnly are group commit's statements, never sent to a Citus table:
 // Check turns batching off there, so they may name many scopes.
 var batchOnly = []string{"pgsql.CompleteBatchSQL"}
 
-var sqlstoreOnly = []string{"pgsql.CleanupSQL", "pgsql.PurgeSQL", "pgsql.EraseDeleteSQL", "pgsql.EraseKeptSQL"}
+// sqlstoreOnly are the statements of internal/pgsql that only sqlstore's
+// PostgreSQL dialect sends (it does not promise Citus).
+var sqlstoreOnly = []string{"pgsql.CleanupSQL", "pgsql.PurgeSQL", "pgsql.EraseDeleteSQL", "pgsql.EraseKeptSQL", "pgsql.CustomPlanSQL"}
 
 // TestPostgresStatementsCitusRules pins, on the SQL text, the rules a
 // table distributed by scope_user_id (Citus) needs (docs/scaling.md, "Scale-out

@@ -98,11 +98,32 @@ func (s *Store) scanListed(row interface{ Scan(...any) error }, rec *idempotency
 	return scanRecord(row, rec, nil, extra...)
 }
 
-// cleanupOn purges one batch and deletes one on c.
+// cleanupOn purges one batch and deletes one on c. On PostgreSQL both run
+// in one transaction that plans them for the call (pgsql.CustomPlanSQL).
 func (s *Store) cleanupOn(ctx context.Context, c *sql.Conn, limit int) (int64, error) {
+	if s.st.cleanupPlans == "" {
+		return s.cleanupWith(ctx, c, limit)
+	}
+	tx, err := c.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, s.st.cleanupPlans); err != nil {
+		return 0, err
+	}
+	n, err := s.cleanupWith(ctx, tx, limit)
+	if err != nil {
+		return 0, err
+	}
+	return n, tx.Commit()
+}
+
+// cleanupWith runs the purge, then the delete, on x.
+func (s *Store) cleanupWith(ctx context.Context, x execer, limit int) (int64, error) {
 	var total int64
 	for _, stmt := range []string{s.st.purge, s.st.cleanup} {
-		r, err := c.ExecContext(ctx, stmt, limit)
+		r, err := x.ExecContext(ctx, stmt, limit)
 		if err != nil {
 			return total, err
 		}

@@ -42,3 +42,32 @@ VALUES ('k2', '', 'orders', decode(repeat('ab', 32), 'hex'), 'failed', 1,
 		})
 	}
 }
+
+// TestPostgresCleanupPlansEachBatch: on a driver that prepares its
+// statements (pgx's stdlib), cleanup's two statements are planned for each
+// batch, never on a plan the connection keeps. Their batch size is a
+// parameter; a kept plan, made once while the table was small, joins a
+// batch to every expired row (a bitmap scan of idx_idem_keys_retain), and
+// nothing but an ANALYZE replaces it while the table grows: each batch of a
+// backlog then reads the whole backlog. (lib/pq sends unnamed statements,
+// which PostgreSQL always plans afresh.)
+func TestPostgresCleanupPlansEachBatch(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	db, _ := pgDB(t, "pgx", 1)
+	s := pgStore(t, db)
+	for range 10 { // PostgreSQL weighs a kept plan after five calls
+		if _, err := s.Cleanup(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var generic, custom int64
+	if err := db.QueryRowContext(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
+		FROM pg_prepared_statements WHERE statement LIKE 'WITH batch AS%'`).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic != 0 || custom < 20 {
+		t.Errorf("cleanup's statements over 10 batches: %d generic plans, %d custom plans; want 0 and at least 20", generic, custom)
+	}
+}

@@ -46,6 +46,7 @@ func pgStatements(table string) statements {
 		savepoint:         pgsql.SavepointSQL,
 		rollbackSavepoint: pgsql.RollbackToSavepointSQL,
 		txInsert:          q(pgsql.TxClaimSQL),
+		cleanupPlans:      pgsql.CustomPlanSQL,
 	}
 }
 

@@ -67,6 +67,7 @@ type statements struct {
 	savepoint, rollbackSavepoint, endLease, renew                            string
 	reconcileClaim, stale                                                    string // reconcile.go
 	txInsert                                                                 string // PostgreSQL: a transactional claim's INSERT
+	cleanupPlans                                                             string // PostgreSQL: set first in cleanup's transaction
 }
 
 // dialect is what differs between the databases beyond the statements.

@@ -602,6 +602,13 @@ const NoSeqScanSQL = `SET LOCAL enable_seqscan = off`
 // PostgreSQL would plan every batch afresh: a third of its CPU per key.
 const GenericPlanSQL = `SET LOCAL plan_cache_mode = force_generic_plan`
 
+// CustomPlanSQL makes a cleanup batch's transaction plan its statements
+// for the call (sqlstore's PostgreSQL dialect, whose driver may prepare
+// them): CleanupSQL and PurgeSQL take their batch size as a parameter, and
+// a plan kept from when the table was small joins a batch to every expired
+// row, while one made for the call finds the batch's rows by key.
+const CustomPlanSQL = `SET LOCAL plan_cache_mode = force_custom_plan`
+
 // CitusSQL reports whether the citus extension is installed (Check): only
 // then does CitusTableSQL, which reads its catalog, run.
 const CitusSQL = `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`
