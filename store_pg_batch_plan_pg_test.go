@@ -68,11 +68,12 @@ func TestGroupCommitPlansUseTheKey(t *testing.T) {
 }
 
 // planCounts sums, over pool's idle connections, the plans PostgreSQL made
-// for the statements pgx prepared on them that contain marker: generic (planned once, kept)
-// and custom (planned afresh for each call). A round's arrays are small
-// and their sizes known when planned for the call, so PostgreSQL would
-// find custom plans cheaper and plan every round again: the bench saw a
-// third of PostgreSQL's CPU per new key go to planning at 16 clients.
+// for the statements pgx prepared on them that contain marker: generic
+// (planned once, kept) and custom (planned afresh for each call). A
+// round's arrays are small and their sizes known when planned for the
+// call, so PostgreSQL would find custom plans cheaper and plan every round
+// again: the bench saw a third of PostgreSQL's CPU per new key go to
+// planning at 16 clients.
 func planCounts(t *testing.T, pool *pgxpool.Pool, marker string) (generic, custom int64) {
 	t.Helper()
 	for _, c := range pool.AcquireAllIdle(t.Context()) {
