@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -87,4 +88,29 @@ func planCounts(t *testing.T, pool *pgxpool.Pool, marker string) (generic, custo
 		generic, custom = generic+g, custom+cu
 	}
 	return generic, custom
+}
+
+// TestRoundSettingsByVersion: plan_cache_mode exists from PostgreSQL 12
+// on; a round on an older server, or one whose version is not known, does
+// not set it (the setting would fail every round there). The others are
+// always set.
+func TestRoundSettingsByVersion(t *testing.T) {
+	all := idempotency.RoundSettingsForTest
+	for version, want := range map[string]int{
+		"15.20 (Debian 15.20-0+deb12u1)": len(all),
+		"12.0":                           len(all),
+		"17beta1":                        len(all),
+		"11.22":                          len(all) - 1,
+		"9.6.24":                         len(all) - 1,
+		"":                               len(all) - 1,
+		"unknown":                        len(all) - 1,
+	} {
+		got := idempotency.RoundSettingsOnForTest(version)
+		if len(got) != want || !slices.Equal(got, all[:len(got)]) {
+			t.Errorf("server_version %q: %q, want the first %d of %q", version, got, want, all)
+		}
+		if slices.Contains(got, pgsql.GenericPlanSQL) != (want == len(all)) {
+			t.Errorf("server_version %q: %q sets plan_cache_mode wrongly", version, got)
+		}
+	}
 }
