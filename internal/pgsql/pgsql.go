@@ -606,8 +606,11 @@ const GenericPlanSQL = `SET LOCAL plan_cache_mode = force_generic_plan`
 // for the call (sqlstore's PostgreSQL dialect, whose driver may prepare
 // them): CleanupSQL and PurgeSQL take their batch size as a parameter, and
 // a plan kept from when the table was small joins a batch to every expired
-// row, while one made for the call finds the batch's rows by key.
-const CustomPlanSQL = `SET LOCAL plan_cache_mode = force_custom_plan`
+// row, while one made for the call finds the batch's rows by key. The
+// setting exists from PostgreSQL 12 on; on an older server the condition
+// is false and set_config is never called (a SET would fail there).
+const CustomPlanSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
+WHERE current_setting('server_version_num')::int >= 120000`
 
 // CitusSQL reports whether the citus extension is installed (Check): only
 // then does CitusTableSQL, which reads its catalog, run.
