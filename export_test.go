@@ -16,9 +16,6 @@ const (
 // RoundSettingsForTest are the settings a round's transaction makes first.
 var RoundSettingsForTest = roundSettings
 
-// RoundSettingsOnForTest is roundSettingsOn.
-var RoundSettingsOnForTest = roundSettingsOn
-
 // NewMemoryStoreForTest returns a MemoryStore on the clock now.
 func NewMemoryStoreForTest(now func() time.Time, opts ...MemoryOption) *MemoryStore {
 	s := NewMemoryStore(opts...)

@@ -26,35 +26,11 @@ func answersBatch(err error) bool {
 
 // roundSettings are what a round's transaction sets first: its lock waits
 // bounded by the transactional wait bound, then the plans of its
-// statements (pgsql.NoSeqScanSQL, pgsql.GenericPlanSQL; roundSettingsOn).
+// statements (pgsql.NoSeqScanSQL, pgsql.GenericPlanSQL).
 var roundSettings = []string{
 	pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait)),
 	pgsql.NoSeqScanSQL,
 	pgsql.GenericPlanSQL,
-}
-
-// roundSettingsOn are roundSettings for a server that reports version:
-// plan_cache_mode exists from PostgreSQL 12 on, and setting it on an older
-// server (or one whose version is not known) would fail every round; there
-// PostgreSQL chooses a round's plans as before.
-func roundSettingsOn(version string) []string {
-	if pgMajor(version) < 12 {
-		return roundSettings[:2]
-	}
-	return roundSettings
-}
-
-// pgMajor is the major version in a server_version such as "15.20 (Debian
-// 15.20-0+deb12u1)" or "9.6.24"; 0 when it starts with no number.
-func pgMajor(version string) int {
-	n := 0
-	for _, r := range version {
-		if r < '0' || r > '9' || n > 1000 {
-			break
-		}
-		n = n*10 + int(r-'0')
-	}
-	return n
 }
 
 // runRound claims and records the calls of one round. A second call for a
@@ -136,10 +112,9 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 		if ca == nil && ra == nil {
 			return nil
 		}
-		settings := roundSettingsOn(c.Conn().PgConn().ParameterStatus("server_version"))
 		b := &pgx.Batch{}
 		b.Queue(pgsql.BeginSQL)
-		for _, set := range settings {
+		for _, set := range roundSettings {
 			b.Queue(set)
 		}
 		if ca != nil {
@@ -150,7 +125,7 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 		}
 		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)
-		err := r.read(br, len(settings), ca != nil, ra != nil)
+		err := r.read(br, ca != nil, ra != nil)
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
@@ -162,10 +137,10 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 	return r.got, r.recorded, nil
 }
 
-// read reads roundRows' results: BEGIN, the settings (n), the claims' rows
+// read reads roundRows' results: BEGIN, the settings, the claims' rows
 // (if sent), the records' ids (if sent), COMMIT.
-func (r *round) read(br pgx.BatchResults, settings int, sentClaims, sentRecords bool) error {
-	for range 1 + settings {
+func (r *round) read(br pgx.BatchResults, sentClaims, sentRecords bool) error {
+	for range 1 + len(roundSettings) {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}

@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"slices"
 	"strings"
 	"testing"
 
@@ -90,27 +89,42 @@ func planCounts(t *testing.T, pool *pgxpool.Pool, marker string) (generic, custo
 	return generic, custom
 }
 
-// TestRoundSettingsByVersion: plan_cache_mode exists from PostgreSQL 12
-// on; a round on an older server, or one whose version is not known, does
-// not set it (the setting would fail every round there). The others are
-// always set.
-func TestRoundSettingsByVersion(t *testing.T) {
-	all := idempotency.RoundSettingsForTest
-	for version, want := range map[string]int{
-		"15.20 (Debian 15.20-0+deb12u1)": len(all),
-		"12.0":                           len(all),
-		"17beta1":                        len(all),
-		"11.22":                          len(all) - 1,
-		"9.6.24":                         len(all) - 1,
-		"":                               len(all) - 1,
-		"unknown":                        len(all) - 1,
-	} {
-		got := idempotency.RoundSettingsOnForTest(version)
-		if len(got) != want || !slices.Equal(got, all[:len(got)]) {
-			t.Errorf("server_version %q: %q, want the first %d of %q", version, got, want, all)
+// TestPlanSettingsFromPG12: the plan settings (a round's kept plans,
+// sqlstore cleanup's plans for the call) are made on PostgreSQL 12 or
+// newer, where plan_cache_mode exists, and only there. Each sets its mode
+// here for the transaction alone; the same statement asking for a version
+// this server is not, and naming a setting it does not know, runs without
+// error: on an older server set_config is never called.
+func TestPlanSettingsFromPG12(t *testing.T) {
+	pool := testdb.New(t, testdb.MaxConns(1))
+	ctx := t.Context()
+	for stmt, mode := range map[string]string{pgsql.GenericPlanSQL: "force_generic_plan", pgsql.CustomPlanSQL: "force_custom_plan"} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if slices.Contains(got, pgsql.GenericPlanSQL) != (want == len(all)) {
-			t.Errorf("server_version %q: %q sets plan_cache_mode wrongly", version, got)
+		var got string
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got != mode {
+			t.Errorf("%s: plan_cache_mode %q in its transaction, want %q", stmt, got, mode)
+		}
+		if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&got); err != nil || got != "auto" {
+			t.Errorf("%s: plan_cache_mode %q after its transaction (%v), want auto", stmt, got, err)
+		}
+		old := strings.NewReplacer("120000", "9900000", "'plan_cache_mode'", "'no_such_setting'").Replace(stmt)
+		if old == stmt || !strings.Contains(old, "no_such_setting") {
+			t.Fatalf("%s no longer names the version and the setting this test replaces", stmt)
+		}
+		if _, err := pool.Exec(ctx, old); err != nil {
+			t.Errorf("%s on a server older than it asks for: %v", old, err)
 		}
 	}
 }

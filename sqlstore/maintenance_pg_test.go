@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/internal/pgsql"
 )
 
 // TestPostgresCleanup: Cleanup on the PostgreSQL dialect, through
@@ -70,22 +69,5 @@ func TestPostgresCleanupPlansEachBatch(t *testing.T) {
 	}
 	if generic != 0 || custom < 20 {
 		t.Errorf("cleanup's statements over 10 batches: %d generic plans, %d custom plans; want 0 and at least 20", generic, custom)
-	}
-}
-
-// TestPostgresCleanupPlansOnOldServers: cleanup's plan setting is only
-// made on PostgreSQL 12 or newer, where plan_cache_mode exists: the same
-// statement, asked of a server older than it requires and naming a setting
-// this server does not know, runs without error (its set_config is never
-// called).
-func TestPostgresCleanupPlansOnOldServers(t *testing.T) {
-	t.Parallel()
-	db, _ := pgDB(t, "pgx", 1)
-	stmt := strings.NewReplacer("120000", "9900000", "'plan_cache_mode'", "'no_such_setting'").Replace(pgsql.CustomPlanSQL)
-	if stmt == pgsql.CustomPlanSQL {
-		t.Fatal("the statement no longer names the version and the setting this test replaces")
-	}
-	if _, err := db.ExecContext(t.Context(), stmt); err != nil {
-		t.Errorf("%s: %v", stmt, err)
 	}
 }

@@ -600,16 +600,20 @@ const NoSeqScanSQL = `SET LOCAL enable_seqscan = off`
 // arrays are small and their lengths known when PostgreSQL plans for one
 // call, so a plan for the call looks cheaper than the kept one, and
 // PostgreSQL would plan every batch afresh: a third of its CPU per key.
-const GenericPlanSQL = `SET LOCAL plan_cache_mode = force_generic_plan`
+const GenericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)` + fromPG12
 
 // CustomPlanSQL makes a cleanup batch's transaction plan its statements
 // for the call (sqlstore's PostgreSQL dialect, whose driver may prepare
 // them): CleanupSQL and PurgeSQL take their batch size as a parameter, and
 // a plan kept from when the table was small joins a batch to every expired
-// row, while one made for the call finds the batch's rows by key. The
-// setting exists from PostgreSQL 12 on; on an older server the condition
-// is false and set_config is never called (a SET would fail there).
-const CustomPlanSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
+// row, while one made for the call finds the batch's rows by key.
+const CustomPlanSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)` + fromPG12
+
+// fromPG12 limits GenericPlanSQL and CustomPlanSQL to PostgreSQL 12 or
+// newer, where plan_cache_mode exists: on an older server the condition is
+// false and set_config is never called (a SET there would fail, 42704,
+// every batch). set_config(..., true) is SET LOCAL.
+const fromPG12 = `
 WHERE current_setting('server_version_num')::int >= 120000`
 
 // CitusSQL reports whether the citus extension is installed (Check): only
