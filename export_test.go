@@ -13,8 +13,8 @@ const (
 	CompleteSQLForTest = pgsql.CompleteSQL
 )
 
-// RoundSettingsForTest are the settings a round's transaction makes first.
-var RoundSettingsForTest = roundSettings
+// RoundLockWaitForTest is a round's lock_timeout (pgsql.RoundSettingsSQL's $1).
+var RoundLockWaitForTest = roundLockWait
 
 // NewMemoryStoreForTest returns a MemoryStore on the clock now.
 func NewMemoryStoreForTest(now func() time.Time, opts ...MemoryOption) *MemoryStore {

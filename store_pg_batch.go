@@ -24,14 +24,9 @@ func answersBatch(err error) bool {
 	return true
 }
 
-// roundSettings are what a round's transaction sets first: its lock waits
-// bounded by the transactional wait bound, then the plans of its
-// statements (pgsql.NoSeqScanSQL, pgsql.GenericPlanSQL).
-var roundSettings = []string{
-	pgSetLocal("lock_timeout", pgInterval(DefaultTxLockWait)),
-	pgsql.NoSeqScanSQL,
-	pgsql.GenericPlanSQL,
-}
+// roundLockWait is a round's lock_timeout (pgsql.RoundSettingsSQL): the
+// transactional wait bound.
+var roundLockWait = pgInterval(DefaultTxLockWait)
 
 // runRound claims and records the calls of one round. A second call for a
 // row waits for the first's answer, then goes alone: a duplicate claim
@@ -97,9 +92,14 @@ type round struct {
 	recorded []bool
 }
 
-// roundRows runs one round's statements in one transaction under the
-// round's settings, pipelined in one round trip, for the calls still
-// pending when a connection is in hand.
+// roundRows runs one round's statements, the round's settings first, in
+// one transaction and one round trip, for the calls still pending when a
+// connection is in hand. The transaction is the batch's: pgx sends a
+// batch as one pipeline ended by one Sync, which PostgreSQL runs as one
+// implicit transaction, committed at the Sync (an explicit BEGIN and
+// COMMIT would be two more statements each round), and Close reports an
+// error of the commit. A round that fails leaves no transaction open: it
+// ends at the Sync, rolled back, or with the connection.
 func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (got []ClaimResult, recorded []bool, err error) {
 	var d roundDeadline
 	addDeadlines(&d, claims)
@@ -113,23 +113,19 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 			return nil
 		}
 		b := &pgx.Batch{}
-		b.Queue(pgsql.BeginSQL)
-		for _, set := range roundSettings {
-			b.Queue(set)
-		}
+		b.Queue(pgsql.RoundSettingsSQL, roundLockWait)
 		if ca != nil {
 			b.Queue(pgsql.ClaimBatchSQL, ca...)
 		}
 		if ra != nil {
 			b.Queue(pgsql.CompleteBatchSQL, ra...)
 		}
-		b.Queue(pgsql.CommitSQL)
 		br := c.SendBatch(ctx, b)
 		err := r.read(br, ca != nil, ra != nil)
 		if cerr := br.Close(); err == nil {
-			err = cerr
+			err = cerr // the commit's
 		}
-		return err // a connection left in the failed transaction leaves the pool on release
+		return err
 	})
 	if err != nil {
 		return nil, nil, err
@@ -137,13 +133,11 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 	return r.got, r.recorded, nil
 }
 
-// read reads roundRows' results: BEGIN, the settings, the claims' rows
-// (if sent), the records' ids (if sent), COMMIT.
+// read reads roundRows' results: the settings, the claims' rows (if
+// sent), the records' ids (if sent).
 func (r *round) read(br pgx.BatchResults, sentClaims, sentRecords bool) error {
-	for range 1 + len(roundSettings) {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
+	if _, err := br.Exec(); err != nil {
+		return err
 	}
 	if sentClaims {
 		var sc claimScanner
@@ -182,8 +176,7 @@ func (r *round) read(br pgx.BatchResults, sentClaims, sentRecords bool) error {
 			return err
 		}
 	}
-	_, err := br.Exec()
-	return err
+	return nil
 }
 
 // readRows reads the next result's rows with each.

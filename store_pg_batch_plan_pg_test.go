@@ -35,10 +35,8 @@ func TestGroupCommitPlansUseTheKey(t *testing.T) {
 			}
 			defer tx.Rollback(ctx) //nolint:errcheck // the test reads only
 			// The round's settings, force_generic_plan among them.
-			for _, set := range idempotency.RoundSettingsForTest {
-				if _, err := tx.Exec(ctx, set); err != nil {
-					t.Fatal(err)
-				}
+			if _, err := tx.Exec(ctx, pgsql.RoundSettingsSQL, idempotency.RoundLockWaitForTest); err != nil {
+				t.Fatal(err)
 			}
 			if _, err := tx.Exec(ctx, "PREPARE batch_"+name+" AS "+c.sql); err != nil {
 				t.Fatal(err)
@@ -91,39 +89,48 @@ func planCounts(t *testing.T, pool *pgxpool.Pool, marker string) (generic, custo
 
 // TestPlanSettingsFromPG12: the plan settings (a round's kept plans,
 // sqlstore cleanup's plans for the call) are made on PostgreSQL 12 or
-// newer, where plan_cache_mode exists, and only there. Each sets its mode
-// here for the transaction alone; the same statement asking for a version
-// this server is not, and naming a setting it does not know, runs without
+// newer, where plan_cache_mode exists, and only there. Each sets its
+// settings here for the transaction alone (a round's also its lock wait
+// and no sequential scans); the same statement asking for a version this
+// server is not, and naming a setting it does not know, runs without
 // error: on an older server set_config is never called.
 func TestPlanSettingsFromPG12(t *testing.T) {
 	pool := testdb.New(t, testdb.MaxConns(1))
 	ctx := t.Context()
-	for stmt, mode := range map[string]string{pgsql.GenericPlanSQL: "force_generic_plan", pgsql.CustomPlanSQL: "force_custom_plan"} {
+	const settings = `SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan'), current_setting('lock_timeout')`
+	for _, c := range []struct {
+		sql  string
+		args []any
+		want [3]string // plan_cache_mode, enable_seqscan, lock_timeout in the transaction
+	}{
+		{pgsql.RoundSettingsSQL, []any{"1234ms"}, [3]string{"force_generic_plan", "off", "1234ms"}},
+		{pgsql.CustomPlanSQL, nil, [3]string{"force_custom_plan", "on", "0"}},
+	} {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		if _, err := tx.Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
+		var got, after [3]string
+		if _, err := tx.Exec(ctx, c.sql, c.args...); err != nil {
+			t.Fatalf("%s: %v", c.sql, err)
 		}
-		if err := tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&got); err != nil {
+		if err := tx.QueryRow(ctx, settings).Scan(&got[0], &got[1], &got[2]); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got != mode {
-			t.Errorf("%s: plan_cache_mode %q in its transaction, want %q", stmt, got, mode)
+		if got != c.want {
+			t.Errorf("%s: %q in its transaction, want %q", c.sql, got, c.want)
 		}
-		if err := pool.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&got); err != nil || got != "auto" {
-			t.Errorf("%s: plan_cache_mode %q after its transaction (%v), want auto", stmt, got, err)
+		if err := pool.QueryRow(ctx, settings).Scan(&after[0], &after[1], &after[2]); err != nil || after != [3]string{"auto", "on", "0"} {
+			t.Errorf("%s: %q after its transaction (%v), want the defaults", c.sql, after, err)
 		}
-		old := strings.NewReplacer("120000", "9900000", "'plan_cache_mode'", "'no_such_setting'").Replace(stmt)
-		if old == stmt || !strings.Contains(old, "no_such_setting") {
-			t.Fatalf("%s no longer names the version and the setting this test replaces", stmt)
+		old := strings.NewReplacer("120000", "9900000", "'plan_cache_mode'", "'no_such_setting'").Replace(c.sql)
+		if old == c.sql || !strings.Contains(old, "no_such_setting") {
+			t.Fatalf("%s no longer names the version and the setting this test replaces", c.sql)
 		}
-		if _, err := pool.Exec(ctx, old); err != nil {
+		if _, err := pool.Exec(ctx, old, c.args...); err != nil {
 			t.Errorf("%s on a server older than it asks for: %v", old, err)
 		}
 	}

@@ -97,3 +97,67 @@ func TestGroupCommitRound(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupCommitRoundCommitFails: a round commits at the end of its pgx
+// batch (one implicit transaction), and an error of the commit itself
+// fails the round. Here a deferred constraint trigger refuses one claim's
+// row only when the round commits: no caller is told it won a row that
+// was never committed; the round's calls go alone, the others win rows
+// that are there, and the refused one gets an error.
+func TestGroupCommitRoundCommitFails(t *testing.T) {
+	t.Parallel()
+	var bc batchCounter
+	pool := testdb.New(t, testdb.MaxConns(8), bc.option())
+	ctx := t.Context()
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused at commit'; END $$;
+		CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON idempotency_keys DEFERRABLE INITIALLY DEFERRED
+		FOR EACH ROW WHEN (NEW.scope_endpoint = 'POST /refused') EXECUTE PROCEDURE refuse_at_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	s := batchedStore(t, pool)
+	release := holdSlot(t, pool, s)
+	var once sync.Once
+	free := func() { once.Do(release) }
+	t.Cleanup(free)
+	reqs := []idempotency.ClaimRequest{slotClaim(uuid.NewString()), slotClaim(uuid.NewString()), slotClaim(uuid.NewString())}
+	reqs[2].Endpoint = "POST /refused"
+	type answer struct {
+		res idempotency.ClaimResult
+		err error
+	}
+	answers := make([]chan answer, len(reqs))
+	for i, req := range reqs {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			res, err := s.Claim(context.Background(), req)
+			answers[i] <- answer{res, err}
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		if c, _ := idempotency.QueuedForTest(s); c == len(reqs) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d claims queued, want %d", c, len(reqs))
+		}
+	}
+	free()
+	for i, req := range reqs {
+		a := <-answers[i]
+		refused := req.Endpoint == "POST /refused"
+		if refused && (a.err == nil || a.res.Won) || !refused && (a.err != nil || !a.res.Won) {
+			t.Errorf("claim %d (%s): won %v, error %v", i, req.Endpoint, a.res.Won, a.err)
+		}
+		var rows int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE idem_key = $1 AND scope_endpoint = $2`,
+			req.Key, req.Endpoint).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if a.res.Won && rows != 1 {
+			t.Errorf("claim %d was told it won, and its row is not there", i)
+		}
+	}
+	if bc.claims.Load() == 0 {
+		t.Error("no round carried the claims")
+	}
+}

@@ -222,9 +222,7 @@ var pgStatements = map[string]string{
 	"pgsql.CompleteBatchSQL":       pgsql.CompleteBatchSQL,
 	"pgsql.CitusSQL":               pgsql.CitusSQL,
 	"pgsql.CitusTableSQL":          pgsql.CitusTableSQL,
-	"pgsql.BeginSQL":               pgsql.BeginSQL,
-	"pgsql.NoSeqScanSQL":           pgsql.NoSeqScanSQL,
-	"pgsql.GenericPlanSQL":         pgsql.GenericPlanSQL,
+	"pgsql.RoundSettingsSQL":       pgsql.RoundSettingsSQL,
 }
 
 // pgQualified is pgStatements with the table's name qualified.

@@ -584,23 +584,22 @@ WHERE scope_user_id = in_scope AND idem_key = in_key AND scope_endpoint = in_end
 	AND status = 'in_flight' AND attempt = in_attempt
 RETURNING id`
 
-// BeginSQL opens a batch's transaction.
-const BeginSQL = `BEGIN`
-
-// NoSeqScanSQL keeps a batch's transaction off sequential scans (it runs
-// after the batch's SET LOCAL lock_timeout). The batch statements find
-// every row by its primary key; a connection keeps the plan PostgreSQL
-// makes once it stops planning each call, and one made while the table
-// was small scans the table, every batch, however large the table grows
-// (until the table is analyzed again, never when autovacuum is off).
-const NoSeqScanSQL = `SET LOCAL enable_seqscan = off`
-
-// GenericPlanSQL makes a batch's transaction run the batch statements on
-// the plan a connection keeps (it runs after NoSeqScanSQL). A batch's
+// RoundSettingsSQL makes a batch's settings, for its transaction alone
+// (set_config(..., true) is SET LOCAL), in one statement: its lock waits
+// bounded by $1 (lock_timeout's text, the transactional wait bound), no
+// sequential scans, and from PostgreSQL 12 on the plans a connection keeps.
+//
+// The batch statements find every row by its primary key, but a
+// connection keeps the plan PostgreSQL makes once it stops planning each
+// call, and one made while the table was small scans the table, every
+// batch, however large the table grows (until the table is analyzed
+// again, never when autovacuum is off): enable_seqscan is off. A batch's
 // arrays are small and their lengths known when PostgreSQL plans for one
-// call, so a plan for the call looks cheaper than the kept one, and
-// PostgreSQL would plan every batch afresh: a third of its CPU per key.
-const GenericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)` + fromPG12
+// call, so a plan for the call looks cheaper than the kept one and
+// PostgreSQL would plan every batch afresh, a third of its CPU per key:
+// plan_cache_mode is force_generic_plan.
+const RoundSettingsSQL = `SELECT set_config('lock_timeout', $1, true), set_config('enable_seqscan', 'off', true),
+	(SELECT set_config('plan_cache_mode', 'force_generic_plan', true)` + fromPG12 + `)`
 
 // CustomPlanSQL makes a cleanup batch's transaction plan its statements
 // for the call (sqlstore's PostgreSQL dialect, whose driver may prepare
@@ -609,7 +608,7 @@ const GenericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan
 // row, while one made for the call finds the batch's rows by key.
 const CustomPlanSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)` + fromPG12
 
-// fromPG12 limits GenericPlanSQL and CustomPlanSQL to PostgreSQL 12 or
+// fromPG12 limits RoundSettingsSQL's plan setting and CustomPlanSQL to PostgreSQL 12 or
 // newer, where plan_cache_mode exists: on an older server the condition is
 // false and set_config is never called (a SET there would fail, 42704,
 // every batch). set_config(..., true) is SET LOCAL.
