@@ -21,6 +21,7 @@ func inspectHelp(w io.Writer) {
 Shows the stored rows of one key in one user scope (--user ID, or
 --unscoped for keys stored without a user), one per endpoint unless
 --endpoint picks one: status, attempt, recorded response code, times, and
+the derive key id it was claimed under (when Config.DeriveKeys was set),
 whether the row is stale (in flight past its lease: a retry answers
 outcome_unknown) or expired (a retry would be a new request), both judged
 by the database's clock. The response body and headers are shown only with
@@ -65,6 +66,9 @@ type inspectRow struct {
 	SealKeyID string `json:"seal_key_id,omitempty"`
 	Stale     bool   `json:"stale"`   // in_flight with its lease over
 	Expired   bool   `json:"expired"` // expires_at has passed: a retry is a new request
+	// DeriveKeyID is the derive key id active when the row was claimed
+	// (docs/derived-keys.md); absent for a row claimed without derive keys.
+	DeriveKeyID string `json:"derive_key_id,omitempty"`
 }
 
 func runInspect(ctx context.Context, c *cli, args []string) error {
@@ -210,6 +214,7 @@ func newInspectRow(rec idempotency.Record, showBody bool) inspectRow {
 		ResponseBodyBytes: int64(len(rec.Response.Body)),
 		Stale:             rec.Status == idempotency.StatusInFlight && rec.LeaseOver,
 		Expired:           rec.Expired,
+		DeriveKeyID:       rec.DeriveKeyID,
 	}
 	switch {
 	case rec.Response.SealKeyID != "":
@@ -257,6 +262,9 @@ func (c *cli) printInspectRow(r inspectRow, now time.Time, showBody bool) {
 		line("lease end", "%s", when(r.LockedUntil, now))
 	}
 	line("expires", "%s", when(r.ExpiresAt, now))
+	if r.DeriveKeyID != "" {
+		line("derive key", "%s", r.DeriveKeyID)
+	}
 	switch {
 	// What a retry of a stale row meets: an expired row is taken over as
 	// a new request; any other answers outcome_unknown until it expires.

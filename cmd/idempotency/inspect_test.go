@@ -23,6 +23,11 @@ func TestInspect(t *testing.T) {
 	db.claim(t, key, "42", billing, time.Hour, time.Millisecond)
 	db.complete(t, key, "43", orders, time.Hour, jsonResp(201, `{"id":8}`))
 	db.waitRows(t, 1, "status = 'in_flight' AND locked_until < now()")
+	// The orders row was claimed under a derive key (Config.DeriveKeys).
+	if _, err := db.pool.Exec(t.Context(), `UPDATE idempotency_keys SET derive_key_id = 'k2026'
+		WHERE idem_key = $1 AND scope_user_id = '42' AND scope_endpoint = $2`, key, orders); err != nil {
+		t.Fatal(err)
+	}
 
 	// Every endpoint of the key in that scope; the key in quotes and upper
 	// case, as a client may send it.
@@ -40,10 +45,13 @@ func TestInspect(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"user       42", "status     completed", "response   201, json body",
-		"stale      no\n", "expired    no"} {
+		"stale      no\n", "expired    no", "derive key k2026\n"} {
 		if !strings.Contains(ordersRow, want) {
 			t.Errorf("orders row lacks %q:\n%s", want, ordersRow)
 		}
+	}
+	if strings.Contains(billingRow, "derive key") {
+		t.Errorf("billing row, claimed without a derive key, names one:\n%s", billingRow)
 	}
 	if strings.Contains(r.stdout, "card-4242") || strings.Contains(r.stdout, "application/json") {
 		t.Errorf("body or headers shown without --show-body:\n%s", r.stdout)
@@ -63,11 +71,12 @@ func TestInspect(t *testing.T) {
 	var out struct {
 		Key, User string
 		Rows      []struct {
-			Endpoint     string `json:"endpoint"`
-			Status       string `json:"status"`
-			ResponseCode *int   `json:"response_code"`
-			Stale        bool   `json:"stale"`
-			Expired      bool   `json:"expired"`
+			Endpoint     string  `json:"endpoint"`
+			Status       string  `json:"status"`
+			ResponseCode *int    `json:"response_code"`
+			Stale        bool    `json:"stale"`
+			Expired      bool    `json:"expired"`
+			DeriveKeyID  *string `json:"derive_key_id"`
 			ResponseBody json.RawMessage
 		}
 	}
@@ -77,7 +86,8 @@ func TestInspect(t *testing.T) {
 	if out.Key != key || out.User != "42" || len(out.Rows) != 2 ||
 		out.Rows[0].Endpoint != billing || !out.Rows[0].Stale || out.Rows[0].ResponseCode != nil ||
 		out.Rows[1].Status != "completed" || out.Rows[1].Stale || out.Rows[1].Expired ||
-		*out.Rows[1].ResponseCode != 201 || out.Rows[1].ResponseBody != nil {
+		*out.Rows[1].ResponseCode != 201 || out.Rows[1].ResponseBody != nil ||
+		out.Rows[0].DeriveKeyID != nil || out.Rows[1].DeriveKeyID == nil || *out.Rows[1].DeriveKeyID != "k2026" {
 		t.Errorf("inspect --json:\n%s", r.stdout)
 	}
 

@@ -22,7 +22,7 @@ import (
 // $1 key, $2 scope, then the endpoint when there is one.
 const lookupSQL = `SELECT id, idem_key, scope_user_id, scope_endpoint, {hash}, status, attempt,
 	response_code, response_body, response_body_raw, response_headers, seal_key_id,
-	created_at, locked_at, locked_until, expires_at, {now}
+	created_at, locked_at, locked_until, expires_at, derive_key_id, {now}
 FROM idempotency_keys WHERE idem_key = $1 AND scope_user_id = $2`
 
 // releaseKeySQL deletes a row an operator releases, fenced on the attempt
@@ -87,7 +87,7 @@ func (d *database) lookup(ctx context.Context, keys *seal.Keyring, key, scope, e
 		v    storedRow
 	)
 	dest := []any{&rec.ID, &rec.Key, &rec.Scope, &rec.Endpoint, &rec.RequestHash, &v.status, &rec.Attempt,
-		&v.code, &v.body, &v.raw, &v.headers, &v.keyID, &rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &now}
+		&v.code, &v.body, &v.raw, &v.headers, &v.keyID, &rec.CreatedAt, &rec.LockedAt, &rec.LockedUntil, &rec.ExpiresAt, &rec.DeriveKeyID, &now}
 	err := d.query(ctx, strings.ReplaceAll(q, "{hash}", hash)+" ORDER BY scope_endpoint", args, dest, func() error {
 		r := rec
 		r.Status = idempotency.Status(v.status)

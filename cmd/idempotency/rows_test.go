@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +44,14 @@ func TestLookupKeyExact(t *testing.T) {
 		}
 		if recs, now, err := d.lookup(ctx, nil, "AbC", "user-2", ""); err != nil || len(recs) != 0 || now.IsZero() {
 			t.Fatalf("lookup in another scope: %+v, %v, %v; want none, and the clock", recs, now, err)
+		}
+		// A row claimed under a derive key names it (inspect shows it).
+		if res, err := db.store.Claim(ctx, idempotency.ClaimRequest{Key: "dk", Scope: "user-1", Endpoint: ep,
+			RequestHash: strings.Repeat("ab", 32), TTL: time.Hour, Lease: time.Minute, DeriveKeyID: "k9"}); err != nil || !res.Won {
+			t.Fatalf("claim under a derive key: %+v, %v", res, err)
+		}
+		if recs, _, err := d.lookup(ctx, nil, "dk", "user-1", ep); err != nil || len(recs) != 1 || recs[0].DeriveKeyID != "k9" {
+			t.Fatalf("lookup of a row claimed under derive key k9: %+v, %v", recs, err)
 		}
 	})
 }
