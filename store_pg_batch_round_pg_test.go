@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testdb"
@@ -99,15 +101,27 @@ func TestGroupCommitRound(t *testing.T) {
 }
 
 // TestGroupCommitRoundCommitFails: a round commits at the end of its pgx
-// batch (one implicit transaction), and an error of the commit itself
-// fails the round. Here a deferred constraint trigger refuses one claim's
-// row only when the round commits: no caller is told it won a row that
-// was never committed; the round's calls go alone, the others win rows
-// that are there, and the refused one gets an error.
+// batch (one implicit transaction, in every QueryExecMode a pool may
+// use), and an error of the commit itself fails the round. Here a
+// deferred constraint trigger refuses one claim's row only when the round
+// commits: no caller is told it won a row that was never committed; the
+// round's calls go alone, the others win rows that are there, and the
+// refused one gets an error.
 func TestGroupCommitRoundCommitFails(t *testing.T) {
 	t.Parallel()
-	var bc batchCounter
-	pool := testdb.New(t, testdb.MaxConns(8), bc.option())
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			var bc batchCounter
+			pool := testdb.New(t, testdb.MaxConns(8), bc.option(),
+				testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
+			roundCommitFails(t, pool, &bc)
+		})
+	}
+}
+
+func roundCommitFails(t *testing.T, pool *pgxpool.Pool, bc *batchCounter) {
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, `CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'refused at commit'; END $$;
