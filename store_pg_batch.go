@@ -93,13 +93,16 @@ type round struct {
 }
 
 // roundRows runs one round's statements, the round's settings first, in
-// one transaction and one round trip, for the calls still pending when a
-// connection is in hand. The transaction is the batch's: pgx sends a
-// batch as one pipeline ended by one Sync, which PostgreSQL runs as one
-// implicit transaction, committed at the Sync (an explicit BEGIN and
-// COMMIT would be two more statements each round), and Close reports an
-// error of the commit. A round that fails leaves no transaction open: it
-// ends at the Sync, rolled back, or with the connection.
+// one transaction, for the calls still pending when a connection is in
+// hand. The transaction is the one pgx runs a batch in (an explicit BEGIN
+// and COMMIT would be two more statements each round): the extended
+// protocol's modes send the batch as one pipeline ended by one Sync, and
+// PostgreSQL commits at the Sync; the simple protocol sends it as one
+// query string, committed after its last statement. An error of the
+// commit reaches the last result read or Close, and fails the round
+// (TestGroupCommitRoundCommitFails, in each mode). A round that fails
+// leaves no transaction open: it ends at the Sync, rolled back, or with
+// the connection.
 func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (got []ClaimResult, recorded []bool, err error) {
 	var d roundDeadline
 	addDeadlines(&d, claims)
@@ -123,7 +126,7 @@ func (s *PostgresStore) roundRows(claims []*claimCall, records []*recordCall) (g
 		br := c.SendBatch(ctx, b)
 		err := r.read(br, ca != nil, ra != nil)
 		if cerr := br.Close(); err == nil {
-			err = cerr // the commit's
+			err = cerr // the commit's, or the connection's
 		}
 		return err
 	})

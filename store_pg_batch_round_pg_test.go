@@ -109,6 +109,12 @@ func TestGroupCommitRound(t *testing.T) {
 // refused one gets an error.
 func TestGroupCommitRoundCommitFails(t *testing.T) {
 	t.Parallel()
+	eachExecMode(t, roundCommitFails)
+}
+
+// eachExecMode runs f as a parallel subtest for each pgx QueryExecMode,
+// on a pool of its own in that mode, traced by bc.
+func eachExecMode(t *testing.T, f func(t *testing.T, pool *pgxpool.Pool, bc *batchCounter)) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -116,7 +122,7 @@ func TestGroupCommitRoundCommitFails(t *testing.T) {
 			var bc batchCounter
 			pool := testdb.New(t, testdb.MaxConns(8), bc.option(),
 				testdb.Configure(func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
-			roundCommitFails(t, pool, &bc)
+			f(t, pool, &bc)
 		})
 	}
 }
@@ -148,13 +154,7 @@ func roundCommitFails(t *testing.T, pool *pgxpool.Pool, bc *batchCounter) {
 			answers[i] <- answer{res, err}
 		}()
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
-		if c, _ := idempotency.QueuedForTest(s); c == len(reqs) {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("%d claims queued, want %d", c, len(reqs))
-		}
-	}
+	waitQueued(t, s, len(reqs))
 	free()
 	for i, req := range reqs {
 		a := <-answers[i]
@@ -174,4 +174,76 @@ func roundCommitFails(t *testing.T, pool *pgxpool.Pool, bc *batchCounter) {
 	if bc.claims.Load() == 0 {
 		t.Error("no round carried the claims")
 	}
+}
+
+// TestGroupCommitRoundLockWait: a round's settings and its claim run in
+// one transaction in every QueryExecMode, so a round whose claim meets
+// another session's uncommitted row of one of its keys stops waiting at
+// the round's lock_timeout (DefaultTxLockWait) and its calls go alone: the
+// other key wins while that row is still held, and the held key wins once
+// it is released. The setting ends with the round: every connection is
+// back at the session's lock_timeout.
+func TestGroupCommitRoundLockWait(t *testing.T) {
+	t.Parallel()
+	eachExecMode(t, func(t *testing.T, pool *pgxpool.Pool, bc *batchCounter) {
+		ctx := t.Context()
+		var session string
+		if err := pool.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&session); err != nil {
+			t.Fatal(err)
+		}
+		s := batchedStore(t, pool)
+		free := holdSlot(t, pool, s)
+		held := slotClaim(uuid.NewString())
+		hold, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Rollback(context.Background()) //nolint:errcheck // rolled back below; this covers a failure before
+		if _, err := hold.Exec(ctx, `INSERT INTO idempotency_keys (idem_key, scope_endpoint, request_hash, locked_until, expires_at)
+			VALUES ($1, $2, '', now(), now())`, held.Key, held.Endpoint); err != nil {
+			t.Fatal(err)
+		}
+		claim := func(req idempotency.ClaimRequest, into chan<- error) {
+			res, err := s.Claim(context.Background(), req)
+			if err == nil && !res.Won {
+				err = errors.New("lost")
+			}
+			into <- err
+		}
+		heldDone, freshDone := make(chan error, 1), make(chan error, 1)
+		go claim(held, heldDone)
+		go claim(slotClaim(uuid.NewString()), freshDone)
+		waitQueued(t, s, 2)
+		free()
+		select {
+		case err := <-freshDone:
+			if err != nil {
+				t.Errorf("the new key: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the new key waited on another key's held row: the round's lock wait was not bounded")
+		}
+		if bc.claims.Load() != 1 {
+			t.Errorf("%d claim batches, want 1", bc.claims.Load())
+		}
+		if err := hold.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-heldDone:
+			if err != nil {
+				t.Errorf("the held key, once released: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the held key's claim never returned")
+		}
+		for _, c := range pool.AcquireAllIdle(ctx) {
+			var got string
+			err := c.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&got)
+			c.Release()
+			if err != nil || got != session {
+				t.Errorf("lock_timeout %q after the round (%v), want the session's %q", got, err, session)
+			}
+		}
+	})
 }
