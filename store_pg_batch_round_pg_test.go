@@ -215,13 +215,8 @@ func TestGroupCommitRoundLockWait(t *testing.T) {
 		go claim(slotClaim(uuid.NewString()), freshDone)
 		waitQueued(t, s, 2)
 		free()
-		select {
-		case err := <-freshDone:
-			if err != nil {
-				t.Errorf("the new key: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("the new key waited on another key's held row: the round's lock wait was not bounded")
+		if err := await(t, freshDone, "the new key waited on another key's held row: the round's lock wait was not bounded"); err != nil {
+			t.Errorf("the new key: %v", err)
 		}
 		if bc.claims.Load() != 1 {
 			t.Errorf("%d claim batches, want 1", bc.claims.Load())
@@ -229,13 +224,8 @@ func TestGroupCommitRoundLockWait(t *testing.T) {
 		if err := hold.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-heldDone:
-			if err != nil {
-				t.Errorf("the held key, once released: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("the held key's claim never returned")
+		if err := await(t, heldDone, "the held key's claim never returned"); err != nil {
+			t.Errorf("the held key, once released: %v", err)
 		}
 		for _, c := range pool.AcquireAllIdle(ctx) {
 			var got string
@@ -246,4 +236,17 @@ func TestGroupCommitRoundLockWait(t *testing.T) {
 			}
 		}
 	})
+}
+
+// await is the error from done, or a fatal hung after a minute (an upper
+// bound that proves "never hangs", not a speed).
+func await(t *testing.T, done <-chan error, hung string) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal(hung)
+		return nil
+	}
 }
