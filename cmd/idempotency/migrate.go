@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 
 	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
 
 	"github.com/idemkit/idempotency/internal/pgmigrate"
 	"github.com/idemkit/idempotency/migrations"
@@ -25,12 +27,37 @@ dialect) to the URL's database, recorded in the table of the same name.
            so it is safe to run at every deploy and from several hosts at once
   down     roll every migration back: DROPS idempotency_keys and every stored
            key. Refused (exit 2) without --yes
-  version  print the applied version (the latest is 1 on PostgreSQL, 2 on
+  version  print the applied version (the latest is `+latestVersion(migrations.FS)+` on PostgreSQL, `+latestVersion(migrations.MySQLFS)+` on
            MySQL/MariaDB), or "none"
 
 Example:
   idempotency migrate up --database-url postgres://app@db:5432/app
 `)
+}
+
+// latestVersion is the version of the last migration in fsys, as
+// golang-migrate reads their names ("?" if it cannot: the help still
+// prints).
+func latestVersion(fsys fs.FS) string {
+	src, err := iofs.New(fsys, ".")
+	if err != nil {
+		return "?"
+	}
+	defer func() { _ = src.Close() }()
+	v, err := src.First()
+	if err != nil {
+		return "?"
+	}
+	for {
+		next, err := src.Next(v)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Sprint(v)
+		}
+		if err != nil {
+			return "?"
+		}
+		v = next
+	}
 }
 
 func runMigrate(ctx context.Context, c *cli, args []string) error {

@@ -83,3 +83,16 @@ func TestMigrate(t *testing.T) {
 		}
 	})
 }
+
+// TestMigrateHelpNamesTheLatest: `migrate --help` names each dialect's
+// latest migration, the version `migrate version` prints after `up`
+// (TestMigrate), as the embedded migrations have it.
+func TestMigrateHelpNamesTheLatest(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "migrate", "--help")
+	wantCode(t, r, exitOK)
+	const want = "the latest is 5 on PostgreSQL, 2 on\n           MySQL/MariaDB"
+	if !strings.Contains(r.stdout, want) {
+		t.Errorf("migrate --help does not say %q:\n%s", want, r.stdout)
+	}
+}
