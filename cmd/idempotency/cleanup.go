@@ -16,14 +16,17 @@ const maxBatch = 100_000
 func cleanupHelp(w io.Writer) {
 	fmt.Fprintf(w, `Usage: idempotency cleanup [--batch N] [--dry-run] [flags]
 
-Deletes expired keys (expires_at has passed), batch after batch, until a batch
-comes back short. Expired in_flight orphans whose lease is over go too; an
-in_flight key whose lease still runs is never deleted. Safe while the table is
+Deletes the keys past their retention (retain_until: their expiry, or for a
+tombstone of an ExpiredRefuse route its grace after it) and purges the stored
+responses of expired tombstones, batch after batch, until a batch comes back
+short; the counts include the purged rows. Expired in_flight orphans whose
+lease is over go too; an in_flight key whose lease still runs is never deleted. Safe while the table is
 live: each batch reads expired rows without locking them and deletes them with
 one short DELETE per user scope that checks them again, and --timeout bounds
 each batch. A progress line goes to stderr every --progress.
 
---dry-run counts what would be deleted (the same predicate) and deletes nothing.
+--dry-run counts the rows that would be deleted (the same predicate; not the
+tombstones that would only be purged) and changes nothing.
 
 Example (nightly, 04:00 UTC):
   0 4 * * * DATABASE_URL=postgres://app@db:5432/app idempotency cleanup --batch 1000
