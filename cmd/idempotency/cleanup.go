@@ -20,10 +20,11 @@ Deletes the keys past their retention (retain_until: their expiry, or for a
 tombstone of an ExpiredRefuse route its grace after it) and purges the stored
 responses of expired tombstones, batch after batch, until a batch comes back
 short; the counts include the purged rows. Expired in_flight orphans whose
-lease is over go too; an in_flight key whose lease still runs is never deleted. Safe while the table is
-live: each batch reads expired rows without locking them and deletes them with
-one short DELETE per user scope that checks them again, and --timeout bounds
-each batch. A progress line goes to stderr every --progress.
+lease is over go too; an in_flight key whose lease still runs is never
+deleted. Safe while the table is live: each batch reads expired rows without
+locking them and deletes them with one short DELETE per user scope that checks
+them again, and --timeout bounds each batch. A progress line goes to stderr
+every --progress.
 
 --dry-run counts the rows that would be deleted (the same predicate; not the
 tombstones that would only be purged) and changes nothing.
