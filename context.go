@@ -14,9 +14,11 @@ const (
 	deriveCtxKey
 )
 
-// RequestFromContext returns the HTTP request a route is deciding, for
-// Config's hooks, which take the call's context so one hook serves HTTP and
-// Do; false for a call not over HTTP.
+// RequestFromContext returns the HTTP request a route is deciding, for the
+// hooks that take the call's context so one hook serves HTTP and Do
+// (Config.Scope, Enabled, RouteName, OnReplay, Reconcile); false for a call
+// not over HTTP, and in Observer, Logger and DeriveKeys, which are not
+// given it.
 func RequestFromContext(ctx context.Context) (*http.Request, bool) {
 	r, ok := ctx.Value(requestCtxKey).(*http.Request)
 	return r, ok

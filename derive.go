@@ -8,14 +8,20 @@ import "context"
 // DeriveKeys gives keys by id, as SealKeys does: a claim stores the
 // active id, and the row's derivations use that id's key.
 type DeriveKeys interface {
+	// ActiveDeriveKey returns the key a new claim stores the id of.
 	ActiveDeriveKey(ctx context.Context) (id string, key []byte, err error)
+	// DeriveKey returns the key of id, active or derive-only; an error
+	// when the keyring no longer holds it.
 	DeriveKey(ctx context.Context, id string) (key []byte, err error)
 }
 
 // Derivation is the identity package downstream derives a call's ids from.
 type Derivation struct {
+	// KeyID is the row's derive key id (the active one where no row was
+	// written: a fail-open bypass); Scope, Endpoint and Key are the call's
+	// user scope, endpoint and idempotency key.
 	KeyID, Scope, Endpoint, Key string
-	Keys                        DeriveKeys
+	Keys                        DeriveKeys // Config.DeriveKeys, which KeyID is looked up in
 }
 
 // DerivationFromContext returns a handler's Derivation; false without a key.

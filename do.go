@@ -52,8 +52,8 @@ type CallInfo struct {
 // Codec encodes the results of Do for the store (RouteConfig.Codec):
 // Unmarshal must restore what Marshal wrote into the value v points to.
 type Codec interface {
-	Marshal(v any) ([]byte, error)
-	Unmarshal(data []byte, v any) error
+	Marshal(v any) ([]byte, error)      // the bytes stored for the result v
+	Unmarshal(data []byte, v any) error // restores into *v what Marshal wrote
 }
 
 // doScheme is the scheme of Do's endpoints: do:<name>.

@@ -69,7 +69,9 @@ var ErrRetryable = errors.New("idempotency: the call may be retried with the sam
 
 // RetryableError is a function's error marked by Retryable, as Do returns
 // it. It unwraps to the function's error Err.
-type RetryableError struct{ Err error }
+type RetryableError struct {
+	Err error // the function's error
+}
 
 // Error returns Err's message.
 func (e *RetryableError) Error() string { return e.Err.Error() }

@@ -12,9 +12,12 @@ import (
 // when Cleanup is not told otherwise.
 const defaultCleanupBatch = 1000
 
-// Cleanup deletes expired rows, never an in_flight row inside its lease, in
-// batches of batch rows (1000 when batch <= 0) under the store timeout, until
-// a batch comes back short or ctx ends, and returns how many it deleted.
+// Cleanup purges the responses of expired tombstones (ExpiredRefuse) and
+// deletes the rows past their retention (retain_until: the expiry, or a
+// tombstone's grace after it), never an in_flight row inside its lease, in
+// batches of batch rows each (1000 when batch <= 0) under the store timeout,
+// until a batch changes fewer than batch rows or ctx ends, and returns the
+// rows it changed (purged and deleted).
 func (m *Middleware) Cleanup(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = defaultCleanupBatch

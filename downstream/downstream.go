@@ -16,7 +16,11 @@
 // on the attempt, the owner or the time. The row names the key it was
 // first claimed under (its derive_key_id), and every derivation for it
 // uses that key, so rotating the keyring never changes an id a retry
-// sends. docs/derived-keys.md describes the profiles and their sources.
+// sends while the key's row exists. A released key (its row deleted: a
+// Retryable outcome, ReleaseOnError, NoStore, a reconcile's not-done) is
+// claimed again under the key active then: release only a call that did
+// not reach the downstream. docs/derived-keys.md describes the profiles
+// and their sources.
 package downstream
 
 import (
@@ -52,7 +56,8 @@ const formatVersion = 1
 
 // Key returns the id to send to the downstream system name for the leg
 // leg of the call ctx belongs to, formatted by p: the same for every
-// retry and takeover of the call's key. It fails with ErrNoKey where
+// retry and takeover of the call's key while its row exists (a released
+// key is claimed again under the active key; see the package doc). It fails with ErrNoKey where
 // there is no key, ErrKeyRetired (wrapped) where the row's key is gone,
 // ErrNoKeyring without Config.DeriveKeys, and an error for an empty name
 // or a profile Validate refuses. leg may be "" for a call's only leg.

@@ -65,7 +65,7 @@ func Record(code uint32, msg proto.Message, message string, details []*anypb.Any
 
 // Stored is an answer Record stored, read back for a replay.
 type Stored struct {
-	Code    uint32
+	Code    uint32       // the gRPC status code the call answered
 	Message string       // the status message, when Code is not OK
 	Details []*anypb.Any // the status details that decode
 	Header  http.Header  // the stored response headers

@@ -11,14 +11,16 @@ import (
 // The store's part of reconcile: ending a lease, the fenced reconcile
 // claim of a stale row and the list of an endpoint's stale rows.
 
-// EndLease implements idempotency.Store: f's in_flight row gets a lease
-// that ends now, fenced as Fail is.
+// EndLease is part of the reconcile extension a route with a Reconcile
+// hook requires beyond idempotency.Store (docs/reconcile.md): f's in_flight
+// row gets a lease that ends now, fenced as Fail is.
 func (s *Store) EndLease(ctx context.Context, f idempotency.Fence) error {
 	return s.fenced(ctx, "end_lease", s.st.endLease, s.fenceArgs(f)...)
 }
 
-// ClaimStale implements idempotency.Store: the fenced UPDATE of a stale
-// row and the read of the row it made, in one transaction.
+// ClaimStale is part of the reconcile extension (EndLease): the fenced
+// UPDATE of a stale row and the read of the row it made, in one
+// transaction.
 func (s *Store) ClaimStale(ctx context.Context, f idempotency.Fence, req idempotency.ClaimRequest) (idempotency.ClaimResult, error) {
 	var res idempotency.ClaimResult
 	err := s.withConn(ctx, func(c *sql.Conn) error {
@@ -63,7 +65,7 @@ func (s *Store) claimStaleOn(ctx context.Context, x execer, f idempotency.Fence,
 	return idempotency.ClaimResult{Won: true, Record: rec}, nil
 }
 
-// Stale implements idempotency.Store with one SELECT.
+// Stale is part of the reconcile extension (EndLease), in one SELECT.
 func (s *Store) Stale(ctx context.Context, endpoint string, limit int) ([]idempotency.Record, error) {
 	var recs []idempotency.Record
 	err := s.withConn(ctx, func(c *sql.Conn) error {
