@@ -1,12 +1,17 @@
 package idemrpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"reflect"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/idemkit/idempotency"
 )
@@ -84,5 +89,18 @@ func TestAnswerOfLeaseLost(t *testing.T) {
 	}
 	if a := AnswerOf(ea); a.Code != codeUnavailable || a.Reason != ReasonLeaseLost || a.RetryDelay != time.Second {
 		t.Errorf("AnswerOf a lost lease: %+v, want Unavailable, %s, retry 1s", a, ReasonLeaseLost)
+	}
+}
+
+// TestRecordNilHeader: a Reconcile hook that has no headers to keep may
+// pass a nil header to Record: the answer is stored as with an empty one.
+func TestRecordNilHeader(t *testing.T) {
+	msg := wrapperspb.String("venue")
+	for _, code := range []uint32{0, 5} {
+		got := Record(code, msg, "not found", nil, nil)
+		want := Record(code, msg, "not found", nil, http.Header{})
+		if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || !reflect.DeepEqual(got.Header, want.Header) {
+			t.Errorf("code %d: Record with a nil header = %+v, with an empty one %+v", code, got, want)
+		}
 	}
 }

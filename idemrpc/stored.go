@@ -37,8 +37,12 @@ const (
 // stored, the retry reconciles); any other code, and msg
 // when code is OK (a message that does not marshal fails the key rather
 // than replay something else), or the status message and details; h holds
-// the allow-listed headers and trailers (TrailerPrefix) and is kept.
+// the allow-listed headers and trailers (TrailerPrefix) and is kept (nil:
+// none).
 func Record(code uint32, msg proto.Message, message string, details []*anypb.Any, h http.Header) idempotency.Response {
+	if h == nil {
+		h = http.Header{}
+	}
 	if code == codeUnavailable && unsettled(details) {
 		return idempotency.Response{Status: HTTPStatus(code), Header: http.Header{outcomeHeader: {"unsettled"}}}
 	}
