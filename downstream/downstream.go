@@ -57,10 +57,11 @@ const formatVersion = 1
 // Key returns the id to send to the downstream system name for the leg
 // leg of the call ctx belongs to, formatted by p: the same for every
 // retry and takeover of the call's key while its row exists (a released
-// key is claimed again under the active key; see the package doc). It fails with ErrNoKey where
-// there is no key, ErrKeyRetired (wrapped) where the row's key is gone,
-// ErrNoKeyring without Config.DeriveKeys, and an error for an empty name
-// or a profile Validate refuses. leg may be "" for a call's only leg.
+// key is claimed again under the active key; see the package doc). It
+// fails with ErrNoKey where there is no key, ErrKeyRetired (wrapped) where
+// the row's key is gone, ErrNoKeyring without Config.DeriveKeys, and an
+// error for an empty name or a profile Validate refuses. leg may be "" for
+// a call's only leg.
 func Key(ctx context.Context, name, leg string, p Profile) (string, error) {
 	if name == "" {
 		return "", errors.New("downstream: Key: the downstream's name is empty")

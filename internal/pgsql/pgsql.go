@@ -608,10 +608,10 @@ const RoundSettingsSQL = `SELECT set_config('lock_timeout', $1, true), set_confi
 // row, while one made for the call finds the batch's rows by key.
 const CustomPlanSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)` + fromPG12
 
-// fromPG12 limits RoundSettingsSQL's plan setting and CustomPlanSQL to PostgreSQL 12 or
-// newer, where plan_cache_mode exists: on an older server the condition is
-// false and set_config is never called (a SET there would fail, 42704,
-// every batch). set_config(..., true) is SET LOCAL.
+// fromPG12 limits RoundSettingsSQL's plan setting and CustomPlanSQL to
+// PostgreSQL 12 or newer, where plan_cache_mode exists: on an older server
+// the condition is false and set_config is never called (a SET there would
+// fail, 42704, every batch). set_config(..., true) is SET LOCAL.
 const fromPG12 = `
 WHERE current_setting('server_version_num')::int >= 120000`
 
