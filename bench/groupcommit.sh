@@ -3,6 +3,8 @@
 # run; `make bench/groupcommit` runs it.
 #
 #   bash bench/groupcommit.sh BEFORE_REF AFTER_REF    (default: main~ and the working tree's HEAD)
+#   BEFORE_ENV="VAR=value ..." AFTER_ENV="..."       each side's servers' environment
+#                                                    (e.g. GOMAXPROCS=1; the refs may then be equal)
 #
 # Builds bench/cmd/noopserver (N: an ordinary route, a no-op handler) and the
 # example server (A: its order route, transactional) at both refs, as
@@ -63,13 +65,16 @@ for v in before after; do
 done
 
 for v in before after; do
+  envs=${BEFORE_ENV:-}
+  [[ $v == after ]] && envs=${AFTER_ENV:-}
+  read -ra envs <<<"$envs"
   for s in N A; do
     name="idem_gc_${s,,}_$v"
     reset_schema "$name"
     dsn=$(with_schema "$BASE_DSN" "$name" "$name")
     case $s in
-      N) NOOP_BIN=$BIN/$v/noopserver start_noop "N-$v" "$dsn" ;;
-      A) SERVER_BIN=$BIN/$v/server start_server "A-$v" "$dsn" ;;
+      N) NOOP_BIN=$BIN/$v/noopserver start_noop "N-$v" "$dsn" "${envs[@]}" ;;
+      A) SERVER_BIN=$BIN/$v/server start_server "A-$v" "$dsn" "${envs[@]}" ;;
     esac
     pair_register "$s/$v" "$(db_pids_cmd "$name")"
   done
@@ -132,7 +137,7 @@ med() { # med SUBJECT MODE CLIENTS FIELD
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 {
-  echo "\`bench/groupcommit.sh $before $after\` on $(date -u '+%Y-%m-%d %H:%M UTC'): before = \`${commit[before]:0:12}\`, after = \`${commit[after]:0:12}\`;" \
+  echo "\`${BEFORE_ENV:+BEFORE_ENV=\"$BEFORE_ENV\" }${AFTER_ENV:+AFTER_ENV=\"$AFTER_ENV\" }bench/groupcommit.sh $before $after\` on $(date -u '+%Y-%m-%d %H:%M UTC'): before = \`${commit[before]:0:12}\`, after = \`${commit[after]:0:12}\`;" \
     "$REPS interleaved blocks, $DUR windows after a $WARM warm-up; $(machine_desc), load average $load_start at the start and $load_end at the end."
   echo
   echo "| point | before req/s | after req/s | after/before | before p50 ms | after p50 ms | server CPU µs/req before → after | PostgreSQL CPU µs/req before → after |"
