@@ -75,7 +75,7 @@ bench/load/seal: ## Load benchmark of sealing off against on (issue #26): A and 
 	bash bench/load.sh -seal
 
 .PHONY: bench/groupcommit
-bench/groupcommit: ## Group commit's targets (issue #37) in one interleaved run: N new keys at 1/16/64 clients, replays, A, before/after, against the narrow-table and hot-select floors (REFS="BEFORE AFTER", default main~ HEAD)
+bench/groupcommit: ## Group commit's targets (issue #37) in one interleaved run: N new keys at 1/16/64 clients, replays, A, before/after, against the narrow-table and hot-select floors (REFS="BEFORE AFTER", default main~ HEAD; BEFORE_ENV, AFTER_ENV: each side's servers' environment, e.g. GOMAXPROCS=1)
 	bash bench/groupcommit.sh $(REFS)
 
 .PHONY: bench/beforeafter
