@@ -4,7 +4,8 @@
 #
 #   bash bench/groupcommit.sh BEFORE_REF AFTER_REF    (default: main~ and the working tree's HEAD)
 #   BEFORE_ENV="VAR=value ..." AFTER_ENV="..."       each side's servers' environment
-#                                                    (e.g. GOMAXPROCS=1; the refs may then be equal)
+#                                                    (e.g. GOMAXPROCS=1, or NOOP_BATCH_SLOTS=1 for
+#                                                    N's slots; the refs may then be equal)
 #
 # Builds bench/cmd/noopserver (N: an ordinary route, a no-op handler) and the
 # example server (A: its order route, transactional) at both refs, as

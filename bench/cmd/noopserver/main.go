@@ -19,6 +19,11 @@
 // a line) that make bench/cmd/pgbenchsql's miss.sql and hot.sql store the
 // rows this route stores, and exits.
 //
+// With NOOP_BATCH_SLOTS set to a count, the store runs group commit with
+// that many batch slots (PostgresStore.SetBatching(32, n); 0: off), so a
+// slot count is measured without a build of its own (bench/groupcommit.sh's
+// AFTER_ENV, BENCHMARKS.md "One slot, and the server's threads").
+//
 // With IDEMPOTENCY_SEAL_KEYS set (the example server's variable and format:
 // ID:KEY entries, KEY the base64 of 32 bytes, the first active) the store
 // seals each recorded response (idempotency.NewSealingStore), as the example
@@ -36,6 +41,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -187,6 +193,24 @@ func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 // envSealKeys is the example server's variable of the seal keys.
 const envSealKeys = "IDEMPOTENCY_SEAL_KEYS"
 
+// envBatchSlots sets the store's batch slots (batchSlots' format); unset,
+// the store keeps its defaults.
+const envBatchSlots = "NOOP_BATCH_SLOTS"
+
+// batchMax is the calls of each kind a round carries under
+// NOOP_BATCH_SLOTS: the store's default cap.
+const batchMax = 32
+
+// batchSlots reads NOOP_BATCH_SLOTS: a count of slots from 0 (group
+// commit off) to 64.
+func batchSlots(v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 64 {
+		return 0, fmt.Errorf("%s=%q: want a count of batch slots from 0 (off) to 64", envBatchSlots, v)
+	}
+	return n, nil
+}
+
 // newHandler migrates the pool's schema (as the example server does at
 // start-up), checks it, and returns the server's routes; with sealKeys
 // (nil: none) the store seals the responses it records.
@@ -197,6 +221,13 @@ func newHandler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, sealK
 		return nil, err
 	}
 	pg := idempotency.NewPostgresStore(pool)
+	if v, ok := os.LookupEnv(envBatchSlots); ok {
+		n, err := batchSlots(v)
+		if err != nil {
+			return nil, err
+		}
+		pg.SetBatching(batchMax, n) // before Check, which turns it off on Citus
+	}
 	if err := pg.Check(mctx); err != nil {
 		return nil, err
 	}

@@ -217,3 +217,18 @@ func TestSealedRoute(t *testing.T) {
 		t.Fatalf("replay: %d replayed %v body %q, want the opened answer", status, replayed, body)
 	}
 }
+
+// TestBatchSlots: NOOP_BATCH_SLOTS takes a count from 0 (off) to 64 and
+// refuses anything else, naming the variable.
+func TestBatchSlots(t *testing.T) {
+	for v, want := range map[string]int{"0": 0, "1": 1, "2": 2, "64": 64} {
+		if n, err := batchSlots(v); err != nil || n != want {
+			t.Errorf("batchSlots(%q) = %d, %v; want %d", v, n, err, want)
+		}
+	}
+	for _, v := range []string{"", "-1", "65", "two", "1.5"} {
+		if _, err := batchSlots(v); err == nil || !strings.Contains(err.Error(), envBatchSlots) {
+			t.Errorf("batchSlots(%q): error %v, want one naming %s", v, err, envBatchSlots)
+		}
+	}
+}
