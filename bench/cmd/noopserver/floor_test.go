@@ -59,7 +59,7 @@ func TestFloorRunsNsStatements(t *testing.T) {
 	rec := &recorder{}
 	pool := testdb.New(t, testdb.Tracer(rec), testdb.MaxConns(2))
 	ctx := context.Background()
-	nh, err := newHandler(ctx, pool, slog.New(slog.DiscardHandler), nil)
+	nh, err := newHandler(ctx, pool, slog.New(slog.DiscardHandler), nil, keepSlots)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,6 +126,16 @@ func run(addr, dsn, pprofAddr, floorSrc string) error {
 			return fmt.Errorf("%s: %w", envSealKeys, err)
 		}
 	}
+	slots := keepSlots
+	if v, ok := os.LookupEnv(envBatchSlots); ok {
+		if floorSrc != "" {
+			return errors.New(envBatchSlots + ": -floor does not batch")
+		}
+		var err error
+		if slots, err = batchSlots(v); err != nil {
+			return err
+		}
+	}
 	pool, err := connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -135,7 +145,7 @@ func run(addr, dsn, pprofAddr, floorSrc string) error {
 	if floorSrc != "" {
 		h, err = newFloorHandler(ctx, pool, floorSrc)
 	} else {
-		h, err = newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)), sealKeys)
+		h, err = newHandler(ctx, pool, slog.New(slog.NewTextHandler(os.Stderr, nil)), sealKeys, slots)
 	}
 	if err != nil {
 		return err
@@ -194,8 +204,12 @@ func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 const envSealKeys = "IDEMPOTENCY_SEAL_KEYS"
 
 // envBatchSlots sets the store's batch slots (batchSlots' format); unset,
-// the store keeps its defaults.
+// the store keeps its defaults (keepSlots).
 const envBatchSlots = "NOOP_BATCH_SLOTS"
+
+// keepSlots is newHandler's slots when NOOP_BATCH_SLOTS is unset: the
+// store's defaults.
+const keepSlots = -1
 
 // batchMax is the calls of each kind a round carries under
 // NOOP_BATCH_SLOTS: the store's default cap.
@@ -213,20 +227,17 @@ func batchSlots(v string) (int, error) {
 
 // newHandler migrates the pool's schema (as the example server does at
 // start-up), checks it, and returns the server's routes; with sealKeys
-// (nil: none) the store seals the responses it records.
-func newHandler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, sealKeys idempotency.SealKeys) (http.Handler, error) {
+// (nil: none) the store seals the responses it records, and with slots
+// other than keepSlots it has that many batch slots.
+func newHandler(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, sealKeys idempotency.SealKeys, slots int) (http.Handler, error) {
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := migrations.Migrate(mctx, pool); err != nil {
 		return nil, err
 	}
 	pg := idempotency.NewPostgresStore(pool)
-	if v, ok := os.LookupEnv(envBatchSlots); ok {
-		n, err := batchSlots(v)
-		if err != nil {
-			return nil, err
-		}
-		pg.SetBatching(batchMax, n) // before Check, which turns it off on Citus
+	if slots != keepSlots {
+		pg.SetBatching(batchMax, slots) // before Check, which turns it off on Citus
 	}
 	if err := pg.Check(mctx); err != nil {
 		return nil, err

@@ -61,7 +61,7 @@ func (r *recorder) take() []pgx.TraceQueryStartData {
 func TestRouteRunsThePgbenchStatements(t *testing.T) {
 	rec := &recorder{}
 	pool := testdb.New(t, testdb.Tracer(rec), testdb.MaxConns(2))
-	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler), nil)
+	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler), nil, keepSlots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestSealedRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler), keys)
+	h, err := newHandler(context.Background(), pool, slog.New(slog.DiscardHandler), keys, keepSlots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,6 +229,21 @@ func TestBatchSlots(t *testing.T) {
 	for _, v := range []string{"", "-1", "65", "two", "1.5"} {
 		if _, err := batchSlots(v); err == nil || !strings.Contains(err.Error(), envBatchSlots) {
 			t.Errorf("batchSlots(%q): error %v, want one naming %s", v, err, envBatchSlots)
+		}
+	}
+}
+
+// TestBatchSlotsRefusedFirst: a bad NOOP_BATCH_SLOTS, or one with -floor,
+// stops the server before it connects, so the database is never touched
+// (the URL here answers nothing: a connection attempt would fail
+// otherwise).
+func TestBatchSlotsRefusedFirst(t *testing.T) {
+	const nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=1"
+	for _, c := range []struct{ v, floor string }{{"two", ""}, {"-1", ""}, {"1", "internal/pgsql/pgsql.go"}} {
+		t.Setenv(envBatchSlots, c.v)
+		err := run("127.0.0.1:0", nowhere, "", c.floor)
+		if err == nil || !strings.Contains(err.Error(), envBatchSlots) {
+			t.Errorf("%s=%q, floor %q: run returned %v, want an error naming %s", envBatchSlots, c.v, c.floor, err, envBatchSlots)
 		}
 	}
 }
