@@ -22,7 +22,7 @@ func TestSealingKeySourceFails(t *testing.T) {
 	t.Parallel()
 	sealStores(t, func(t *testing.T, inner idempotency.Store, pool *pgxpool.Pool) {
 		keys := &flakyKeys{SealKeys: sealKeysOf(t, "k1")}
-		rg := newSealRig(t, sealing(t, inner, keys), pool, idempotency.Config{Lease: 400 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
+		rg := newSealRig(t, sealing(t, inner, keys), pool, idempotency.Config{Lease: 2 * time.Second, StoreTimeout: time.Second})
 
 		keys.failSeal.Store(true)
 		key := uuid.NewString()
