@@ -19,7 +19,8 @@
 #   N replays (one hot key) at 16 clients, before and after, and H the
 #     hot-select floor: sqlfloor's claim of a completed key straight through
 #     pgx, no HTTP (C hot of bench/load.sh);
-#   N new keys at 1 client, before and after (latency: p50);
+#   N new keys at 1 client, before and after (latency: p50), and at 2 clients
+#     (a second call finding a round in flight: what fewer slots cost);
 #   A new keys at 16 clients, before and after (transactional routes do not
 #   batch: not slower).
 # Needs max_connections of at least 160 (four servers' pools of 20, and 64
@@ -118,7 +119,7 @@ pair() { # pair NAME MODE CLIENTS BLOCK: before and after, next to each other, a
   if (($4 % 2 == 0)); then point "$1/before" "$2" "$3"; point "$1/after" "$2" "$3"
   else point "$1/after" "$2" "$3"; point "$1/before" "$2" "$3"; fi
 }
-steps=("pair N unique 16" "floor_point 16" "pair N unique 64" "floor_point 64" "pair N hot 16" "hot_floor" "pair N unique 1" "pair A unique 16")
+steps=("pair N unique 16" "floor_point 16" "pair N unique 64" "floor_point 64" "pair N hot 16" "hot_floor" "pair N unique 1" "pair N unique 2" "pair A unique 16")
 load_start=$(load_now)
 for ((r = 0; r < REPS; r++)); do
   say "block $((r + 1))/$REPS"
@@ -143,7 +144,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
   echo
   echo "| point | before req/s | after req/s | after/before | before p50 ms | after p50 ms | server CPU µs/req before → after | PostgreSQL CPU µs/req before → after |"
   echo "|---|--:|--:|--:|--:|--:|--:|--:|"
-  for p in "N unique 16" "N unique 64" "N hot 16" "N unique 1" "A unique 16"; do
+  for p in "N unique 16" "N unique 64" "N hot 16" "N unique 1" "N unique 2" "A unique 16"; do
     read -r s m c <<<"$p"
     b=$(med "$s/before" "$m" "$c" rps) a=$(med "$s/after" "$m" "$c" rps)
     printf '| %s %s, %s clients | %.0f | %.0f | %s | %.2f | %.2f | %.0f → %.0f | %.0f → %.0f |\n' "$s" "$m" "$c" "$b" "$a" "$(ratio "$a" "$b")" \
