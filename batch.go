@@ -19,10 +19,15 @@ import (
 // before its answer.
 
 // Group commit's defaults (PostgresStore.SetBatching), chosen by
-// bench/groupcommit.sh (BENCHMARKS.md "Group commit").
+// bench/groupcommit.sh (BENCHMARKS.md "Group commit", "The default slot
+// count"). One slot: a round leaves when the one before it returned, so a
+// round carries every call that arrived meanwhile. A second slot measured
+// slower on four of the five machines that ran both (its round waits on
+// the first's WAL flush, and a free slot lets calls through alone, each
+// its own commit); it pays only where the flush is fast.
 const (
 	defaultBatchMax         = 32
-	defaultBatchConcurrency = 2
+	defaultBatchConcurrency = 1
 )
 
 // batching is a store's group commit settings and its round gate.
@@ -32,8 +37,9 @@ type batching struct {
 }
 
 // SetBatching sets group commit before use: max calls of each kind share a
-// statement and commit, concurrency rounds in flight (defaults 32, 2; max
-// 1: off).
+// statement and commit, concurrency rounds in flight (defaults 32, 1; max
+// 1: off). A second slot suits a database whose commits flush fast (local
+// NVMe) and few concurrent callers: docs/production.md, "Group commit".
 func (s *PostgresStore) SetBatching(max, concurrency int) {
 	if max <= 1 || concurrency < 1 {
 		s.batch.Store(nil)

@@ -278,8 +278,8 @@ func TestGroupCommitDistributed(t *testing.T) {
 		t.Fatalf("CitusTableSQL:\n%s", pgsql.CitusTableSQL)
 	}
 	s := idempotency.NewPostgresStore(testdb.New(t))
-	if max, slots := idempotency.BatchingForTest(s); max != 32 || slots != 2 {
-		t.Fatalf("defaults: %d, %d; want 32, 2", max, slots)
+	if max, slots := idempotency.BatchingForTest(s); max != 32 || slots != 1 {
+		t.Fatalf("defaults: %d, %d; want 32, 1", max, slots)
 	}
 	idempotency.DistributedForTest(s, false)
 	if max, _ := idempotency.BatchingForTest(s); max == 0 {
