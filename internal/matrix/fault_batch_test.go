@@ -8,12 +8,13 @@ import (
 	"time"
 )
 
-// Group commit (issue #37): on the pgx store with one batch slot, six new
-// keys sent three times each, all at once, queue behind the slot and share
-// batches of claims and records. Each key runs at most once; every call gets
-// the handler's answer, a replay, 409 in flight or a 503; a retry of each
-// key then replays the answer that ran (or runs the key, when every call of
-// it was a 503).
+// Group commit (issue #37): on the pgx store with one batch slot (the
+// default) and with two (the setting for a disk that flushes fast), six new
+// keys sent three times each, all at once, queue behind the busy slots and
+// share batches of claims and records. Each key runs at most once; every
+// call gets the handler's answer, a replay, 409 in flight or a 503; a retry
+// of each key then replays the answer that ran (or runs the key, when every
+// call of it was a 503).
 
 const (
 	naBatchStore = "group commit is the pgx store's: sqlstore and MySQL claim one key per statement (settled-r4 item 26)"
@@ -25,7 +26,9 @@ const (
 // by their deadlines.
 const batchStoreTimeout = time.Second
 
-func batchFault() *fault {
+func batchFaults() []*fault { return []*fault{batchFault(1), batchFault(2)} }
+
+func batchFault(slots int) *fault {
 	na := func(c column) string {
 		switch {
 		case c.store != storePgx:
@@ -36,7 +39,11 @@ func batchFault() *fault {
 		return ""
 	}
 	const keys, copies = 6, 3
-	return simple("group commit: new keys and duplicates in batches", na, envOpts{storeTimeout: batchStoreTimeout, storeOpts: storeOpts{maxConns: 6, batchSlots: 1}}, func(e *env) {
+	name := "group commit: new keys and duplicates in batches"
+	if slots > 1 {
+		name += fmt.Sprintf(", %d slots", slots)
+	}
+	return simple(name, na, envOpts{storeTimeout: batchStoreTimeout, storeOpts: storeOpts{maxConns: 6, batchSlots: slots}}, func(e *env) {
 		ks := make([]string, keys)
 		for i := range ks {
 			ks[i] = newKey()

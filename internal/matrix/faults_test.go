@@ -25,7 +25,7 @@ var faults = sync.OnceValue(func() []*fault {
 	for _, group := range [][]*fault{
 		baselineFaults(),
 		{deadlockFault()},
-		{batchFault()},
+		batchFaults(),
 		txFaults(),
 		lockFaults(),
 		poolFaults(),
