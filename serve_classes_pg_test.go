@@ -112,7 +112,12 @@ func (c *classRoutes) logged(t *testing.T, key, reason, level string) {
 // missing grant is 503 on it too.
 func TestPostgresFailOpenNeedsAnOutage(t *testing.T) {
 	t.Parallel()
-	const storeTimeout = 300 * time.Millisecond
+	// storeTimeout bounds the saturated pool's wait and the cut link's
+	// claim. classTimeout is the store timeout of the subtests whose answer
+	// is the database's error: their first claim also connects (a new pool,
+	// a role's login), which on a loaded CI machine took longer than 300 ms
+	// and read as a timeout instead of the class under test.
+	const storeTimeout, classTimeout = 300 * time.Millisecond, 2 * time.Second
 
 	t.Run("saturated pool", func(t *testing.T) {
 		t.Parallel()
@@ -163,7 +168,7 @@ func TestPostgresFailOpenNeedsAnOutage(t *testing.T) {
 	t.Run("refused login", func(t *testing.T) {
 		t.Parallel()
 		pool := testdb.New(t)
-		c := newClassRoutes(t, rolePool(t, pool, testRole(t, pool, "NOLOGIN")), storeTimeout)
+		c := newClassRoutes(t, rolePool(t, pool, testRole(t, pool, "NOLOGIN")), classTimeout)
 		key := uuid.NewString()
 		c.refused(t, sendAs(c.billing, key, "u1"), key, idempotency.ReasonAuth, "ERROR")
 	})
@@ -174,7 +179,7 @@ func TestPostgresFailOpenNeedsAnOutage(t *testing.T) {
 		if _, err := pool.Exec(t.Context(), `DROP TABLE idempotency_keys`); err != nil {
 			t.Fatal(err)
 		}
-		c := newClassRoutes(t, pool, storeTimeout)
+		c := newClassRoutes(t, pool, classTimeout)
 		key := uuid.NewString()
 		c.refused(t, sendAs(c.billing, key, "u1"), key, idempotency.ReasonSchema, "ERROR")
 	})
@@ -183,7 +188,7 @@ func TestPostgresFailOpenNeedsAnOutage(t *testing.T) {
 		t.Parallel()
 		pool := testdb.New(t)
 		role := testRole(t, pool, "LOGIN", append(grantAll[:2:2], `GRANT SELECT ON SEQUENCE %[2]s.idempotency_keys_id_seq TO %s`)...)
-		c := newClassRoutes(t, rolePool(t, pool, role), storeTimeout)
+		c := newClassRoutes(t, rolePool(t, pool, role), classTimeout)
 		key := uuid.NewString()
 		c.refused(t, sendAs(c.billing, key, "u1"), key, idempotency.ReasonPermission, "ERROR")
 	})
