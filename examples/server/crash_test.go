@@ -383,15 +383,23 @@ func crashStart(t *testing.T, bin string, env []string, args ...string) *crashPr
 }
 
 // send sends rq, again while the answer is 503 idempotency_store_unavailable
-// (which runs nothing), and returns the last answer and how many 503s came
-// before it.
+// (which runs nothing) or, after one, 409 in flight, and returns the last
+// answer and how many 503s came before it.
 func (p *crashProc) send(t *testing.T, rq req) (response, int) {
 	t.Helper()
 	deadline := time.Now().Add(waitLimit)
-	for n := 0; ; n++ {
+	for n := 0; ; {
 		r := p.c.do(t, rq)
-		if !crashUnavailable(r) || time.Now().After(deadline) {
+		// After a 503, 409 in flight is the refused attempt's own claim:
+		// its begin timed out after the INSERT was sent, and the database
+		// ends that transaction only when it reads the closed connection.
+		// A client retries it too; before any 503 it is an answer.
+		inFlight := n > 0 && r.Status == http.StatusConflict && r.Body["error"] == "idempotency_in_flight"
+		if !crashUnavailable(r) && !inFlight || time.Now().After(deadline) {
 			return r, n
+		}
+		if !inFlight {
+			n++
 		}
 		t.Logf("%s: retrying", r)
 		time.Sleep(50 * time.Millisecond) // the client's retry pause
